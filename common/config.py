@@ -1,0 +1,210 @@
+"""Typed, strict YAML configs with `section.key=value` overrides (OmegaConf structured configs).
+
+Every script declares one dataclass tree; `load_config` merges YAML then command-line overrides into it and turns any
+unknown key or wrong type into a one-line `ConfigError` naming the key, the file and the closest valid keys.
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import time
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+T = TypeVar("T")
+
+
+@dataclass
+class EnvConfig:
+    suite: str = "tabletop"  # tabletop | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
+    task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
+    num_envs: int = 16  # parallel environments in one rollout chunk
+    image_size: int = 64  # square camera resolution (px) for agentview and wrist
+    max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
+    action_chunk: int = 8  # actions executed per policy call
+    expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
+    # real LIBERO only
+    assets_dir: Optional[str] = None  # LIBERO assets; None = $LIBERO_ASSETS_DIR, else hf-libero's own download
+    render_backend: str = "egl"  # egl | osmesa
+    fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
+    num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
+
+
+@dataclass
+class LogConfig:
+    output_dir: str = "runs"  # run folders (resolved config, metrics.jsonl, checkpoints) go in <output_dir>/<run_name>
+    plots_dir: str = "plots"  # PNG panels go in <plots_dir>/<run_name>/
+    run_name: Optional[str] = None  # None = "<script>__<suite>__t<tasks>__s<seed>__<timestamp>"
+    wandb: bool = True  # --no-wandb switches it off
+    wandb_mode: str = "offline"  # offline (no network needed) | online
+    wandb_project: str = "vla-rl"
+    plot_every: int = 1  # write PNG panels every N updates
+    checkpoint_every: int = 5  # save a checkpoint every N updates (and at the end)
+    keep_checkpoints: int = 2  # how many recent checkpoints to keep
+
+
+class ConfigError(ValueError):
+    """A bad key or value in a YAML file or a command-line override; the message is one line and says how to fix it."""
+
+
+def _schema_keys(node: Any) -> Dict[str, Any]:
+    """Field name -> default value (a dataclass instance for nested sections) of a dataclass instance."""
+    return {f.name: getattr(node, f.name) for f in fields(node)}
+
+
+def _check_keys(data: Any, node: Any, prefix: str, source: str) -> None:
+    """Raise ConfigError for the first key in `data` that the dataclass instance `node` does not have."""
+    if not isinstance(data, dict) or not is_dataclass(node):
+        return
+    valid = _schema_keys(node)
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), list(valid), n=3, cutoff=0.5)
+            hint = f"did you mean {', '.join(repr(prefix + c) for c in close)}? " if close else ""
+            section = f"'{prefix[:-1]}'" if prefix else "the top level"
+            raise ConfigError(
+                f"{source}: unknown key '{full}'; {hint}valid keys in {section}: {', '.join(sorted(valid))}"
+            )
+        if is_dataclass(valid[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: '{full}' is a section; give it keys ({', '.join(_schema_keys(valid[key]))})")
+            _check_keys(value, valid[key], f"{full}.", source)
+
+
+def _merge(base: DictConfig, data: Dict[str, Any], schema: Any, source: str) -> DictConfig:
+    _check_keys(data, schema, "", source)
+    try:
+        return OmegaConf.merge(base, data)
+    except (ValidationError, ConfigKeyError) as e:
+        key = getattr(e, "full_key", None) or "?"
+        value = _lookup(data, key)
+        expected = _expected_type(schema, key)
+        raise ConfigError(f"{source}: bad value for '{key}': {value!r} is not a valid {expected}") from None
+
+
+def _lookup(data: Dict[str, Any], dotted: str) -> Any:
+    node: Any = data
+    for part in dotted.replace("[", ".").replace("]", "").split("."):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return node
+    return node
+
+
+def _expected_type(schema: Any, dotted: str) -> str:
+    node = schema
+    parts = dotted.split("[")[0].split(".")
+    for part in parts[:-1]:
+        node = getattr(node, part, None)
+    hints = get_type_hints(type(node)) if is_dataclass(node) else {}
+    hint = hints.get(parts[-1])
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence[str] = ()) -> T:
+    """Defaults of `schema` <- YAML file <- `key=value` overrides, strictly checked; returns a `schema` instance."""
+    default = schema()
+    cfg = OmegaConf.structured(default)
+    if path is not None:
+        if not os.path.isfile(path):
+            raise ConfigError(f"config file not found: {path} (the configs/ folder lists the shipped ones)")
+        with open(path) as f:
+            try:
+                data = yaml.safe_load(f) or {}
+            except yaml.YAMLError as e:
+                raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
+        cfg = _merge(cfg, data, default, path)
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"command line: override '{item}' must look like section.key=value")
+        key, _, raw = item.partition("=")
+        value = yaml.safe_load(raw) if raw != "" else ""
+        nested: Dict[str, Any] = {}
+        node = nested
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = value
+        cfg = _merge(cfg, nested, default, "command line")
+    return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def config_to_yaml(cfg: Any) -> str:
+    """The resolved config as YAML text (saved next to every run's outputs)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def save_config(cfg: Any, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        f.write(config_to_yaml(cfg))
+
+
+def build_arg_parser(description: str, default_config: str) -> argparse.ArgumentParser:
+    """The named flags every script takes; anything else on the line is a `section.key=value` override."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default=default_config, help="YAML config file")
+    p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
+    p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
+    p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (CPU when no GPU is present)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (sets seed=...)")
+    p.add_argument("--no-wandb", action="store_true", help="switch wandb off (metrics still go to JSONL and PNG)")
+    p.add_argument("--resume", nargs="?", const="auto", default=None,
+                   help="continue a run: alone = the latest run of this script/suite/tasks/seed; or a run folder")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algorithm.clip_ratio_high=0.28")
+    return p
+
+
+def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None) -> T:
+    """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags."""
+    args = build_arg_parser(description, default_config).parse_args(argv)
+    overrides = list(args.overrides)
+    if args.task_id is not None and args.task_ids is not None:
+        raise ConfigError("command line: give --task-id or --task-ids, not both")
+    if args.task_id is not None:
+        overrides.append(f"env.task_ids=[{args.task_id}]")
+    if args.task_ids is not None:
+        overrides.append(f"env.task_ids=[{','.join(str(t) for t in args.task_ids)}]")
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    if args.no_wandb:
+        overrides.append("log.wandb=false")
+    if args.resume is not None:
+        overrides.append(f"resume={args.resume}")
+    if args.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)  # must happen before CUDA is initialised
+    return load_config(schema, args.config, overrides)
+
+
+def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: int) -> str:
+    return f"{script}__{suite}__t{'-'.join(str(t) for t in task_ids)}__s{seed}"
+
+
+def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str]) -> Tuple[str, str]:
+    """(run_name, run_dir): a new timestamped run, or the run to continue when `resume` is "auto" or a folder."""
+    if resume not in (None, "", "auto"):
+        run_dir = resume.rstrip("/")
+        if os.path.basename(run_dir).startswith("iter_"):  # a checkpoint folder was given: use its run
+            run_dir = os.path.dirname(os.path.dirname(run_dir))
+        if not os.path.isdir(run_dir):
+            raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/)")
+        return os.path.basename(run_dir), run_dir
+    if log.run_name:
+        return log.run_name, os.path.join(log.output_dir, log.run_name)
+    if resume == "auto" and os.path.isdir(log.output_dir):
+        previous = sorted(d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__"))
+        if previous:
+            return previous[-1], os.path.join(log.output_dir, previous[-1])
+    name = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
+    return name, os.path.join(log.output_dir, name)
