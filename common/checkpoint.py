@@ -1,0 +1,211 @@
+"""Crash-safe training checkpoints: written to a temp folder, fsynced, checked by a manifest, then renamed into place.
+
+Layout of `<run_dir>/checkpoints/iter_XXXXXX/`:
+  policy/                 `policy.save(dir)` (safetensors weights + config + action-tokenizer statistics);
+                          reload with `TokenPolicy.load(path + "/policy")` / `FlowPolicy.load(...)`
+  modules/<name>.safetensors   extra nn.Modules (value head, EMA copy, ...)
+  optimizers.pt, schedulers.pt  state dicts by name
+  rng.pt                  python, numpy, torch (and CUDA) RNG states
+  state.json              iteration + `extra` (JSON)
+  config.yaml             the resolved config (when given)
+  MANIFEST.json           size + sha256 of every file above; written last, so no manifest = incomplete
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+MANIFEST = "MANIFEST.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint folder is incomplete or corrupt; the message names the folder and the problem."""
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _rng_state() -> Dict[str, Any]:
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {"name": name, "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: Dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The bare module under DDP / torch.compile / accelerate wrappers."""
+    while hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
+        module = module.module
+    return getattr(module, "_orig_mod", module)
+
+
+def _iteration_dirs(run_dir: str) -> List[str]:
+    root = os.path.join(run_dir, "checkpoints")
+    if not os.path.isdir(root):
+        return []
+    names = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d[5:].isdigit())
+    return [os.path.join(root, d) for d in names]
+
+
+def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
+                    schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
+                    config: Any = None, extra: Optional[Dict[str, Any]] = None, keep_last: int = 2) -> str:
+    """Write `<run_dir>/checkpoints/iter_XXXXXX/` atomically, prune to the newest `keep_last`; returns its path."""
+    root = os.path.join(run_dir, "checkpoints")
+    os.makedirs(root, exist_ok=True)
+    final = os.path.join(root, f"iter_{iteration:06d}")
+    tmp = os.path.join(root, f".tmp_iter_{iteration:06d}_{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        json.dumps(extra or {})
+    except TypeError as e:
+        raise TypeError(f"save_checkpoint: `extra` must be JSON-serialisable ({e}); put tensors in `modules`") from None
+
+    if policy is not None:
+        _unwrap(policy).save(os.path.join(tmp, "policy"))
+    if modules:
+        os.makedirs(os.path.join(tmp, "modules"))
+        for name, module in modules.items():
+            state = {k: v.detach().contiguous().cpu() for k, v in _unwrap(module).state_dict().items()}
+            save_file(state, os.path.join(tmp, "modules", f"{name}.safetensors"))
+    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+    if schedulers:
+        torch.save({name: s.state_dict() for name, s in schedulers.items()}, os.path.join(tmp, "schedulers.pt"))
+    torch.save(_rng_state(), os.path.join(tmp, "rng.pt"))
+    with open(os.path.join(tmp, "state.json"), "w") as f:
+        json.dump({"iteration": int(iteration), "time": time.time(), "extra": extra or {}}, f, indent=1)
+    if config is not None:
+        from common.config import save_config
+
+        save_config(config, os.path.join(tmp, "config.yaml"))
+
+    # fsync every file, then the manifest (the "complete" marker), then rename the folder into place
+    files = {}
+    for dirpath, _, filenames in os.walk(tmp):
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+            files[os.path.relpath(path, tmp)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
+        json.dump({"iteration": int(iteration), "files": files}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    for dirpath, _, _ in os.walk(tmp):
+        _fsync_dir(dirpath)
+    if os.path.exists(final):  # re-saving the same iteration: move the old one aside first
+        old = final + f".old{os.getpid()}"
+        os.replace(final, old)
+        shutil.rmtree(old, ignore_errors=True)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+
+    for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for name in os.listdir(root):  # leftovers of a crash in the middle of a save
+        if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return final
+
+
+def verify_checkpoint(path: str, check_hashes: bool = True) -> None:
+    """Raise CheckpointError naming `path` and the problem if a file is missing, truncated or altered."""
+    manifest_path = os.path.join(path, MANIFEST)
+    if not os.path.isfile(manifest_path):
+        raise CheckpointError(f"checkpoint {path} has no {MANIFEST}: it was not completely written")
+    try:
+        with open(manifest_path) as f:
+            files = json.load(f)["files"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({e})") from None
+    for rel, info in files.items():
+        full = os.path.join(path, rel)
+        if not os.path.isfile(full):
+            raise CheckpointError(f"checkpoint {path}: file {rel} is missing")
+        size = os.path.getsize(full)
+        if size != info["size"]:
+            raise CheckpointError(f"checkpoint {path}: file {rel} is truncated or altered "
+                                  f"({size} bytes, manifest says {info['size']})")
+        if check_hashes and _sha256(full) != info["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: file {rel} is corrupt (sha256 differs from the manifest)")
+
+
+def latest_checkpoint(run_dir: str, check_hashes: bool = True) -> Optional[str]:
+    """Newest checkpoint of `run_dir` that verifies; corrupt ones are skipped with a warning. None when there is none."""
+    for path in reversed(_iteration_dirs(run_dir)):
+        try:
+            verify_checkpoint(path, check_hashes)
+            return path
+        except CheckpointError as e:
+            warnings.warn(f"{e}; skipping it and using the previous checkpoint", stacklevel=2)
+    return None
+
+
+def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
+                        schedulers: Optional[Dict[str, Any]] = None,
+                        modules: Optional[Dict[str, torch.nn.Module]] = None) -> Tuple[int, Dict[str, Any]]:
+    """Restore optimizers, schedulers, extra modules and RNG states from `path`; returns (iteration, extra).
+
+    The policy itself is loaded by the script from `<path>/policy` (e.g. `TokenPolicy.load(path + "/policy")`).
+    """
+    verify_checkpoint(path, check_hashes=False)
+    opt_states = torch.load(os.path.join(path, "optimizers.pt"), map_location="cpu", weights_only=True)
+    for name, opt in optimizers.items():
+        if name not in opt_states:
+            raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (it has {sorted(opt_states)})")
+        opt.load_state_dict(opt_states[name])
+    if schedulers:
+        sched_path = os.path.join(path, "schedulers.pt")
+        sched_states = torch.load(sched_path, weights_only=True) if os.path.isfile(sched_path) else {}
+        for name, sched in schedulers.items():
+            if name not in sched_states:
+                raise CheckpointError(f"checkpoint {path} has no scheduler {name!r} (it has {sorted(sched_states)})")
+            sched.load_state_dict(sched_states[name])
+    for name, module in (modules or {}).items():
+        file = os.path.join(path, "modules", f"{name}.safetensors")
+        if not os.path.isfile(file):
+            raise CheckpointError(f"checkpoint {path} has no module {name!r} (expected {file})")
+        _unwrap(module).load_state_dict(load_file(file))
+    _set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=True))
+    with open(os.path.join(path, "state.json")) as f:
+        state = json.load(f)
+    return int(state["iteration"]), state.get("extra", {})

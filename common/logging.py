@@ -1,0 +1,170 @@
+"""One metrics sink for every script: `<run_dir>/metrics.jsonl`, matplotlib PNG panels, and wandb (offline by default).
+
+`Logger.log(metrics, step)` writes one JSON line per update (`iteration` + every metric), redraws
+`<plots_dir>/<run_name>/training_curves.png` every `plot_every` updates (atomic replace), and forwards the metrics to
+wandb when `log_cfg.wandb` is on. A resumed run appends to the existing metrics.jsonl; the plots then show the last
+value logged for each iteration.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import uuid
+from dataclasses import asdict, is_dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from common.config import LogConfig
+
+# Panels of training_curves.png (seed 003's "Matplotlib Plots"): title -> substrings that put a metric in the panel.
+PANELS: Dict[str, Sequence[str]] = {
+    "Losses": ("loss",),
+    "Success rate": ("success",),
+    "PPO metrics (clip fraction, KL)": ("clipfrac", "kl"),
+    "Gradient norms": ("grad_norm",),
+}
+
+
+def _to_float(value: Any) -> Optional[float]:
+    """A plain float from a python/numpy/torch scalar; None for anything that is not one number."""
+    try:
+        if hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, bool):
+            return float(value)
+        if isinstance(value, (int, float)):
+            return float(value)
+    except (ValueError, RuntimeError):  # tensors/arrays with more than one element
+        return None
+    return None
+
+
+def format_line(iteration: int, metrics: Dict[str, Any], keys: Sequence[str]) -> str:
+    """One concise console line, e.g. `iter 12 | SPS 812 | success_rate 0.625 | policy_loss -0.0132`."""
+    parts = [f"iter {iteration}"]
+    for key in keys:
+        value = _to_float(metrics.get(key)) if key in metrics else None
+        if value is None:
+            continue
+        name = key.rsplit("/", 1)[-1]
+        if value == int(value) and abs(value) >= 10:
+            parts.append(f"{name} {int(value)}")
+        elif abs(value) >= 100:
+            parts.append(f"{name} {value:.1f}")
+        else:
+            parts.append(f"{name} {value:.4g}")
+    return " | ".join(parts)
+
+
+def _config_dict(config_obj: Any) -> Dict[str, Any]:
+    if config_obj is None:
+        return {}
+    if is_dataclass(config_obj):
+        return asdict(config_obj)
+    return dict(config_obj)
+
+
+class Logger:
+    """Writes every `log(metrics, step)` to metrics.jsonl, PNG panels and (optionally) wandb; `close()` at the end."""
+
+    def __init__(self, run_dir: str, run_name: str, config_obj: Any, log_cfg: LogConfig):
+        self.run_dir, self.run_name, self.log_cfg = run_dir, run_name, log_cfg
+        os.makedirs(run_dir, exist_ok=True)
+        self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
+        self.plot_path = os.path.join(log_cfg.plots_dir, run_name, "training_curves.png")
+        self.history: Dict[int, Dict[str, float]] = {}  # iteration -> last logged metrics (resume-safe)
+        if os.path.isfile(self.metrics_path):
+            with open(self.metrics_path) as f:
+                for line in f:
+                    try:
+                        row = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by a crash
+                        continue
+                    step = int(row.pop("iteration", -1))
+                    self.history.setdefault(step, {}).update({k: v for k, v in row.items() if v is not None})
+        self._file = open(self.metrics_path, "a")
+        self._num_logged = 0
+        self.wandb_run = None
+        if log_cfg.wandb:
+            self.wandb_run = self._init_wandb(config_obj)
+
+    def _init_wandb(self, config_obj: Any) -> Any:
+        """wandb under <run_dir>/wandb; the same wandb id is reused when the run folder is resumed."""
+        if self.log_cfg.wandb_mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"log.wandb_mode={self.log_cfg.wandb_mode!r} is not a wandb mode: use offline or online "
+                             f"(or --no-wandb to switch it off)")
+        import wandb
+
+        id_path = os.path.join(self.run_dir, "wandb_id.txt")
+        if os.path.isfile(id_path):
+            with open(id_path) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = uuid.uuid4().hex[:8]
+            with open(id_path, "w") as f:
+                f.write(run_id)
+        os.environ.setdefault("WANDB_SILENT", "true")
+        return wandb.init(
+            project=self.log_cfg.wandb_project, name=self.run_name, id=run_id, resume="allow",
+            dir=os.path.abspath(self.run_dir), mode=self.log_cfg.wandb_mode, config=_config_dict(config_obj),
+        )
+
+    def log(self, metrics: Dict[str, Any], step: int) -> None:
+        """Record one update's scalar metrics (non-scalars are skipped) at iteration `step`."""
+        scalars = {k: _to_float(v) for k, v in metrics.items()}
+        clean = {k: (v if math.isfinite(v) else None) for k, v in scalars.items() if v is not None}  # NaN -> null
+        self._file.write(json.dumps({"iteration": int(step), **clean}) + "\n")
+        self._file.flush()
+        self.history.setdefault(int(step), {}).update({k: v for k, v in clean.items() if v is not None})
+        if self.wandb_run is not None:
+            self.wandb_run.log({k: v for k, v in clean.items() if v is not None}, step=int(step))
+        self._num_logged += 1
+        if self.log_cfg.plot_every > 0 and self._num_logged % self.log_cfg.plot_every == 0:
+            self.plot()
+
+    def plot(self) -> Optional[str]:
+        """Redraw training_curves.png (one panel per group of metrics that exist); returns its path."""
+        panels = {}
+        keys = sorted({k for row in self.history.values() for k in row})
+        for title, patterns in PANELS.items():
+            chosen = [k for k in keys if any(p in k.lower() for p in patterns)]
+            if chosen:
+                panels[title] = chosen
+        if not panels:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        steps = sorted(self.history)
+        fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
+        for ax, (title, chosen) in zip(axes[0], panels.items()):
+            for key in chosen:
+                xs = [s for s in steps if key in self.history[s]]
+                ax.plot(xs, [self.history[s][key] for s in xs], marker="o" if len(xs) < 30 else None,
+                        markersize=3, label=key)
+            ax.set_title(title)
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7)
+            if title == "Success rate":
+                ax.set_ylim(-0.02, 1.02)
+        fig.suptitle(self.run_name, fontsize=9)
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(self.plot_path), exist_ok=True)
+        tmp = self.plot_path + f".tmp{os.getpid()}"
+        fig.savefig(tmp, format="png", dpi=90)
+        plt.close(fig)
+        os.replace(tmp, self.plot_path)
+        return self.plot_path
+
+    def close(self) -> None:
+        """Final plot, close the JSONL file and finish wandb."""
+        if self.history:
+            self.plot()
+        if not self._file.closed:
+            self._file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+            self.wandb_run = None

@@ -1,0 +1,80 @@
+"""Logger: metrics.jsonl rows, PNG panels, resume appends, wandb off and wandb offline (no network, no repo folders)."""
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from common.config import LogConfig
+from common.logging import Logger, format_line
+
+torch.set_num_threads(1)
+os.environ["WANDB_SILENT"] = "true"
+os.environ["WANDB_MODE"] = "offline"
+
+
+@dataclass
+class Cfg:
+    seed: int = 0
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def metrics_at(i: int) -> dict:
+    return {"train/policy_loss": torch.tensor(1.0 / (i + 1)), "train/value_loss": np.float32(0.5),
+            "rollout/success_rate": i / 10, "val/success_rate": 0.1 * i, "train/clipfrac": 0.2,
+            "train/approx_kl": 0.01, "train/actor_grad_norm": 2.0, "charts/SPS": 1234.5,
+            "not_a_scalar": np.zeros(3)}
+
+
+def read_rows(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_jsonl_png_and_resume_without_wandb(tmp_path):
+    log_cfg = LogConfig(plots_dir=str(tmp_path / "plots"), wandb=False, plot_every=2)
+    run_dir = str(tmp_path / "runs" / "r1")
+    logger = Logger(run_dir, "r1", Cfg(), log_cfg)
+    for i in range(3):
+        logger.log(metrics_at(i), step=i)
+    png = tmp_path / "plots" / "r1" / "training_curves.png"
+    assert png.is_file() and png.stat().st_size > 10_000  # drawn after the 2nd update
+    logger.log({"train/policy_loss": float("nan")}, step=3)
+    logger.close()
+    rows = read_rows(os.path.join(run_dir, "metrics.jsonl"))
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    assert rows[1]["train/policy_loss"] == 0.5 and rows[2]["rollout/success_rate"] == 0.2
+    assert rows[0]["train/value_loss"] == 0.5 and "not_a_scalar" not in rows[0]
+    assert rows[3]["train/policy_loss"] is None  # NaN is written as null, not as invalid JSON
+    assert not os.path.exists(os.path.join(run_dir, "wandb"))
+    assert sorted(os.listdir(png.parent)) == ["training_curves.png"]  # no temp files left behind
+
+    resumed = Logger(run_dir, "r1", Cfg(), log_cfg)  # a resumed run appends
+    assert sorted(resumed.history) == [0, 1, 2, 3] and resumed.history[2]["val/success_rate"] == 0.2
+    resumed.log(metrics_at(4), step=4)
+    resumed.close()
+    assert [r["iteration"] for r in read_rows(os.path.join(run_dir, "metrics.jsonl"))] == [0, 1, 2, 3, 4]
+
+
+def test_wandb_offline_writes_under_run_dir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything wandb might drop in the working directory lands in tmp_path
+    log_cfg = LogConfig(plots_dir=str(tmp_path / "plots"), wandb=True, wandb_mode="offline")
+    run_dir = str(tmp_path / "runs" / "r2")
+    logger = Logger(run_dir, "r2", Cfg(), log_cfg)
+    logger.log(metrics_at(0), step=0)
+    logger.log(metrics_at(1), step=1)
+    logger.close()
+    offline_runs = [d for d in os.listdir(os.path.join(run_dir, "wandb")) if d.startswith("offline-run-")]
+    assert len(offline_runs) == 1
+    with open(os.path.join(run_dir, "wandb_id.txt")) as f:
+        assert offline_runs[0].endswith(f.read().strip())
+    assert len(read_rows(os.path.join(run_dir, "metrics.jsonl"))) == 2
+    assert set(os.listdir(tmp_path)) == {"runs", "plots"}
+
+
+def test_format_line():
+    line = format_line(12, {"charts/SPS": 812.4, "rollout/success_rate": 0.625, "train/policy_loss": -0.01321,
+                            "train/steps": 4096}, ["charts/SPS", "rollout/success_rate", "train/policy_loss",
+                                                   "train/steps", "missing"])
+    assert line == "iter 12 | SPS 812.4 | success_rate 0.625 | policy_loss -0.01321 | steps 4096"
