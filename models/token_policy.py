@@ -1,0 +1,203 @@
+"""OpenVLA-OFT-style token policy: prefix (images, state, instruction) + chunk x 7 action slots decoded in parallel
+(bidirectional inside the action block), each slot predicting one of 256 action bins.
+
+Trainable parameters: with `lora_rank: 0` everything (full fine-tuning). With `lora_rank > 0`: LoRA on the LM's
+attention projections (+ the vision tower's with `lora_vision`), plus full copies (peft `modules_to_save`) of the
+projector, state projection, action slot embeddings and action head; the vision tower and LM base weights are frozen.
+`policy.reference()` (peft `disable_adapter()`) then runs the exact pre-LoRA model, original head included.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.action_tokenizer import ACTION_DIM, ActionTokenizer
+from models.vla_backbone import (Obs, PrefixEncoder, autocast, load_weights, merge_lora, read_checkpoint,
+                                 reference_context, save_checkpoint, unwrap, wrap_lora)
+
+TRAINABLE_WITH_LORA = ["projector", "state_proj", "action_queries", "action_head"]
+
+
+@dataclass
+class TokenPolicyConfig:
+    preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
+    image_size: int = 64  # square camera images (px); multiple of 16
+    action_chunk: int = 8  # actions per policy call; the model predicts action_chunk * 7 tokens
+    n_bins: int = 256  # action bins per dimension
+    use_wrist: bool = True  # also encode the wrist camera
+    vision_path: Optional[str] = None  # SigLIP checkpoint (hub id or dir) for from_pretrained; None = random init
+    backbone_path: Optional[str] = None  # LM checkpoint + tokenizer (Llama/Qwen2); None = random init, byte tokenizer
+    hidden_size: int = 128  # tiny preset LM width (ignored when the LM comes from minivla or backbone_path)
+    num_layers: int = 2  # tiny preset LM depth
+    num_heads: int = 4  # tiny preset LM attention heads
+    max_text_len: int = 48  # instruction tokens kept (truncated beyond)
+    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_vision: bool = False  # also put LoRA on the vision tower
+    bf16: bool = True  # bf16 autocast on CUDA (log-probs are always computed in float32)
+
+
+class TokenCore(nn.Module):
+    """PrefixEncoder + action slot embeddings + a linear head over the action bins."""
+
+    def __init__(self, cfg: TokenPolicyConfig, lm_config=None, vision_config=None, tokenizer_dir=None):
+        super().__init__()
+        self.encoder = PrefixEncoder(cfg, lm_config, vision_config, tokenizer_dir)
+        dim = self.encoder.hidden_size
+        self.num_slots = cfg.action_chunk * ACTION_DIM
+        self.action_queries = nn.Embedding(self.num_slots, dim)
+        nn.init.normal_(self.action_queries.weight, std=0.02)
+        self.action_head = nn.Linear(dim, cfg.n_bins)
+
+    def forward(self, obs: Obs, instructions: Optional[Sequence[str]]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """-> logits (B, chunk*7, n_bins) float32, action-slot hidden states (B, chunk*7, D)."""
+        embeds, valid = self.encoder.embed_prefix(obs, instructions)
+        b = embeds.shape[0]
+        slots = self.action_queries.weight.unsqueeze(0).expand(b, -1, -1).to(embeds.dtype)
+        embeds = torch.cat([embeds, slots], dim=1)
+        valid = torch.cat([valid, torch.ones(b, self.num_slots, dtype=torch.bool, device=valid.device)], dim=1)
+        hidden = self.encoder.run(embeds, valid, self.num_slots)[:, -self.num_slots:]
+        return self.action_head(hidden).float(), hidden
+
+
+class TokenPolicy(nn.Module):
+    """act / log_prob / hidden / sft_loss / save / load / reference, as the RL scripts call them."""
+
+    def __init__(self, cfg: Optional[TokenPolicyConfig] = None, action_tokenizer: Optional[ActionTokenizer] = None,
+                 _hf=(None, None, None)):
+        super().__init__()
+        self.cfg = cfg = cfg if cfg is not None else TokenPolicyConfig()
+        if cfg.action_chunk < 1:
+            raise ValueError(f"action_chunk must be >= 1, got {cfg.action_chunk}")
+        self.action_tokenizer = action_tokenizer or ActionTokenizer(n_bins=cfg.n_bins)
+        if self.action_tokenizer.n_bins != cfg.n_bins:
+            raise ValueError(f"action tokenizer has {self.action_tokenizer.n_bins} bins, config has {cfg.n_bins}")
+        core = TokenCore(cfg, *_hf)
+        self.net = wrap_lora(core, cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if cfg.lora_rank > 0 else core
+        self.hidden_size = core.encoder.hidden_size
+        self.action_chunk = cfg.action_chunk
+
+    @property
+    def core(self) -> TokenCore:
+        return unwrap(self.net)
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.encoder.device
+
+    def _forward(self, obs: Obs, instructions: Optional[Sequence[str]]) -> Tuple[torch.Tensor, torch.Tensor]:
+        with autocast(self.device, self.cfg.bf16):
+            return self.core(obs, instructions)
+
+    @torch.no_grad()
+    def act(self, obs: Obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
+            greedy: bool = False, return_hidden: bool = False):
+        """-> actions (B, chunk, 7) float32 numpy, tokens (B, chunk*7) long, log_probs (B, chunk*7) float
+        (log-softmax of logits / temperature, also for greedy), and the pooled hidden (B, D) if `return_hidden`."""
+        _check_temperature(temperature)
+        logits, hidden = self._forward(obs, instructions)
+        scaled = logits / temperature
+        if greedy:
+            tokens = scaled.argmax(-1)
+        else:
+            tokens = sample_categorical(scaled)
+        log_probs = scaled.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        actions = self.action_tokenizer.decode(tokens.view(-1, self.action_chunk, ACTION_DIM))
+        if return_hidden:
+            return actions, tokens, log_probs, hidden.float().mean(1)
+        return actions, tokens, log_probs
+
+    def log_prob(self, obs: Obs, instructions: Optional[Sequence[str]], tokens: torch.Tensor,
+                 temperature: float = 1.0, return_hidden: bool = False):
+        """Log-probs and entropies (B, chunk*7) of `tokens` under softmax(logits / temperature), with gradients
+        (+ pooled hidden (B, D) if `return_hidden`)."""
+        _check_temperature(temperature)
+        logits, hidden = self._forward(obs, instructions)
+        tokens = self._check_tokens(tokens, logits.shape[0])
+        logp_all = (logits / temperature).log_softmax(-1)
+        log_probs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        if return_hidden:
+            return log_probs, entropy, hidden.float().mean(1)
+        return log_probs, entropy
+
+    def hidden(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> torch.Tensor:
+        """Pooled features (B, hidden_size) for a value head: the mean of the action slots' last hidden states."""
+        return self._forward(obs, instructions)[1].float().mean(1)
+
+    def sft_loss(self, obs: Obs, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]:
+        """Cross-entropy on the tokenised demo actions (B, chunk, 7) -> (loss, {"sft/loss", "sft/token_accuracy"})."""
+        logits, _ = self._forward(obs, instructions)
+        b = logits.shape[0]
+        if tuple(actions.shape) != (b, self.action_chunk, ACTION_DIM):
+            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {self.action_chunk}, 7)")
+        target = self.action_tokenizer.encode(actions).to(logits.device).view(b, -1)
+        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
+        acc = (logits.argmax(-1) == target).float().mean()
+        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc.item()}
+
+    def reference(self):
+        """Context manager running the frozen pre-LoRA model (peft `disable_adapter()`); ValueError without LoRA."""
+        return reference_context(self.net)
+
+    def save(self, path: str) -> None:
+        """Weights (safetensors), config, architecture configs, action statistics and instruction tokenizer."""
+        save_checkpoint(path, self.net, self.cfg, self.core.encoder, self.action_tokenizer)
+
+    @classmethod
+    def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "TokenPolicy":
+        """Rebuild from `save` (no download). `lora_rank` different from the saved one: merge the saved LoRA into
+        the base weights, then add fresh LoRA of that rank (0 = full fine-tuning); the reference becomes the loaded
+        model."""
+        cfg_dict, lm_cfg, vis_cfg, tok_dir = read_checkpoint(path)
+        cfg = TokenPolicyConfig(**cfg_dict)
+        policy = cls(cfg, ActionTokenizer.load(path), _hf=(lm_cfg, vis_cfg, tok_dir)).to(device)
+        load_weights(policy.net, path)
+        if lora_rank is not None and lora_rank != cfg.lora_rank:
+            policy.set_lora_rank(lora_rank)
+        return policy
+
+    def set_lora_rank(self, lora_rank: int) -> None:
+        """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none, full fine-tuning)."""
+        core = merge_lora(self.net)
+        core.requires_grad_(True)
+        self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
+        self.net = wrap_lora(core, self.cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if lora_rank > 0 else core
+
+    def _check_tokens(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
+        n = self.action_chunk * ACTION_DIM
+        tokens = torch.as_tensor(tokens, device=self.device)
+        if tokens.shape[0] != batch or tokens[0].numel() != n:
+            raise ValueError(f"tokens have shape {tuple(tokens.shape)}; expected ({batch}, {n}) or ({batch}, "
+                             f"{self.action_chunk}, 7)")
+        tokens = tokens.reshape(batch, n).long()
+        if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.n_bins:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.n_bins}), got [{int(tokens.min())}, "
+                             f"{int(tokens.max())}]")
+        return tokens
+
+
+def sample_categorical(logits: torch.Tensor) -> torch.Tensor:
+    """One draw per row of softmax(logits) (..., K) by inverse CDF (one uniform per row; much faster on CPU than
+    torch.multinomial, which draws K exponentials per row)."""
+    cdf = logits.softmax(-1).cumsum(-1)
+    u = torch.rand(cdf.shape[:-1] + (1,), device=cdf.device) * cdf[..., -1:]
+    return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def count_parameters(module: nn.Module, trainable_only: bool = False) -> int:
+    return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable_only)
+
+
+__all__ = ["TokenPolicy", "TokenPolicyConfig", "TokenCore", "count_parameters"]
