@@ -1,0 +1,329 @@
+"""Advantage estimators: GRPO and its variants (seeds 000, 002, 004), GAE (seed 003), FlowSAR step weights (seed 001).
+
+Token tensors are (B, L): one trajectory per row, L = T_steps * tokens_per_step. Everything here is a pure function.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+ArrayOrTensor = Union[np.ndarray, torch.Tensor]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# small helpers shared with common/losses.py and the training scripts
+# ---------------------------------------------------------------------------------------------------------------------
+def check_same_shape(**tensors: torch.Tensor) -> None:
+    """Raise a ValueError that names every shape unless all the given tensors have the same shape."""
+    if len({tuple(t.shape) for t in tensors.values()}) > 1:
+        raise ValueError("shapes must match, got " + ", ".join(f"{k} {tuple(t.shape)}" for k, t in tensors.items()))
+
+
+def _check_ndim(ndim: int, **tensors: torch.Tensor) -> None:
+    for name, t in tensors.items():
+        if t.ndim != ndim:
+            raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+
+
+def _as_float(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """sum(values * mask) over all elements or `dim`; entries where mask == 0 are ignored even if NaN/inf (verl_F)."""
+    check_same_shape(values=values, mask=mask)
+    values = _as_float(values)
+    weights = mask.to(values.dtype)
+    terms = torch.where(weights != 0, values * weights, torch.zeros((), dtype=values.dtype, device=values.device))
+    return terms.sum() if dim is None else terms.sum(dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
+    """sum(values * mask) / sum(mask) (verl_F.masked_mean); a mask summing to 0 gives 0, never NaN."""
+    total = masked_sum(values, mask, dim)
+    weights = mask.to(total.dtype)
+    count = weights.sum() if dim is None else weights.sum(dim)
+    nonzero = count != 0
+    return torch.where(nonzero, total / torch.where(nonzero, count, torch.ones_like(count)), torch.zeros_like(total))
+
+
+def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: int, tokens_per_step: int) -> torch.Tensor:
+    """Token mask `arange(L) < valid_steps[b] * tokens_per_step`, L = num_steps * tokens_per_step (seed 000 finish_step)."""
+    valid_steps = torch.as_tensor(valid_steps)
+    if valid_steps.ndim != 1:
+        raise ValueError(f"valid_steps must be 1-D (B,), got shape {tuple(valid_steps.shape)}")
+    if num_steps < 0 or tokens_per_step < 1:
+        raise ValueError(f"need num_steps >= 0 and tokens_per_step >= 1, got {num_steps} and {tokens_per_step}")
+    if valid_steps.numel() and (valid_steps.min() < 0 or valid_steps.max() > num_steps):
+        raise ValueError(f"valid_steps must lie in [0, {num_steps}], got min {int(valid_steps.min())} "
+                         f"max {int(valid_steps.max())} (pass policy steps, not env steps)")
+    positions = torch.arange(num_steps * tokens_per_step, device=valid_steps.device)
+    return positions.unsqueeze(0) < (valid_steps.long() * tokens_per_step).unsqueeze(1)
+
+
+def _group_ids(index: Sequence[Hashable] | ArrayOrTensor, batch_size: int,
+               device: torch.device | str = "cpu") -> Tuple[torch.Tensor, int]:
+    """Map each row's group id (any hashable; tensor/numpy scalars by value) to 0..G-1, in order of appearance."""
+    keys = [k.item() if isinstance(k, (torch.Tensor, np.generic)) else k for k in index]
+    if len(keys) != batch_size:
+        raise ValueError(f"index has {len(keys)} entries but the batch has {batch_size} rows")
+    ids: Dict[Hashable, int] = {}
+    return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long, device=device), len(ids)
+
+
+def _weighted_group_stats(scores: torch.Tensor, counts: torch.Tensor, groups: torch.Tensor,
+                          num_groups: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Per-row mean and population std of its group when row b's score is repeated counts[b] times."""
+    mean, std = torch.zeros_like(scores), torch.ones_like(scores)
+    for g in range(num_groups):
+        rows = groups == g
+        n = counts[rows].sum()
+        if n > 0:  # a group without any valid sample keeps mean 0, std 1 (its advantages are masked to 0 anyway)
+            mu = (counts[rows] * scores[rows]).sum() / n
+            mean[rows] = mu
+            std[rows] = ((counts[rows] * (scores[rows] - mu) ** 2).sum() / n).sqrt()
+    return mean, std
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GRPO family
+# ---------------------------------------------------------------------------------------------------------------------
+def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                   index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
+                                   norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantage (seed 000, verl core_algos): A = (s - mean_g) / (std_g + eps), unbiased std, singleton
+    group -> mean 0, std 1; Dr.GRPO (`norm_adv_by_std_in_grpo=False`) drops the division. Returns (advantages, returns)."""
+    _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask)
+    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    groups, num_groups = _group_ids(index, token_level_rewards.shape[0], token_level_rewards.device)
+    with torch.no_grad():
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        mean, std = torch.zeros_like(scores), torch.ones_like(scores)
+        for g in range(num_groups):
+            rows = groups == g
+            if int(rows.sum()) > 1:
+                mean[rows] = scores[rows].mean()
+                std[rows] = scores[rows].std()
+        adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+        adv = (adv.unsqueeze(-1) * response_mask).to(_as_float(token_level_rewards).dtype)
+    return adv, adv
+
+
+def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                index: Sequence[Hashable] | ArrayOrTensor, step_mask: torch.Tensor,
+                                epsilon: float = 1e-6,
+                                norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Seed 002's "standard" (step-level) GRPO: each valid step is a sample carrying its trajectory's score s; mean and
+    population std over the group's valid steps (seed 002's example: std 0.5, A = +-1), broadcast to the step's tokens."""
+    _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask, step_mask=step_mask)
+    check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    batch, length = token_level_rewards.shape
+    num_steps = step_mask.shape[1]
+    if step_mask.shape[0] != batch or num_steps == 0 or length % num_steps != 0:
+        raise ValueError(f"step_mask (B, T_steps) must have B = {batch} rows and T_steps > 0 dividing L = {length}, "
+                         f"got step_mask {tuple(step_mask.shape)}, token_level_rewards {tuple(token_level_rewards.shape)}")
+    groups, num_groups = _group_ids(index, batch, token_level_rewards.device)
+    with torch.no_grad():
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        step_weights = step_mask.to(device=scores.device, dtype=scores.dtype)
+        mean, std = _weighted_group_stats(scores, step_weights.sum(dim=-1), groups, num_groups)
+        adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
+        step_adv = adv.unsqueeze(-1) * step_weights
+        adv = step_adv.repeat_interleave(length // num_steps, dim=1) * response_mask
+        adv = adv.to(_as_float(token_level_rewards).dtype)
+    return adv, adv
+
+
+def compute_advanced_grpo_outcome_advantage(episode_rewards: torch.Tensor, response_mask: torch.Tensor,
+                                            index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
+                                            norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Seed 002's Advanced GRPO: every valid token carries its episode reward; A = (r - mu) / (sigma + eps) with mean and
+    population std over all valid tokens of the group, so a group's token advantages sum to 0."""
+    _check_ndim(1, episode_rewards=episode_rewards)
+    _check_ndim(2, response_mask=response_mask)
+    if episode_rewards.shape[0] != response_mask.shape[0]:
+        raise ValueError(f"episode_rewards {tuple(episode_rewards.shape)} and response_mask "
+                         f"{tuple(response_mask.shape)} must have the same number of rows")
+    groups, num_groups = _group_ids(index, episode_rewards.shape[0], episode_rewards.device)
+    with torch.no_grad():
+        rewards = episode_rewards.to(torch.float64)  # float64 stats: equal rewards give 0, not noise / eps
+        mask = response_mask.to(device=rewards.device, dtype=rewards.dtype)
+        mean, std = _weighted_group_stats(rewards, mask.sum(dim=-1), groups, num_groups)
+        adv = (rewards - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else rewards - mean
+        adv = (adv.unsqueeze(-1) * mask).to(_as_float(episode_rewards).dtype)
+    return adv, adv
+
+
+def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_mask: torch.Tensor,
+                                         index: Sequence[Hashable] | ArrayOrTensor, on_policy_mask: torch.Tensor,
+                                         epsilon: float = 1e-6,
+                                         use_std: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """LUFFY's GRPO (seed 004, mix_core_alg.py): group mean/unbiased std from on-policy rows only (one -> 0/1, std 0 -> 1),
+    applied to all rows. A group with no on-policy row (LUFFY raises) uses mean 0, std 1."""
+    _check_ndim(2, token_level_rewards=token_level_rewards, eos_mask=eos_mask)
+    check_same_shape(token_level_rewards=token_level_rewards, eos_mask=eos_mask)
+    on_policy_mask = torch.as_tensor(on_policy_mask)
+    if tuple(on_policy_mask.shape) != (token_level_rewards.shape[0],):
+        raise ValueError(f"on_policy_mask must be ({token_level_rewards.shape[0]},), got {tuple(on_policy_mask.shape)}")
+    groups, num_groups = _group_ids(index, token_level_rewards.shape[0], token_level_rewards.device)
+    on_policy = on_policy_mask.bool().to(token_level_rewards.device)
+    with torch.no_grad():
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        mean, std = torch.zeros_like(scores), torch.ones_like(scores)
+        for g in range(num_groups):
+            rows = groups == g
+            on_scores = scores[rows & on_policy]
+            if on_scores.numel() > 1:
+                mean[rows] = on_scores.mean()
+                group_std = on_scores.std()
+                std[rows] = torch.where(group_std == 0, torch.ones_like(group_std), group_std)
+        adv = (scores - mean) / (std + epsilon) if use_std else scores - mean
+        adv = (adv.unsqueeze(-1) * eos_mask).to(_as_float(token_level_rewards).dtype)
+    return adv, adv
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GAE
+# ---------------------------------------------------------------------------------------------------------------------
+def _clean(x: ArrayOrTensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.as_tensor(x).detach().to(device=device, dtype=dtype)
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTensor, gamma: float = 0.99,
+                gae_lambda: float = 0.95, normalize_advantages: bool = True,
+                last_value: float | ArrayOrTensor = 0.0) -> Tuple[ArrayOrTensor, ArrayOrTensor]:
+    """GAE (Schulman et al. 2015; seed 003): delta_t = r_t + g*V_{t+1}*(1-d_t) - V_t, A_t = delta_t + g*l*(1-d_t)*A_{t+1},
+    returns = A + V; numpy or torch, (T,) or (N, T), NaN/inf -> 0, optional global (A - mean) / (std + 1e-8)."""
+    as_numpy = not isinstance(rewards, torch.Tensor)
+    if as_numpy:
+        out_dtype = np.result_type(np.asarray(rewards).dtype, np.asarray(values).dtype, np.float32)
+        dtype, device = (torch.float64 if out_dtype == np.float64 else torch.float32), torch.device("cpu")
+    else:
+        dtype = torch.promote_types(rewards.dtype, torch.as_tensor(values).dtype)
+        dtype, device = (dtype if dtype.is_floating_point else torch.get_default_dtype()), rewards.device
+    r, v, d = (_clean(x, dtype, device) for x in (rewards, values, dones))
+    check_same_shape(rewards=r, values=v, dones=d)
+    if r.ndim not in (1, 2):
+        raise ValueError(f"rewards must be (T,) or (N, T), got shape {tuple(r.shape)}")
+    one_d = r.ndim == 1
+    if one_d:
+        r, v, d = r.unsqueeze(0), v.unsqueeze(0), d.unsqueeze(0)
+    num_rows, horizon = r.shape
+    next_value = _clean(last_value, dtype, device)
+    if next_value.numel() not in (1, num_rows):
+        raise ValueError(f"last_value must be a scalar or have {num_rows} entries, got shape {tuple(next_value.shape)}")
+    next_value = next_value.reshape(-1).expand(num_rows)
+
+    not_done = 1.0 - d
+    advantages = torch.zeros_like(r)
+    last_adv = torch.zeros(num_rows, dtype=dtype, device=device)
+    for t in reversed(range(horizon)):
+        delta = r[:, t] + gamma * next_value * not_done[:, t] - v[:, t]
+        last_adv = delta + gamma * gae_lambda * not_done[:, t] * last_adv
+        advantages[:, t] = last_adv
+        next_value = v[:, t]
+    returns = advantages + v
+    if normalize_advantages and advantages.numel() > 0:
+        advantages = (advantages - advantages.mean()) / (advantages.std(unbiased=False) + 1e-8)
+
+    if one_d:
+        advantages, returns = advantages[0], returns[0]
+    if as_numpy:
+        return advantages.numpy().astype(out_dtype), returns.numpy().astype(out_dtype)
+    return advantages, returns
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FlowSAR credit assignment
+# ---------------------------------------------------------------------------------------------------------------------
+def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, temperature: float = 0.5,
+                             w_min: float = 0.05, w_max: float = 0.5,
+                             step_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FlowSAR step weights (seed 001 §2.1): per trajectory, softmax(e/T) if R = 1 else softmax(-e/T) over valid steps,
+    optional clip to [w_min, w_max] + renormalise; labels y = 2R - 1. Shapes: (n_steps, B), (B,) -> (n_steps, B), (B,)."""
+    _check_ndim(2, recon_errors=recon_errors)
+    _check_ndim(1, rewards=rewards)
+    if rewards.shape[0] != recon_errors.shape[1]:
+        raise ValueError(f"recon_errors (n_steps, B) {tuple(recon_errors.shape)} and rewards (B,) "
+                         f"{tuple(rewards.shape)} disagree on B")
+    if step_mask is None:
+        step_mask = torch.ones_like(recon_errors, dtype=torch.bool)
+    check_same_shape(recon_errors=recon_errors, step_mask=step_mask)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0.0 <= w_min <= w_max or w_max <= 0.0:
+        raise ValueError(f"need 0 <= w_min <= w_max and w_max > 0, got w_min {w_min}, w_max {w_max}")
+    if not bool(((rewards == 0) | (rewards == 1)).all()):
+        raise ValueError(f"rewards must be episode successes in {{0, 1}}, got {rewards.tolist()}")
+
+    errors = _as_float(recon_errors).detach()
+    labels = 2.0 * rewards.to(errors.dtype) - 1.0
+    valid = step_mask.bool()
+    logits = (labels.unsqueeze(0) * errors / temperature).masked_fill(~valid, float("-inf"))
+    logits = torch.where(valid.any(dim=0, keepdim=True), logits, torch.zeros_like(logits))  # no all -inf column
+    weights = torch.softmax(logits, dim=0) * valid
+    if w_min > 0.0 or w_max < 1.0:
+        weights = weights.clamp(w_min, w_max) * valid
+        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+    return weights, labels
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# YAML name -> estimator, and the one adapter the scripts call
+# ---------------------------------------------------------------------------------------------------------------------
+ADVANTAGE_ESTIMATORS: Dict[str, Callable[..., Any]] = {
+    "grpo": compute_grpo_outcome_advantage,
+    "step_grpo": compute_step_grpo_advantage,
+    "advanced_grpo": compute_advanced_grpo_outcome_advantage,
+    "grpo_split": compute_grpo_outcome_advantage_split,
+    "gae": compute_gae,
+}
+
+
+def episode_to_token_rewards(episode_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) token_level_rewards with each episode reward on its row's last valid token (token 0 if none is valid)."""
+    _check_ndim(1, episode_rewards=episode_rewards)
+    _check_ndim(2, response_mask=response_mask)
+    if episode_rewards.shape[0] != response_mask.shape[0] or response_mask.shape[1] == 0:
+        raise ValueError(f"episode_rewards {tuple(episode_rewards.shape)} needs one row of response_mask "
+                         f"{tuple(response_mask.shape)} (with L > 0) per episode")
+    rewards = _as_float(episode_rewards)
+    last = (response_mask.to(torch.long).sum(dim=-1) - 1).clamp(min=0)
+    token_rewards = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
+    return token_rewards.scatter(1, last.unsqueeze(1).to(rewards.device), rewards.unsqueeze(1))
+
+
+def compute_advantage(name: str, episode_rewards: torch.Tensor, response_mask: torch.Tensor,
+                      index: Sequence[Hashable] | ArrayOrTensor, step_mask: Optional[torch.Tensor] = None,
+                      **kwargs: Any) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Run the GRPO-family estimator named by `algorithm.adv_estimator` from (B,) episode rewards; kwargs go to it
+    (grpo_split needs `on_policy_mask`; `norm_adv_by_std_in_grpo` is passed to it as `use_std`)."""
+    if name == "advanced_grpo":
+        return compute_advanced_grpo_outcome_advantage(episode_rewards, response_mask, index, **kwargs)
+    if name not in ("grpo", "step_grpo", "grpo_split"):
+        if name == "gae":
+            raise ValueError("adv_estimator 'gae' needs per-step rewards, values and dones: call compute_gae directly")
+        raise ValueError(f"unknown adv_estimator {name!r}; valid: grpo, step_grpo, advanced_grpo, grpo_split (and gae "
+                         f"through compute_gae)")
+    token_level_rewards = episode_to_token_rewards(episode_rewards, response_mask)
+    if name == "grpo":
+        return compute_grpo_outcome_advantage(token_level_rewards, response_mask, index, **kwargs)
+    if name == "step_grpo":
+        if step_mask is None:
+            raise ValueError("adv_estimator 'step_grpo' needs step_mask (B, T_steps)")
+        return compute_step_grpo_advantage(token_level_rewards, response_mask, index, step_mask, **kwargs)
+    if "on_policy_mask" not in kwargs:
+        raise ValueError("adv_estimator 'grpo_split' needs on_policy_mask=(B,) bool")
+    if "norm_adv_by_std_in_grpo" in kwargs:
+        kwargs["use_std"] = kwargs.pop("norm_adv_by_std_in_grpo")
+    return compute_grpo_outcome_advantage_split(token_level_rewards, response_mask, index, **kwargs)
+
+
+__all__: List[str] = [
+    "ADVANTAGE_ESTIMATORS", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
+    "compute_flow_sar_weights", "compute_gae", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
+    "compute_step_grpo_advantage", "episode_to_token_rewards", "make_response_mask", "masked_mean", "masked_sum",
+]
