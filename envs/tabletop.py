@@ -1,0 +1,518 @@
+"""The embedded `tabletop` suite: 10 LIBERO-shaped pick-and-place tasks, simulated and rendered in numpy.
+
+A gripper (x, y, z, open/closed) moves over a table in [0, 1]^2 with coloured blocks, plates and a basket. Tasks share
+scene layouts (so the instruction matters) and every trial starts from its own fixed layout (so vision matters).
+Observations, actions and episode rules follow real LIBERO (see ../shared/specs/environments.md): `agentview` and
+`wrist` uint8 images, an 8-D `state`, 7-D actions in [-1, 1] (rotation dims ignored, gripper > 0 closes),
+reward 1 on the step that succeeds, `terminated` on success and `truncated` at `max_steps`.
+
+All physics, the scripted expert and rendering are batched over environments; `TabletopVectorEnv` is a native
+`gymnasium.vector.VectorEnv` (autoreset disabled) and `TabletopEnv` the single-environment `gymnasium.Env`.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+
+NUM_TRIALS = 50  # fixed initial states per task, like LIBERO's init files
+STEP_SIZE = 0.05  # table units moved per step at |action| = 1
+BLOCK_HALF = 0.05  # half the side of a block
+BLOCK_HEIGHT = 0.05
+HOVER_Z = 0.2  # expert's travel height
+MAX_Z = 0.4
+START_Z = 0.25
+WRIST_ZOOM = 3  # the wrist camera sees a third of the table around the gripper
+TRIAL_SEED = 20261120  # the suite's initial states are a pure function of (task_id, trial_id, TRIAL_SEED)
+
+BLOCK, PLATE, BASKET = 1, 2, 3
+COLORS = {
+    "red": (215, 40, 40), "yellow": (235, 205, 35), "blue": (40, 70, 215), "green": (40, 160, 60),
+}
+FLAT_COLORS = {"blue plate": (140, 175, 255), "green plate": (150, 225, 150), "basket": (120, 75, 35)}
+FLAT_HALF = {PLATE: 0.09, BASKET: 0.11}
+TABLE_RGB = (205, 185, 150)
+GRIPPER_RGB = (60, 60, 60)
+SHADOW_RGB = (120, 105, 85)
+
+# Scene layouts: (kind, name) per object. Several tasks share a layout with different instructions.
+LAYOUTS: List[List[Tuple[int, str]]] = [
+    [(BLOCK, "red"), (BLOCK, "yellow"), (PLATE, "blue plate"), (PLATE, "green plate")],
+    [(BLOCK, "red"), (BLOCK, "green"), (BLOCK, "blue"), (BLOCK, "yellow")],
+    [(BLOCK, "red"), (BLOCK, "blue"), (BASKET, "basket"), (PLATE, "green plate")],
+]
+# (layout, instruction, goals as (object, support) pairs that must all hold, max_steps)
+TASKS: List[Tuple[int, str, List[Tuple[int, int]], int]] = [
+    (0, "put the red block on the blue plate", [(0, 2)], 100),
+    (0, "put the yellow block on the green plate", [(1, 3)], 100),
+    (0, "put the red block on the green plate", [(0, 3)], 100),
+    (0, "put the yellow block on the blue plate", [(1, 2)], 100),
+    (1, "stack the green block on the red block", [(1, 0)], 100),
+    (1, "stack the yellow block on the blue block", [(3, 2)], 100),
+    (1, "stack the red block on the yellow block", [(0, 3)], 100),
+    (2, "put the red block in the basket", [(0, 2)], 100),
+    (2, "put the blue block on the green plate", [(1, 3)], 100),
+    (2, "put both the red block and the blue block in the basket", [(0, 2), (1, 2)], 200),
+]
+NUM_TASKS = len(TASKS)
+MAX_OBJECTS = max(len(layout) for layout in LAYOUTS)
+MAX_GOALS = max(len(t[2]) for t in TASKS)
+
+
+def task_description(task_id: int) -> str:
+    return TASKS[task_id][1]
+
+
+def task_name(task_id: int) -> str:
+    """LIBERO-style task name (the instruction with underscores), used to group trials of a task."""
+    return TASKS[task_id][1].replace(" ", "_")
+
+
+def check_ids(task_id: int, trial_id: int) -> None:
+    if not 0 <= int(task_id) < NUM_TASKS:
+        raise ValueError(f"task_id {task_id} is out of range: the tabletop suite has tasks 0..{NUM_TASKS - 1}")
+    if not 0 <= int(trial_id) < NUM_TRIALS:
+        raise ValueError(f"trial_id {trial_id} is out of range: each tabletop task has trials 0..{NUM_TRIALS - 1}")
+
+
+def initial_state(task_id: int, trial_id: int) -> Tuple[np.ndarray, np.ndarray]:
+    """Fixed start of (task, trial): object positions (MAX_OBJECTS, 3) and gripper position (3,). Tasks sharing a
+    layout share their starts (trial j is the same scene), so only the instruction tells them apart."""
+    check_ids(task_id, trial_id)
+    layout_id = TASKS[task_id][0]
+    layout = LAYOUTS[layout_id]
+    rng = np.random.default_rng([TRIAL_SEED, layout_id, trial_id])
+    pos = np.zeros((MAX_OBJECTS, 3))
+    while True:  # rejection sampling: flats apart, blocks clear of every flat and of each other
+        placed: List[Tuple[float, float, float]] = []  # (x, y, half extent)
+        ok = True
+        order = [j for j, (kind, _) in enumerate(layout) if kind != BLOCK] + [j for j, (k, _) in enumerate(layout) if k == BLOCK]
+        for j in order:
+            kind = layout[j][0]
+            half = FLAT_HALF.get(kind, BLOCK_HALF)
+            for _ in range(100):
+                x, y = rng.uniform(0.12, 0.88, size=2)
+                if all(max(abs(x - px), abs(y - py)) > half + ph + 0.04 for px, py, ph in placed):
+                    break
+            else:
+                ok = False
+                break
+            placed.append((x, y, half))
+            pos[j] = (x, y, 0.0)
+        if ok:
+            break
+    gripper = np.array([*rng.uniform(0.25, 0.75, size=2), START_Z])
+    return pos, gripper
+
+
+class TabletopCore:
+    """Batched state, physics, success predicates, scripted expert and rendering of N tabletop environments."""
+
+    def __init__(self, num_envs: int, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
+                 seed: Optional[int] = None):
+        if image_size < 16:
+            raise ValueError(f"image_size must be >= 16 px, got {image_size}")
+        self.n, self.size, self.max_steps_override, self.expert_noise = num_envs, image_size, max_steps, expert_noise
+        self.rng = np.random.default_rng(seed)
+        n = num_envs
+        self.task_id = np.zeros(n, dtype=np.int64)
+        self.trial_id = np.zeros(n, dtype=np.int64)
+        self.pos = np.zeros((n, MAX_OBJECTS, 3))
+        self.kind = np.zeros((n, MAX_OBJECTS), dtype=np.int64)
+        self.color = np.zeros((n, MAX_OBJECTS, 3), dtype=np.uint8)
+        self.goals = np.full((n, MAX_GOALS, 2), -1, dtype=np.int64)
+        self.gripper = np.zeros((n, 3))
+        self.closed = np.zeros(n, dtype=bool)
+        self.held = np.full(n, -1, dtype=np.int64)
+        self.held_offset = np.zeros((n, 3))
+        self.steps = np.zeros(n, dtype=np.int64)
+        self.max_steps = np.zeros(n, dtype=np.int64)
+        self.success = np.zeros(n, dtype=bool)
+        self.truncated = np.zeros(n, dtype=bool)
+        self.agentview = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)
+        self.wrist = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)
+        self.bg_agent = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)
+        wide = WRIST_ZOOM * image_size + image_size
+        self.bg_wrist = np.zeros((n, wide, wide, 3), dtype=np.uint8)
+
+    # ---------------------------------------------------------------- reset / step
+    def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int]) -> None:
+        for i, task, trial in zip(idx, task_ids, trial_ids):
+            pos, grip = initial_state(int(task), int(trial))
+            layout_id, _, goals, max_steps = TASKS[int(task)]
+            layout = LAYOUTS[layout_id]
+            self.task_id[i], self.trial_id[i] = task, trial
+            self.pos[i] = pos
+            self.kind[i] = 0
+            self.kind[i, : len(layout)] = [k for k, _ in layout]
+            self.color[i] = 0
+            self.color[i, : len(layout)] = [COLORS.get(name, FLAT_COLORS.get(name)) for _, name in layout]
+            self.goals[i] = -1
+            self.goals[i, : len(goals)] = goals
+            self.gripper[i] = grip
+            self.max_steps[i] = self.max_steps_override or max_steps
+            self._draw_flats(int(i))
+        self.closed[idx] = False
+        self.held[idx] = -1
+        self.steps[idx] = 0
+        self.success[idx] = False
+        self.truncated[idx] = False
+        self.render(np.asarray(idx))
+
+    @property
+    def done(self) -> np.ndarray:
+        return self.success | self.truncated
+
+    def step(self, actions: np.ndarray) -> np.ndarray:
+        """Advance every unfinished env by one action; finished envs are absorbing. Returns the success reward (N,)."""
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.shape != (self.n, 7):
+            raise ValueError(f"actions must have shape ({self.n}, 7) (num_envs, 7), got {actions.shape}")
+        act = np.flatnonzero(~self.done)
+        if act.size == 0:
+            return np.zeros(self.n, dtype=np.float32)
+        a = np.clip(np.nan_to_num(actions[act]), -1.0, 1.0)
+        grip = self.gripper[act] + a[:, :3] * STEP_SIZE
+        grip[:, :2] = np.clip(grip[:, :2], 0.0, 1.0)
+        grip[:, 2] = np.clip(grip[:, 2], 0.0, MAX_Z)
+        self.gripper[act] = grip
+        close = a[:, 6] > 0
+        was_closed = self.closed[act]
+        held = self.held[act]
+        # a held block follows the gripper
+        carrying = act[held >= 0]
+        if carrying.size:
+            self.pos[carrying, self.held[carrying]] = self.gripper[carrying] + self.held_offset[carrying]
+        self._grasp(act[close & ~was_closed & (held < 0)])
+        for i in act[~close & was_closed & (held >= 0)]:
+            self._release(i)
+        self.closed[act] = close
+        self.steps[act] += 1
+        newly = act[self._goals_met(act)]
+        reward = np.zeros(self.n, dtype=np.float32)
+        reward[newly] = 1.0
+        self.success[newly] = True
+        self.truncated[act] = ~self.success[act] & (self.steps[act] >= self.max_steps[act])
+        self.render(act)
+        return reward
+
+    def _grasp(self, idx: np.ndarray) -> None:
+        """Closing fingers pick up the top-most block between them (xy inside the block, tip within its height)."""
+        if idx.size == 0:
+            return
+        g = self.gripper[idx][:, None, :]
+        p = self.pos[idx]
+        near = (
+            (self.kind[idx] == BLOCK)
+            & (np.abs(p[:, :, 0] - g[:, :, 0]) < BLOCK_HALF)
+            & (np.abs(p[:, :, 1] - g[:, :, 1]) < BLOCK_HALF)
+            & (g[:, :, 2] >= p[:, :, 2])
+            & (g[:, :, 2] <= p[:, :, 2] + BLOCK_HEIGHT + 0.02)
+        )
+        hit = near.any(axis=1)
+        j = np.argmax(np.where(near, p[:, :, 2], -np.inf), axis=1)
+        i = idx[hit]
+        self.held[i] = j[hit]
+        self.held_offset[i] = self.pos[i, j[hit]] - self.gripper[i]
+
+    def _release(self, i: int) -> None:
+        j = int(self.held[i])
+        self.held[i] = -1
+        p = self.pos[i]
+        others = (self.kind[i] == BLOCK) & (np.arange(MAX_OBJECTS) != j)
+        overlap = others & (np.abs(p[:, 0] - p[j, 0]) < 2 * BLOCK_HALF) & (np.abs(p[:, 1] - p[j, 1]) < 2 * BLOCK_HALF)
+        overlap &= p[:, 2] < p[j, 2]  # only blocks below the released one can support it
+        p[j, 2] = (p[overlap, 2] + BLOCK_HEIGHT).max() if overlap.any() else 0.0
+
+    def _on(self, idx: np.ndarray, obj: np.ndarray, sup: np.ndarray) -> np.ndarray:
+        """Predicate on(obj, support) for envs idx: resting (not held) on the plate/basket or on top of the block."""
+        p_obj = self.pos[idx, obj]
+        p_sup = self.pos[idx, sup]
+        kind_sup = self.kind[idx, sup]
+        d = np.abs(p_obj[:, :2] - p_sup[:, :2]).max(axis=1)
+        half = np.where(kind_sup == BLOCK, BLOCK_HALF, np.where(kind_sup == PLATE, FLAT_HALF[PLATE], FLAT_HALF[BASKET]))
+        # on a block: exactly on its top; on a plate: on the table; in the basket: anywhere inside (blocks may pile up)
+        height_ok = np.where(kind_sup == BLOCK, np.abs(p_obj[:, 2] - p_sup[:, 2] - BLOCK_HEIGHT) < 1e-6,
+                             (p_obj[:, 2] < 1e-6) | (kind_sup == BASKET))
+        return (self.held[idx] != obj) & (d <= half) & height_ok
+
+    def _goals_met(self, idx: np.ndarray) -> np.ndarray:
+        met = np.ones(idx.size, dtype=bool)
+        for g in range(MAX_GOALS):
+            obj, sup = self.goals[idx, g, 0], self.goals[idx, g, 1]
+            active = obj >= 0
+            ok = self._on(idx, np.maximum(obj, 0), np.maximum(sup, 0))
+            met &= ~active | ok
+        return met
+
+    # ---------------------------------------------------------------- scripted expert
+    def expert_action(self) -> np.ndarray:
+        """Reactive pick-and-place expert for the first unmet goal of every env, plus Gaussian noise on xyz."""
+        n = self.n
+        idx = np.arange(n)
+        # current subgoal: first goal not yet satisfied (the last one when all are met)
+        sub = np.zeros(n, dtype=np.int64)
+        for g in range(MAX_GOALS - 1, -1, -1):
+            obj, sup = self.goals[:, g, 0], self.goals[:, g, 1]
+            active = obj >= 0
+            unmet = active & ~self._on(idx, np.maximum(obj, 0), np.maximum(sup, 0))
+            sub = np.where(unmet, g, sub)
+        obj = self.goals[idx, sub, 0]
+        sup = self.goals[idx, sub, 1]
+        g = self.gripper
+        p_obj = self.pos[idx, obj]
+        p_sup = self.pos[idx, sup]
+        holding_obj = self.held == obj
+        # where to go: above the object to pick it, or above the support to place it
+        dest = np.where(holding_obj[:, None], p_sup, p_obj).copy()
+        # several blocks into the basket: each goal has its own spot so they land side by side
+        n_goals = (self.goals[:, :, 0] >= 0).sum(axis=1)
+        in_basket = holding_obj & (self.kind[idx, sup] == BASKET) & (n_goals > 1)
+        dest[in_basket, 0] += (sub[in_basket] - 0.5 * (n_goals[in_basket] - 1)) * 2.2 * BLOCK_HALF
+        place_z = np.where(self.kind[idx, sup] == BLOCK, p_sup[:, 2] + BLOCK_HEIGHT, 0.0) + BLOCK_HEIGHT / 2 + 0.01
+        grasp_z = p_obj[:, 2] + BLOCK_HEIGHT / 2
+        low_z = np.where(holding_obj, place_z, grasp_z)
+        xy_err = dest[:, :2] - g[:, :2]
+        err = np.abs(xy_err).max(axis=1)
+        aligned, near = err < 0.02, err < 0.04
+        target = g.copy()
+        # travel at hover height; move in xy only once high enough (or already close), then descend
+        high = g[:, 2] >= HOVER_Z - 0.03
+        target[:, :2] = np.where((high | near)[:, None], dest[:, :2], g[:, :2])
+        target[:, 2] = np.where(aligned, low_z, np.where(near, g[:, 2], HOVER_Z))
+        at_low = aligned & (np.abs(g[:, 2] - low_z) < 0.02)
+        grip = np.where(holding_obj, 1.0, -1.0)
+        grip = np.where(~holding_obj & at_low, 1.0, grip)  # close on the object
+        grip = np.where(holding_obj & at_low, -1.0, grip)  # open over the target
+        wrong = (self.held >= 0) & ~holding_obj
+        grip = np.where(wrong | (self.closed & (self.held < 0) & ~at_low), -1.0, grip)
+        move = np.clip((target - g) / STEP_SIZE, -1.0, 1.0)
+        move[(wrong | (self.closed & (self.held < 0)))] = 0.0  # first let go, then move
+        if self.expert_noise > 0:
+            move = np.clip(move + self.rng.normal(0.0, self.expert_noise, size=move.shape), -1.0, 1.0)
+        actions = np.zeros((n, 7), dtype=np.float32)
+        actions[:, :3] = move
+        actions[:, 6] = grip
+        return actions
+
+    # ---------------------------------------------------------------- observations
+    def state(self) -> np.ndarray:
+        """8-D proprio like LIBERO: eef xyz, eef axis-angle (always 0 here), two gripper finger positions."""
+        s = np.zeros((self.n, 8), dtype=np.float32)
+        s[:, :3] = self.gripper
+        finger = np.where(self.closed, 0.0, 0.04)
+        s[:, 6], s[:, 7] = finger, -finger
+        return s
+
+    def _draw_flats(self, i: int) -> None:
+        """Static background of env i (table, plates, basket): agent view, and the wrist view's 3x-zoomed table with
+        S/2 of padding so that a wrist image is one crop around the gripper."""
+        S, Z = self.size, WRIST_ZOOM
+        for img, scale, pad in ((self.bg_agent[i], S, 0), (self.bg_wrist[i], Z * S, S // 2)):
+            img[:] = TABLE_RGB
+            ring = max(1, round(scale / 32))
+            for j in range(MAX_OBJECTS):
+                k = self.kind[i, j]
+                if k not in FLAT_HALF:
+                    continue
+                x, y, h = self.pos[i, j, 0], self.pos[i, j, 1], FLAT_HALF[k]
+                y0, y1, x0, x1 = (int(round(v * scale)) + pad for v in (y - h, y + h, x - h, x + h))
+                c = self.color[i, j]
+                if k == BASKET:  # a ring: four walls
+                    img[y0:y1, x0:x0 + ring] = c
+                    img[y0:y1, x1 - ring:x1] = c
+                    img[y0:y0 + ring, x0:x1] = c
+                    img[y1 - ring:y1, x0:x1] = c
+                else:
+                    img[y0:y1, x0:x1] = c
+
+    def render(self, idx: np.ndarray) -> None:
+        """Agent view (top-down; blocks and gripper grow with height; gripper shadow on the table) and wrist view (3x
+        zoom centred on the gripper, fingers fixed in the image), for envs idx."""
+        if len(idx) == 0:
+            return
+        S, Z = self.size, WRIST_ZOOM
+        idx = np.asarray(idx)
+        self.agentview[idx] = self.bg_agent[idx]
+        grip = self.gripper[idx]
+        start = np.rint(grip[:, :2] * Z * S).astype(np.int64).tolist()
+        for r, i in enumerate(idx.tolist()):
+            x0, y0 = start[r]
+            self.wrist[i] = self.bg_wrist[i, y0:y0 + S, x0:x0 + S]
+        pos = self.pos[idx]
+        kind = self.kind[idx]
+        is_block = kind == BLOCK
+        n_blocks = int(is_block.sum(axis=1).max())
+        # blocks of each env from low to high (non-blocks sorted last and skipped)
+        order = np.argsort(np.where(is_block, pos[:, :, 2], np.inf), axis=1, kind="stable")[:, :n_blocks]
+        rows = np.arange(len(idx))[:, None]
+        bpos, valid = pos[rows, order], is_block[rows, order]
+        bcol = self.color[idx][rows, order]
+        h = BLOCK_HALF * (1.0 + 1.5 * bpos[:, :, 2])
+        gs = 0.035 * (1.0 + 1.5 * grip[:, 2])
+        gap = np.where(self.closed[idx], 0.3, 1.0) * gs
+        fingers = lambda gx, gy, gs, gap: np.stack([  # noqa: E731  (left and right finger boxes)
+            np.stack([gy - gs, gy + gs, gx - gap - 0.3 * gs, gx - gap + 0.3 * gs], -1),
+            np.stack([gy - gs, gy + gs, gx + gap - 0.3 * gs, gx + gap + 0.3 * gs], -1)], 1)
+        views = []
+        for img, center, mag in ((self.agentview, np.full_like(grip[:, :2], 0.5), 1.0), (self.wrist, grip[:, :2], Z)):
+            cx = (bpos[:, :, 0] - center[:, None, 0]) * mag + 0.5
+            cy = (bpos[:, :, 1] - center[:, None, 1]) * mag + 0.5
+            boxes = np.stack([cy - h * mag, cy + h * mag, cx - h * mag, cx + h * mag], -1)
+            gx = (grip[:, 0] - center[:, 0]) * mag + 0.5
+            gy = (grip[:, 1] - center[:, 1]) * mag + 0.5
+            px = lambda b: np.clip(np.rint(b * S), 0, S).astype(np.int64).tolist()  # noqa: E731
+            if mag == 1.0:  # gripper and its shadow on the table
+                shadow = px(np.stack([gy - 0.02, gy + 0.02, gx - 0.02, gx + 0.02], -1))
+                f = fingers(gx, gy, gs, gap)
+            else:  # the wrist camera rides on the gripper: fingers at a fixed place and size, shadow hidden
+                shadow = None
+                f = fingers(np.full_like(gx, 0.5), np.full_like(gy, 0.62), np.full_like(gs, 0.18), gap / gs * 0.18)
+            views.append((img, px(boxes), shadow, px(f)))
+        valid_l = valid.tolist()
+        for r, i in enumerate(idx.tolist()):
+            colors = bcol[r]
+            for img, boxes, shadow, f in views:
+                im = img[i]
+                if shadow is not None:
+                    y0, y1, x0, x1 = shadow[r]
+                    im[y0:y1, x0:x1] = SHADOW_RGB
+                for j, ok in enumerate(valid_l[r]):
+                    if ok:
+                        y0, y1, x0, x1 = boxes[r][j]
+                        im[y0:y1, x0:x1] = colors[j]
+                for y0, y1, x0, x1 in f[r]:
+                    im[y0:y1, x0:x1] = GRIPPER_RGB
+
+
+def _observation_space(size: int) -> gym.spaces.Dict:
+    img = gym.spaces.Box(0, 255, (size, size, 3), dtype=np.uint8)
+    return gym.spaces.Dict({
+        "agentview": img, "wrist": img,
+        "state": gym.spaces.Box(-np.inf, np.inf, (8,), dtype=np.float32),
+    })
+
+
+ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (7,), dtype=np.float32)
+
+
+class TabletopVectorEnv(VectorEnv):
+    """N tabletop envs stepped together in numpy; `reset(options={"task_ids": [...], "trial_ids": [...]})`."""
+
+    metadata = {"autoreset_mode": AutoresetMode.DISABLED, "render_modes": []}
+
+    def __init__(self, num_envs: int, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
+                 seed: Optional[int] = None):
+        if num_envs < 1:
+            raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+        self.num_envs = num_envs
+        self.core = TabletopCore(num_envs, image_size, max_steps, expert_noise, seed)
+        self.single_observation_space = _observation_space(image_size)
+        self.single_action_space = ACTION_SPACE
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.num_tasks = NUM_TASKS
+        self.num_trials = NUM_TRIALS
+        self.task_descriptions = [task_description(t) for t in range(NUM_TASKS)]
+        self.task_names = [task_name(t) for t in range(NUM_TASKS)]
+
+    def _obs(self) -> Dict[str, np.ndarray]:
+        c = self.core
+        return {"agentview": c.agentview.copy(), "wrist": c.wrist.copy(), "state": c.state()}
+
+    def _info(self) -> Dict[str, Any]:
+        c = self.core
+        return {
+            "success": c.success.copy(),
+            "task_id": c.task_id.copy(),
+            "trial_id": c.trial_id.copy(),
+            "task_description": np.array([self.task_descriptions[t] for t in c.task_id], dtype=object),
+            "task_name": np.array([self.task_names[t] for t in c.task_id], dtype=object),
+            "max_steps": c.max_steps.copy(),
+            "elapsed_steps": c.steps.copy(),
+        }
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
+        """Reset envs to chosen (task, trial) starts: options {"task_ids", "trial_ids"} (length N, or the masked count
+        with "reset_mask" (N,) bool to reset only some envs)."""
+        if seed is not None:
+            self.core.rng = np.random.default_rng(seed)
+        options = dict(options or {})
+        mask = options.get("reset_mask")
+        idx = np.arange(self.num_envs) if mask is None else np.flatnonzero(np.asarray(mask, dtype=bool))
+        task_ids = options.get("task_ids", [0] * len(idx))
+        trial_ids = options.get("trial_ids", [0] * len(idx))
+        if len(task_ids) != len(idx) or len(trial_ids) != len(idx):
+            raise ValueError(
+                f"reset needs one task id and one trial id per env being reset ({len(idx)}); "
+                f"got {len(task_ids)} task_ids and {len(trial_ids)} trial_ids"
+            )
+        for t, j in zip(task_ids, trial_ids):
+            check_ids(t, j)
+        self.core.reset(idx, task_ids, trial_ids)
+        return self._obs(), self._info()
+
+    def step(self, actions: np.ndarray):
+        reward = self.core.step(actions)
+        return self._obs(), reward, self.core.success.copy(), self.core.truncated.copy(), self._info()
+
+    def expert_action(self) -> np.ndarray:
+        """The scripted expert's action (N, 7) for the current state, with `expert_noise` on the xyz deltas."""
+        return self.core.expert_action()
+
+
+class TabletopEnv(gym.Env):
+    """One tabletop env: `reset(options={"task_id": k, "trial_id": j})`; absorbing after success or truncation."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
+                 env_index: int = 0, render_mode: Optional[str] = None):
+        self.core = TabletopCore(1, image_size, max_steps, expert_noise)
+        self.env_index = env_index
+        self.render_mode = render_mode
+        self.observation_space = _observation_space(image_size)
+        self.action_space = ACTION_SPACE
+        self.num_tasks, self.num_trials = NUM_TASKS, NUM_TRIALS
+        self.task_descriptions = [task_description(t) for t in range(NUM_TASKS)]
+        self.task_names = [task_name(t) for t in range(NUM_TASKS)]
+
+    @property
+    def max_steps(self) -> int:
+        return int(self.core.max_steps[0])
+
+    def _obs(self) -> Dict[str, np.ndarray]:
+        return {"agentview": self.core.agentview[0].copy(), "wrist": self.core.wrist[0].copy(), "state": self.core.state()[0]}
+
+    def _info(self) -> Dict[str, Any]:
+        t = int(self.core.task_id[0])
+        return {"success": bool(self.core.success[0]), "task_id": t, "trial_id": int(self.core.trial_id[0]),
+                "task_description": self.task_descriptions[t], "task_name": self.task_names[t]}
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
+        super().reset(seed=seed)
+        if seed is not None:
+            self.core.rng = np.random.default_rng(seed)
+        options = options or {}
+        if "task_ids" in options:  # vectorised form: this env's own entry
+            task, trial = options["task_ids"][self.env_index], options["trial_ids"][self.env_index]
+        else:
+            task, trial = options.get("task_id", 0), options.get("trial_id", 0)
+        check_ids(task, trial)
+        self.core.reset(np.array([0]), [task], [trial])
+        return self._obs(), self._info()
+
+    def step(self, action: np.ndarray):
+        action = np.asarray(action, dtype=np.float32)
+        if action.shape != (7,):
+            raise ValueError(f"action must have shape (7,) (Δx Δy Δz Δroll Δpitch Δyaw gripper), got {action.shape}")
+        reward = self.core.step(action[None])
+        return self._obs(), float(reward[0]), bool(self.core.success[0]), bool(self.core.truncated[0]), self._info()
+
+    def expert_action(self) -> np.ndarray:
+        return self.core.expert_action()[0]
+
+    def render(self) -> np.ndarray:
+        return self.core.agentview[0].copy()

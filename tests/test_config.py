@@ -1,0 +1,94 @@
+"""Strict configs: unknown keys, wrong types and nested overrides fail with one-line messages that say the fix."""
+from dataclasses import dataclass, field
+from typing import Optional
+
+import pytest
+
+from common.config import ConfigError, EnvConfig, LogConfig, load_config, parse_cli, resolve_run_dir
+
+
+@dataclass
+class Algo:
+    clip_ratio_high: float = 0.28
+    n: int = 8
+
+
+@dataclass
+class Cfg:
+    seed: int = 1
+    resume: Optional[str] = None
+    env: EnvConfig = field(default_factory=EnvConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    algorithm: Algo = field(default_factory=Algo)
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_yaml_and_nested_override_are_merged_into_typed_objects(tmp_path):
+    path = write(tmp_path, "seed: 3\nalgorithm:\n  n: 4\n")
+    cfg = load_config(Cfg, path, ["algorithm.clip_ratio_high=0.3", "env.task_ids=[1,2]", "env.max_steps=50"])
+    assert isinstance(cfg, Cfg) and isinstance(cfg.algorithm, Algo)
+    assert (cfg.seed, cfg.algorithm.n, cfg.algorithm.clip_ratio_high) == (3, 4, 0.3)
+    assert cfg.env.task_ids == [1, 2] and cfg.env.max_steps == 50 and cfg.env.suite == "tabletop"
+
+
+def test_unknown_yaml_key_names_key_file_and_closest_keys(tmp_path):
+    path = write(tmp_path, "env:\n  num_envz: 4\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, path)
+    assert str(e.value) == (
+        f"{path}: unknown key 'env.num_envz'; did you mean 'env.num_envs'? valid keys in 'env': action_chunk, "
+        "assets_dir, expert_noise, fast_render, image_size, max_steps, num_envs, num_steps_wait, render_backend, "
+        "suite, task_ids"
+    )
+
+
+def test_unknown_top_level_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'algorithms'; did you mean 'algorithm'\? valid keys in the top level"):
+        load_config(Cfg, write(tmp_path, "algorithms:\n  n: 2\n"))
+
+
+def test_wrong_type_in_yaml_and_on_command_line(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, write(tmp_path, "env:\n  num_envs: many\n"))
+    assert str(e.value).endswith("bad value for 'env.num_envs': 'many' is not a valid int")
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, None, ["algorithm.clip_ratio_high=high"])
+    assert str(e.value) == "command line: bad value for 'algorithm.clip_ratio_high': 'high' is not a valid float"
+
+
+def test_override_errors():
+    with pytest.raises(ConfigError) as e:
+        load_config(Cfg, None, ["algorithm.clip_ratio_hgh=0.3"])
+    assert str(e.value) == ("command line: unknown key 'algorithm.clip_ratio_hgh'; did you mean "
+                            "'algorithm.clip_ratio_high'? valid keys in 'algorithm': clip_ratio_high, n")
+    with pytest.raises(ConfigError, match="override 'seed' must look like section.key=value"):
+        load_config(Cfg, None, ["seed"])
+    with pytest.raises(ConfigError, match="'env' is a section; give it keys"):
+        load_config(Cfg, None, ["env=3"])
+    with pytest.raises(ConfigError, match="config file not found: nope.yaml"):
+        load_config(Cfg, "nope.yaml")
+
+
+def test_cli_flags_map_to_keys():
+    cfg = parse_cli(Cfg, None, argv=["--task-ids", "1", "2", "--seed", "7", "--no-wandb", "algorithm.n=2"])
+    assert cfg.env.task_ids == [1, 2] and cfg.seed == 7 and cfg.log.wandb is False and cfg.algorithm.n == 2
+    cfg = parse_cli(Cfg, None, argv=["--task-id", "3", "--resume"])
+    assert cfg.env.task_ids == [3] and cfg.resume == "auto"
+    with pytest.raises(ConfigError, match="give --task-id or --task-ids, not both"):
+        parse_cli(Cfg, None, argv=["--task-id", "3", "--task-ids", "1"])
+
+
+def test_resolve_run_dir_new_and_resume(tmp_path):
+    log = LogConfig(output_dir=str(tmp_path))
+    name, run_dir = resolve_run_dir(log, "srpo__tabletop__t0__s1", None)
+    assert name.startswith("srpo__tabletop__t0__s1__") and run_dir == str(tmp_path / name)
+    (tmp_path / "srpo__tabletop__t0__s1__20260101-000000").mkdir()
+    (tmp_path / "srpo__tabletop__t0__s1__20260102-000000").mkdir()
+    assert resolve_run_dir(log, "srpo__tabletop__t0__s1", "auto")[0] == "srpo__tabletop__t0__s1__20260102-000000"
+    with pytest.raises(ConfigError, match="no such run folder"):
+        resolve_run_dir(log, "x", str(tmp_path / "missing"))
