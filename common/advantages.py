@@ -49,8 +49,9 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = N
     return torch.where(nonzero, total / torch.where(nonzero, count, torch.ones_like(count)), torch.zeros_like(total))
 
 
-def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: int, tokens_per_step: int) -> torch.Tensor:
-    """Token mask `arange(L) < valid_steps[b] * tokens_per_step`, L = num_steps * tokens_per_step (seed 000 finish_step)."""
+def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: int,
+                       tokens_per_step: int) -> torch.Tensor:
+    """Bool (B, L) mask `arange(L) < valid_steps[b] * tokens_per_step`, L = num_steps * tokens_per_step (seed 000)."""
     valid_steps = torch.as_tensor(valid_steps)
     if valid_steps.ndim != 1:
         raise ValueError(f"valid_steps must be 1-D (B,), got shape {tuple(valid_steps.shape)}")
@@ -93,13 +94,13 @@ def _weighted_group_stats(scores: torch.Tensor, counts: torch.Tensor, groups: to
 def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                                    index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
                                    norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (seed 000, verl core_algos): A = (s - mean_g) / (std_g + eps), unbiased std, singleton
-    group -> mean 0, std 1; Dr.GRPO (`norm_adv_by_std_in_grpo=False`) drops the division. Returns (advantages, returns)."""
+    """GRPO outcome advantage (seed 000, verl): A = (s - mean_g) / (std_g + eps), unbiased std, a one-row group uses
+    mean 0 / std 1; Dr.GRPO (norm_adv_by_std_in_grpo=False) drops the division. Returns (advantages, returns)."""
     _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
     groups, num_groups = _group_ids(index, token_level_rewards.shape[0], token_level_rewards.device)
     with torch.no_grad():
-        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64: equal scores give 0, not noise / eps
         mean, std = torch.zeros_like(scores), torch.ones_like(scores)
         for g in range(num_groups):
             rows = groups == g
@@ -115,18 +116,19 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
                                 index: Sequence[Hashable] | ArrayOrTensor, step_mask: torch.Tensor,
                                 epsilon: float = 1e-6,
                                 norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Seed 002's "standard" (step-level) GRPO: each valid step is a sample carrying its trajectory's score s; mean and
-    population std over the group's valid steps (seed 002's example: std 0.5, A = +-1), broadcast to the step's tokens."""
+    """Seed 002's "standard" GRPO: every valid step is a sample carrying its trajectory's score; mean and population
+    std (seed 002's example: std 0.5, A = +-1) over the group's valid steps, broadcast to each step's tokens."""
     _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask, step_mask=step_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
     batch, length = token_level_rewards.shape
     num_steps = step_mask.shape[1]
     if step_mask.shape[0] != batch or num_steps == 0 or length % num_steps != 0:
         raise ValueError(f"step_mask (B, T_steps) must have B = {batch} rows and T_steps > 0 dividing L = {length}, "
-                         f"got step_mask {tuple(step_mask.shape)}, token_level_rewards {tuple(token_level_rewards.shape)}")
+                         f"got step_mask {tuple(step_mask.shape)}, "
+                         f"token_level_rewards {tuple(token_level_rewards.shape)}")
     groups, num_groups = _group_ids(index, batch, token_level_rewards.device)
     with torch.no_grad():
-        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64: equal scores give 0, not noise / eps
         step_weights = step_mask.to(device=scores.device, dtype=scores.dtype)
         mean, std = _weighted_group_stats(scores, step_weights.sum(dim=-1), groups, num_groups)
         adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
@@ -139,7 +141,7 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
 def compute_advanced_grpo_outcome_advantage(episode_rewards: torch.Tensor, response_mask: torch.Tensor,
                                             index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
                                             norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Seed 002's Advanced GRPO: every valid token carries its episode reward; A = (r - mu) / (sigma + eps) with mean and
+    """Seed 002's Advanced GRPO: each valid token carries its episode reward; A = (r - mu) / (sigma + eps), mean and
     population std over all valid tokens of the group, so a group's token advantages sum to 0."""
     _check_ndim(1, episode_rewards=episode_rewards)
     _check_ndim(2, response_mask=response_mask)
@@ -160,8 +162,8 @@ def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_
                                          index: Sequence[Hashable] | ArrayOrTensor, on_policy_mask: torch.Tensor,
                                          epsilon: float = 1e-6,
                                          use_std: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """LUFFY's GRPO (seed 004, mix_core_alg.py): group mean/unbiased std from on-policy rows only (one -> 0/1, std 0 -> 1),
-    applied to all rows. A group with no on-policy row (LUFFY raises) uses mean 0, std 1."""
+    """LUFFY's GRPO (seed 004): mean / unbiased std of each group's on-policy rows only (one row -> 0 / 1, std 0 -> 1),
+    applied to all its rows; a group with no on-policy row (LUFFY raises) uses 0 / 1."""
     _check_ndim(2, token_level_rewards=token_level_rewards, eos_mask=eos_mask)
     check_same_shape(token_level_rewards=token_level_rewards, eos_mask=eos_mask)
     on_policy_mask = torch.as_tensor(on_policy_mask)
@@ -170,7 +172,7 @@ def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_
     groups, num_groups = _group_ids(index, token_level_rewards.shape[0], token_level_rewards.device)
     on_policy = on_policy_mask.bool().to(token_level_rewards.device)
     with torch.no_grad():
-        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64 stats: equal scores give 0, not noise / eps
+        scores = token_level_rewards.to(torch.float64).sum(dim=-1)  # float64: equal scores give 0, not noise / eps
         mean, std = torch.zeros_like(scores), torch.ones_like(scores)
         for g in range(num_groups):
             rows = groups == g
@@ -195,8 +197,8 @@ def _clean(x: ArrayOrTensor, dtype: torch.dtype, device: torch.device) -> torch.
 def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTensor, gamma: float = 0.99,
                 gae_lambda: float = 0.95, normalize_advantages: bool = True,
                 last_value: float | ArrayOrTensor = 0.0) -> Tuple[ArrayOrTensor, ArrayOrTensor]:
-    """GAE (Schulman et al. 2015; seed 003): delta_t = r_t + g*V_{t+1}*(1-d_t) - V_t, A_t = delta_t + g*l*(1-d_t)*A_{t+1},
-    returns = A + V; numpy or torch, (T,) or (N, T), NaN/inf -> 0, optional global (A - mean) / (std + 1e-8)."""
+    """GAE (Schulman et al. 2015, seed 003): d_t = r_t + g V_{t+1} (1-done_t) - V_t, A_t = d_t + g l (1-done_t) A_{t+1},
+    returns = A + V; numpy or torch, (T,) or (N, T); NaN/inf -> 0; then optionally A <- (A - mean) / (std + 1e-8)."""
     as_numpy = not isinstance(rewards, torch.Tensor)
     if as_numpy:
         out_dtype = np.result_type(np.asarray(rewards).dtype, np.asarray(values).dtype, np.float32)
@@ -242,8 +244,8 @@ def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTen
 def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, temperature: float = 0.5,
                              w_min: float = 0.05, w_max: float = 0.5,
                              step_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """FlowSAR step weights (seed 001 §2.1): per trajectory, softmax(e/T) if R = 1 else softmax(-e/T) over valid steps,
-    optional clip to [w_min, w_max] + renormalise; labels y = 2R - 1. Shapes: (n_steps, B), (B,) -> (n_steps, B), (B,)."""
+    """FlowSAR weights (seed 001 §2.1): over each trajectory's valid steps softmax(e/T) if R = 1 else softmax(-e/T),
+    then (if w_min > 0 or w_max < 1) clip and renormalise; labels y = 2R - 1. (n_steps, B), (B,) -> same shapes."""
     _check_ndim(2, recon_errors=recon_errors)
     _check_ndim(1, rewards=rewards)
     if rewards.shape[0] != recon_errors.shape[1]:

@@ -1,4 +1,4 @@
-"""Policy, value, KL and FlowSAR losses: verl's PPO pieces (seed 000), LUFFY's mixed-policy loss (seed 004), FlowSAR (seed 001).
+"""Losses: verl's PPO, value, KL and entropy pieces (seed 000), LUFFY's mixed-policy loss (seed 004), FlowSAR (001).
 
 Token tensors are (B, L); masks are bool or 0/1 floats of the same shape. Everything here is a pure function.
 """
@@ -173,8 +173,8 @@ def compute_token_on_off_policy_loss(
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> Dict[str, torch.Tensor]:
-    """LUFFY's mixed-policy loss (seed 004): PPO-clip on on-policy tokens, reshaped p(token) (or p/target_probs) on
-    off-policy tokens (prefix_mask); returns 11 scalars. off_cliprange, off_normalize, off_abs_cliprange are unused, as in LUFFY."""
+    """LUFFY's mixed-policy loss (seed 004): PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
+    tokens; dict of 11 scalars. off_cliprange, off_normalize, off_abs_cliprange are accepted and unused, as in LUFFY."""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, eos_mask=eos_mask,
                      prefix_mask=prefix_mask)
     if prefix_mask.dtype != torch.bool:

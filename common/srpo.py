@@ -64,6 +64,7 @@ def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrT
                   accuracy_lower_bound: float = 0.1, accuracy_upper_bound: float = 0.9) -> torch.Tensor:
     """siiRL's _filter_batch (seed 000) as a row mask: keep a group of n_samples consecutive rows if lower <= mean
     success <= upper (inclusive) and, with filter_truncated, none of its rows has finish_step >= max_steps."""
+    device = success.device if isinstance(success, torch.Tensor) else torch.device("cpu")
     success = torch.as_tensor(_to_numpy(success)).to(torch.float64)
     finish_step = torch.as_tensor(_to_numpy(finish_step))
     if n_samples < 1:
@@ -81,7 +82,7 @@ def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrT
         keep &= (accuracy >= accuracy_lower_bound) & (accuracy <= accuracy_upper_bound)
     if filter_truncated:
         keep &= ~(finish_step.reshape(num_groups, n_samples) >= max_steps).any(dim=-1)
-    return keep.repeat_interleave(n_samples)
+    return keep.repeat_interleave(n_samples).to(device)
 
 
 def filter_metrics(success: ArrayOrTensor | Sequence[bool], keep: torch.Tensor, n_samples: int) -> Dict[str, float]:

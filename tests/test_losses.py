@@ -200,7 +200,8 @@ def test_luffy_off_ratio_min_max_clip_fractions():
     lo = luffy(off_min_clip=0.4)  # [0.5, 0.25] -> [0.5, 0.4]
     assert lo["off_ratio_min_clip_frac"] == pytest.approx(0.5) and lo["off_ratio_mean"] == pytest.approx(0.45)
     both = luffy(off_max_clip=0.45, off_min_clip=0.3)
-    assert both["off_ratio_max_clip_frac"] == pytest.approx(0.5) and both["off_ratio_min_clip_frac"] == pytest.approx(0.5)
+    assert both["off_ratio_max_clip_frac"] == pytest.approx(0.5)
+    assert both["off_ratio_min_clip_frac"] == pytest.approx(0.5)
 
 
 def test_luffy_all_max_clip_drops_confident_tokens_from_loss_and_mask():
