@@ -46,15 +46,38 @@ def tiny_lm_config(cfg, vocab_size: int) -> LlamaConfig:
 
 
 class SmallCNN(nn.Module):
-    """(B, 3, H, W) -> (B, (H/16)*(W/16), out_dim) patch tokens with three strided convs (the fast tiny tower)."""
+    """(B, 3, H, W) -> (B, (H/16)*(W/16) + 1, out_dim): patch tokens from three strided convs plus learned patch
+    positions (as a ViT), and one keypoint token (spatial soft-argmax of the H/8 feature map, as robomimic's
+    SpatialSoftmax) that states where things are -- attention alone learns "where" slowly. The fast tiny tower."""
 
-    def __init__(self, out_dim: int, width: int = 32):
+    def __init__(self, out_dim: int, image_size: int, width: int = 32):
         super().__init__()
-        self.net = nn.Sequential(nn.Conv2d(3, width, 4, 4), nn.GELU(), nn.Conv2d(width, 2 * width, 2, 2), nn.GELU(),
-                                 nn.Conv2d(2 * width, out_dim, 2, 2))
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 4, 4), nn.GELU(), nn.Conv2d(width, 2 * width, 2, 2), nn.GELU())
+        self.patch = nn.Conv2d(2 * width, out_dim, 2, 2)
+        self.pos = nn.Parameter(torch.randn(1, (image_size // 16) ** 2, out_dim) * 0.5)
+        self.keypoints = nn.Linear(4 * width, out_dim)
+        grid = torch.linspace(-1.0, 1.0, image_size // 8)
+        self.register_buffer("grid_x", grid.repeat(image_size // 8), persistent=False)
+        self.register_buffer("grid_y", grid.repeat_interleave(image_size // 8), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x).flatten(2).transpose(1, 2)
+        feat = self.stem(x)  # (B, 2w, H/8, W/8)
+        attn = feat.flatten(2).softmax(-1)  # per-channel spatial softmax
+        kp = torch.cat([attn @ self.grid_x, attn @ self.grid_y], dim=-1)  # (B, 4w) expected x, y per channel
+        tokens = self.patch(feat).flatten(2).transpose(1, 2) + self.pos
+        return torch.cat([tokens, self.keypoints(kp).unsqueeze(1)], dim=1)
+
+
+class Projector(nn.Module):
+    """Vision features -> LM width (2-layer MLP, as OpenVLA), plus a learned embedding per camera view."""
+
+    def __init__(self, in_dim: int, dim: int, num_views: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(in_dim, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.view = nn.Parameter(torch.randn(num_views, 1, dim) * 0.02)
+
+    def forward(self, feats: torch.Tensor, view: int) -> torch.Tensor:
+        return self.mlp(feats) + self.view[view]
 
 
 class PrefixEncoder(nn.Module):
@@ -94,9 +117,9 @@ class PrefixEncoder(nn.Module):
         elif self.use_siglip:
             self.vision = SiglipVisionModel(minivla_vision_config())
         else:
-            self.vision = SmallCNN(dim)
+            self.vision = SmallCNN(dim, cfg.image_size)
         vdim = self.vision.config.hidden_size if self.use_siglip else dim
-        self.projector = nn.Sequential(nn.Linear(vdim, dim), nn.GELU(), nn.Linear(dim, dim))
+        self.projector = Projector(vdim, dim, 2 if cfg.use_wrist else 1)
         self.state_proj = nn.Linear(STATE_DIM, dim)
         self.hidden_size = dim
 
@@ -116,8 +139,7 @@ class PrefixEncoder(nn.Module):
         else:
             feats = self.vision(pixels)
         b = agent.shape[0]
-        vis = self.projector(feats)  # (V*B, N, D)
-        vis = torch.cat(vis.split(b, dim=0), dim=1)  # (B, V*N, D)
+        vis = torch.cat([self.projector(f, i) for i, f in enumerate(feats.split(b, dim=0))], dim=1)  # (B, V*N, D)
         st = self.state_proj(torch.as_tensor(state, dtype=torch.float32, device=dev)).unsqueeze(1)
         ids, mask = self.text_tokenizer(instructions)
         txt = self.backbone.get_input_embeddings()(ids.to(dev))
@@ -191,7 +213,8 @@ def lora_target_regex(use_siglip: bool, lora_vision: bool) -> str:
     """Module-name regex for LoRA: the LM's attention projections (+ the vision tower's if `lora_vision`)."""
     pat = r".*backbone\.layers\.\d+\.self_attn\.(q_proj|k_proj|v_proj|o_proj)"
     if lora_vision:
-        vis = r".*vision\..*self_attn\.(q_proj|k_proj|v_proj|out_proj)" if use_siglip else r".*vision\.net\.\d+"
+        vis = r".*vision\..*self_attn\.(q_proj|k_proj|v_proj|out_proj)" if use_siglip else \
+            r".*vision\.(stem\.\d+|patch|keypoints)"
         pat = f"({pat})|({vis})"
     return pat
 
