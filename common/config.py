@@ -168,8 +168,11 @@ def build_arg_parser(description: str, default_config: str) -> argparse.Argument
 
 def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None) -> T:
     """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags."""
-    args = build_arg_parser(description, default_config).parse_args(argv)
+    args = build_arg_parser(description, default_config).parse_intermixed_args(argv)
     overrides = list(args.overrides)
+    if args.resume is not None and "=" in args.resume:  # `--resume key=value ...`: the override is not a run folder
+        overrides.insert(0, args.resume)
+        args.resume = "auto"
     if args.task_id is not None and args.task_ids is not None:
         raise ConfigError("command line: give --task-id or --task-ids, not both")
     if args.task_id is not None:

@@ -79,6 +79,10 @@ def test_cli_flags_map_to_keys():
     assert cfg.env.task_ids == [1, 2] and cfg.seed == 7 and cfg.log.wandb is False and cfg.algorithm.n == 2
     cfg = parse_cli(Cfg, None, argv=["--task-id", "3", "--resume"])
     assert cfg.env.task_ids == [3] and cfg.resume == "auto"
+    cfg = parse_cli(Cfg, None, argv=["algorithm.n=3", "--seed", "2", "--resume", "algorithm.clip_ratio_high=0.1"])
+    assert (cfg.algorithm.n, cfg.seed, cfg.resume, cfg.algorithm.clip_ratio_high) == (3, 2, "auto", 0.1)
+    cfg = parse_cli(Cfg, None, argv=["--resume", "runs/x", "algorithm.n=5"])
+    assert cfg.resume == "runs/x" and cfg.algorithm.n == 5
     with pytest.raises(ConfigError, match="give --task-id or --task-ids, not both"):
         parse_cli(Cfg, None, argv=["--task-id", "3", "--task-ids", "1"])
 

@@ -1,0 +1,94 @@
+"""train_srpo.py as a user runs it (CleanRL-style subprocess tests): run folder, metrics, PNG, checkpoint, resume,
+and the edge cases (all groups filtered, n = 1, missing SFT checkpoint)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
+        "eval.every=1", "eval.trials_per_task=2", "reward.encoder.num_frames=4", "--no-wandb"]
+
+
+def run(args, tmp_path, check=True):
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
+    out = subprocess.run([sys.executable, "train_srpo.py", *FAST, *args, f"log.output_dir={tmp_path}/runs",
+                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    if check and out.returncode != 0:
+        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def only_run(tmp_path):
+    runs = os.listdir(tmp_path / "runs")
+    assert len(runs) == 1, runs
+    return runs[0], str(tmp_path / "runs" / runs[0])
+
+
+def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
+    run(["--task-id", "0", "train.iterations=2", "log.checkpoint_every=1", "algorithm.filter_accuracy=false"], tmp_path)
+    name, run_dir = only_run(tmp_path)
+    assert name.startswith("srpo__tabletop__t0__s1__")
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        text = f.read()
+    assert "n: 4" in text and "filter_accuracy: false" in text and "suite: tabletop" in text
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    for r in rows:  # filter off: the update ran on every episode, all of which failed from scratch
+        assert r["train/skipped_update"] == 0.0 and r["sampling/kept_fraction"] == 1.0
+        assert r["train/pg_loss"] == pytest.approx(0.0, abs=1e-6)  # zero advantages in all-fail groups
+        assert r["rollout/success_rate"] == 0.0 and 0.0 <= r["val/success_rate"] <= 1.0
+        assert r["rollout/mean_length"] == 16 and r["charts/SPS"] > 0
+    assert os.path.isfile(tmp_path / "plots" / name / "training_curves.png")
+    ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
+    assert ckpts == ["iter_000001", "iter_000002"]
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000002", "policy", "model.safetensors"))
+
+    out = run(["--task-id", "0", "train.iterations=3", "algorithm.filter_accuracy=false", "--resume", run_dir], tmp_path)
+    assert "resumed at iteration 2" in out.stdout
+    assert [r["iteration"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    assert "iter_000003" in os.listdir(os.path.join(run_dir, "checkpoints"))
+
+
+def test_every_group_filtered_out_skips_the_update(tmp_path):
+    run(["--task-id", "1", "train.iterations=1", "eval.every=0", "reward.encoder.kind=pixels"], tmp_path)
+    _, run_dir = only_run(tmp_path)
+    (row,) = read_metrics(run_dir)
+    assert row["sampling/kept_groups"] == 0 and row["train/skipped_update"] == 1.0
+    assert "train/pg_loss" not in row
+
+
+def test_group_of_one_is_refused_with_the_reason():
+    from common.config import ConfigError, load_config
+    from train_srpo import Config, check_config
+
+    with pytest.raises(ConfigError, match=r"rollout.n=1: GRPO needs n >= 2 samples per prompt"):
+        check_config(load_config(Config, os.path.join(ROOT, "configs/srpo.yaml"), ["rollout.n=1"]))
+    with pytest.raises(ConfigError, match=r"use_kl_loss needs policy.lora_rank > 0"):
+        check_config(load_config(Config, None, ["algorithm.use_kl_loss=true"]))
+
+
+def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
+    from common.config import load_config
+    from train_srpo import Config, load_initial_policy
+
+    cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope"])
+    with pytest.raises(SystemExit) as e:
+        load_initial_policy(cfg, is_main=True)
+    assert f"No SFT checkpoint at {tmp_path}/nope" in str(e.value)
+    assert f"train_sft.py --task-ids 3 env.suite=tabletop env.image_size=64 sft.output_path={tmp_path}/nope" in str(e.value)
+
+
+def test_bad_task_id_and_unknown_key(tmp_path):
+    out = run(["--task-id", "12"], tmp_path, check=False)
+    assert out.returncode != 0 and "task id 12 is out of range: suite 'tabletop' has task ids 0..9" in out.stderr
+    out = run(["--task-id", "0", "algorithm.clip_ratio_hihg=0.3"], tmp_path, check=False)
+    assert out.returncode != 0 and "did you mean 'algorithm.clip_ratio_high'" in out.stderr
