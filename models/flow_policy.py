@@ -52,9 +52,11 @@ class FlowPolicyConfig:
 
 
 class Prefix(NamedTuple):
-    """Cached prefix: LM hidden states projected to the expert width (B, P, E) and key validity (B, P) bool."""
+    """Cached prefix: LM hidden states projected to the expert width (B, P, E), key validity (B, P) bool, and each
+    expert layer's cross-attention keys/values of that memory (so an ODE step runs only the action tokens)."""
     memory: torch.Tensor
     valid: torch.Tensor
+    kv: Tuple[Tuple[torch.Tensor, torch.Tensor], ...]
 
 
 class FlowSample(NamedTuple):
@@ -71,8 +73,35 @@ def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([ang.sin(), ang.cos()], dim=-1)
 
 
+class ExpertBlock(nn.Module):
+    """Pre-norm block: self-attention over the chunk, cross-attention to the prefix memory, GELU MLP."""
+
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.qkv, self.out1 = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.norm2, self.q, self.kv, self.out2 = nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), \
+            nn.Linear(dim, dim)
+        self.norm3 = nn.LayerNorm(dim)
+        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, L, D) -> (B, H, L, D/H)
+
+    def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        k, v = self.kv(memory).chunk(2, dim=-1)
+        return self.split(k), self.split(v)
+
+    def forward(self, h: torch.Tensor, kv: Tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        q, k, v = (self.split(x) for x in self.qkv(self.norm1(h)).chunk(3, dim=-1))
+        h = h + self.out1(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
+        q = self.split(self.q(self.norm2(h)))
+        h = h + self.out2(F.scaled_dot_product_attention(q, *kv, attn_mask=mask).transpose(1, 2).flatten(2))
+        return h + self.mlp(self.norm3(h))
+
+
 class ActionExpert(nn.Module):
-    """v(x_t, t, prefix): action + time + position embeddings -> transformer decoder over the prefix -> (B, chunk, 7)."""
+    """v(x_t, t, prefix): action + time + position embeddings -> ExpertBlocks over the prefix -> (B, chunk, 7)."""
 
     def __init__(self, chunk: int, dim: int, layers: int, heads: int):
         super().__init__()
@@ -83,15 +112,19 @@ class ActionExpert(nn.Module):
         self.time_mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
         self.pos = nn.Embedding(chunk, dim)
         nn.init.normal_(self.pos.weight, std=0.02)
-        layer = nn.TransformerDecoderLayer(dim, heads, 4 * dim, dropout=0.0, activation="gelu", batch_first=True,
-                                           norm_first=True)
-        self.decoder = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(dim))
+        self.blocks = nn.ModuleList(ExpertBlock(dim, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(dim)
         self.action_out = nn.Linear(dim, ACTION_DIM)
+
+    def memory_kv(self, memory: torch.Tensor) -> Tuple[Tuple[torch.Tensor, torch.Tensor], ...]:
+        return tuple(block.memory_kv(memory) for block in self.blocks)
 
     def forward(self, x_t: torch.Tensor, t: torch.Tensor, prefix: Prefix) -> torch.Tensor:
         h = self.action_in(x_t) + self.pos.weight[None] + self.time_mlp(time_embedding(t, self.dim))[:, None]
-        h = self.decoder(h, prefix.memory, memory_key_padding_mask=~prefix.valid)
-        return self.action_out(h)
+        mask = prefix.valid[:, None, None, :]  # (B, 1, 1, P): padded instruction tokens are not attended
+        for block, kv in zip(self.blocks, prefix.kv):
+            h = block(h, kv, mask)
+        return self.action_out(self.norm(h))
 
 
 class FlowCore(nn.Module):
@@ -104,7 +137,8 @@ class FlowCore(nn.Module):
     def prefix(self, obs: Obs, instructions: Optional[Sequence[str]]) -> Prefix:
         embeds, valid = self.encoder.embed_prefix(obs, instructions)
         hidden = self.encoder.run(embeds, valid, suffix_len=0)
-        return Prefix(self.memory_proj(hidden).float(), valid)
+        memory = self.memory_proj(hidden).float()
+        return Prefix(memory, valid, self.expert.memory_kv(memory))
 
 
 class FlowPolicy(nn.Module):
@@ -225,3 +259,4 @@ class FlowPolicy(nn.Module):
         core.requires_grad_(True)
         self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
         self.net = wrap_lora(core, self.cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if lora_rank > 0 else core
+        self.train(self.training)  # peft leaves new modules in train mode

@@ -169,6 +169,7 @@ class TokenPolicy(nn.Module):
         core.requires_grad_(True)
         self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
         self.net = wrap_lora(core, self.cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if lora_rank > 0 else core
+        self.train(self.training)  # peft leaves new modules in train mode
 
     def _check_tokens(self, tokens: torch.Tensor, batch: int) -> torch.Tensor:
         n = self.action_chunk * ACTION_DIM
