@@ -25,12 +25,17 @@ def demo_trials(num_demos: int, num_trials: int) -> List[int]:
 
 
 def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos_per_task: int, noise: float = 0.0,
-                          seed: int = 0, cache_dir: Optional[str] = DEMO_CACHE_DIR, verbose: bool = True
-                          ) -> List[Dict[str, Any]]:
+                          seed: int = 0, cache_dir: Optional[str] = DEMO_CACHE_DIR, verbose: bool = True,
+                          record: str = "clean") -> List[Dict[str, Any]]:
     """Roll out the tabletop scripted expert on trials 0..num_demos-1 of each task; keep successful episodes only.
 
-    Cached in `<cache_dir>/<hash of the settings and of envs/tabletop.py>.npz` (None = no cache).
+    `noise`: std of Gaussian noise on the executed xyz deltas. `record="clean"` stores the expert's noise-free action
+    at every visited state (DART: noisy visits, clean labels — best for SFT); `"executed"` stores the noisy action
+    actually taken (an exactly replayable trajectory). Cached in `<cache_dir>/<hash of the settings and of
+    envs/tabletop.py>.npz` (None = no cache).
     """
+    if record not in ("clean", "executed"):
+        raise ValueError(f"record must be 'clean' or 'executed', got {record!r}")
     if env_cfg.suite != "tabletop":
         raise ValueError(f"scripted-expert demos exist only for env.suite=tabletop (got '{env_cfg.suite}'); "
                          f"for LIBERO give HDF5 files in sft.demo_paths")
@@ -38,7 +43,7 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
     from envs import tabletop
 
     settings = {"tasks": [int(t) for t in task_ids], "num_demos": int(num_demos_per_task), "noise": float(noise),
-                "seed": int(seed), "image_size": env_cfg.image_size, "max_steps": env_cfg.max_steps}
+                "seed": int(seed), "record": record, "image_size": env_cfg.image_size, "max_steps": env_cfg.max_steps}
     with open(tabletop.__file__, "rb") as f:
         code_hash = hashlib.sha256(f.read()).hexdigest()[:12]
     key = hashlib.sha256(json.dumps({**settings, "code": code_hash}, sort_keys=True).encode()).hexdigest()[:16]
@@ -50,24 +55,28 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
             print(f"[demos] ignoring unreadable cache {cache_path} ({e}); regenerating")
 
     episodes = [(int(t), j) for t in task_ids for j in demo_trials(num_demos_per_task, envs.num_trials(env_cfg))]
-    cfg = EnvConfig(**{**env_cfg.__dict__, "expert_noise": float(noise)})
+    cfg = EnvConfig(**{**env_cfg.__dict__, "expert_noise": 0.0})  # noise is added here, so labels can stay clean
+    rng = np.random.default_rng(seed)
     demos: List[Dict[str, Any]] = []
     batch = 64
     for start in range(0, len(episodes), batch):
         chunk = episodes[start:start + batch]
-        vec = envs.make_vector_env(cfg, len(chunk), seed=seed + start)
+        vec = envs.make_vector_env(cfg, len(chunk))
         obs, info = vec.reset(options={"task_ids": [t for t, _ in chunk], "trial_ids": [j for _, j in chunk]})
         steps: Dict[str, List[np.ndarray]] = {k: [] for k in _KEYS}
         alive = np.ones(len(chunk), dtype=bool)
         lengths = np.zeros(len(chunk), dtype=np.int64)
         success = np.zeros(len(chunk), dtype=bool)
         while alive.any():
-            action = vec.expert_action()
+            clean = vec.expert_action()
+            executed = clean.copy()
+            if noise > 0:
+                executed[:, :3] = np.clip(clean[:, :3] + rng.normal(0.0, noise, size=(len(chunk), 3)), -1.0, 1.0)
             for k in ("agentview", "wrist", "state"):
                 steps[k].append(obs[k])
-            steps["actions"].append(action.astype(np.float32))
+            steps["actions"].append((clean if record == "clean" else executed).astype(np.float32))
             lengths += alive
-            obs, _, terminated, truncated, info = vec.step(action)
+            obs, _, terminated, truncated, info = vec.step(executed)
             success |= np.asarray(info["success"], dtype=bool)
             alive &= ~(terminated | truncated)
         stacked = {k: np.stack(v, axis=1) for k, v in steps.items()}  # (N, T_max, ...)

@@ -1,0 +1,257 @@
+"""Evaluate a saved policy (token or flow, detected from its saved config) on a suite: per-task success table, JSON,
+a PNG bar chart, and a GIF of success and failure episodes side by side.
+
+    python evaluate.py --checkpoint checkpoints/sft_tabletop_task0 --task-ids 0 1 --trials 50 --sampled
+
+`--checkpoint` may be a policy folder (what `policy.save` writes), a training checkpoint `.../iter_XXXXXX` (uses its
+`policy/`), or a run folder (uses `best/`, else `last/`). Outputs go to `plots/eval__<checkpoint name>/`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+import yaml
+
+from common.config import EnvConfig
+from common.rollout import collect_rollouts
+
+TRAIN_CONFIG = "train_config.yaml"  # the training run's resolved config, saved beside an exported policy
+
+
+def resolve_policy_dir(path: str) -> str:
+    """The folder holding `config.json` + `model.safetensors` for a policy, run or training-checkpoint path."""
+    for candidate in (path, os.path.join(path, "policy"), os.path.join(path, "best"), os.path.join(path, "last")):
+        if os.path.isfile(os.path.join(candidate, "config.json")) and os.path.isfile(
+                os.path.join(candidate, "model.safetensors")):
+            return candidate
+    raise FileNotFoundError(f"no saved policy at {path} (expected config.json + model.safetensors there or in its "
+                            f"policy/, best/ or last/ subfolder); train one with `python train_sft.py` first")
+
+
+def policy_type(policy_dir: str) -> str:
+    """'flow' or 'token', from the keys of the saved policy config."""
+    with open(os.path.join(policy_dir, "config.json")) as f:
+        cfg = json.load(f)
+    return "flow" if "expert_dim" in cfg else "token"
+
+
+def load_policy(path: str, device: str = "cpu", lora_rank: Optional[int] = None):
+    """TokenPolicy or FlowPolicy from any checkpoint path `resolve_policy_dir` accepts, in eval mode."""
+    policy_dir = resolve_policy_dir(path)
+    if policy_type(policy_dir) == "flow":
+        from models.flow_policy import FlowPolicy
+
+        policy = FlowPolicy.load(policy_dir, lora_rank=lora_rank, device=device)
+    else:
+        from models.token_policy import TokenPolicy
+
+        policy = TokenPolicy.load(policy_dir, lora_rank=lora_rank, device=device)
+    return policy.eval()
+
+
+def saved_env_config(path: str) -> Optional[EnvConfig]:
+    """The env section of the training config saved with a checkpoint (beside it or in its run folder), if any."""
+    policy_dir = resolve_policy_dir(path)
+    for candidate in (os.path.join(policy_dir, TRAIN_CONFIG), os.path.join(policy_dir, "..", "config.yaml"),
+                      os.path.join(policy_dir, "..", "..", "..", "config.yaml"), os.path.join(path, "config.yaml")):
+        if os.path.isfile(candidate):
+            with open(candidate) as f:
+                env = (yaml.safe_load(f) or {}).get("env")
+            if isinstance(env, dict):
+                known = EnvConfig.__dataclass_fields__
+                return EnvConfig(**{k: v for k, v in env.items() if k in known})
+    return None
+
+
+def evaluate_policy(policy, env_cfg: EnvConfig, task_ids: Sequence[int], trial_ids: Sequence[int],
+                    greedy: bool = True, temperature: float = 1.0, keep_frames: bool = False, vec_env=None,
+                    progress: bool = False) -> Dict[str, Any]:
+    """Run every (task, trial) once -> {"success_rate", "per_task": {task: rate}, "batch": RolloutBatch}."""
+    import envs
+
+    tasks = [int(t) for t in task_ids for _ in trial_ids]
+    trials = [int(j) for _ in task_ids for j in trial_ids]
+    own_env = vec_env is None
+    if own_env:
+        vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(tasks)))
+    was_training = policy.training
+    policy.eval()
+    try:
+        batch = collect_rollouts(vec_env, policy, tasks, trials, n_samples=1, temperature=temperature, greedy=greedy,
+                                 keep_frames=keep_frames, keep_obs=False, progress=progress,
+                                 desc="eval greedy" if greedy else "eval sampled")
+    finally:
+        policy.train(was_training)
+        if own_env:
+            vec_env.close()
+    per_task = {int(t): float(batch.complete[batch.task_ids == t].mean()) for t in task_ids}
+    return {"success_rate": float(batch.complete.mean()), "per_task": per_task, "batch": batch}
+
+
+def _bordered(frames: np.ndarray, color, scale: int) -> np.ndarray:
+    """Upscale (T,H,W,3) frames by `scale` and draw a coloured border (green success, red failure)."""
+    big = frames.repeat(scale, axis=1).repeat(scale, axis=2)
+    b = max(2, scale)
+    big[:, :b], big[:, -b:], big[:, :, :b], big[:, :, -b:] = color, color, color, color
+    return big
+
+
+def write_episode_gif(batch, path: str, per_kind: int = 2, scale: int = 2, fps: int = 10) -> Optional[str]:
+    """Up to `per_kind` successful and `per_kind` failed episodes side by side (green / red border) in one GIF."""
+    import imageio.v2 as imageio
+
+    if not batch.frames:
+        return None
+    wins = [i for i in range(len(batch)) if batch.complete[i]][:per_kind]
+    losses = [i for i in range(len(batch)) if not batch.complete[i]][:per_kind]
+    chosen = [(i, (40, 200, 60)) for i in wins] + [(i, (220, 40, 40)) for i in losses]
+    if not chosen:
+        return None
+    length = max(len(batch.frames[i]) for i, _ in chosen)
+    tiles = []
+    for i, color in chosen:
+        f = batch.frames[i]
+        f = np.concatenate([f, np.repeat(f[-1:], length - len(f), axis=0)])  # hold the last frame
+        tiles.append(_bordered(f, color, scale))
+    gap = np.full((length, tiles[0].shape[1], 4, 3), 255, dtype=np.uint8)
+    row = np.concatenate([x for t in tiles for x in (t, gap)][:-1], axis=2)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    imageio.mimsave(path, list(row), duration=1.0 / fps, loop=0)
+    return path
+
+
+def write_bar_chart(results: Dict[str, Any], path: str) -> str:
+    """Per-task success bars (greedy, and sampled when present) with the mean in the title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = results["per_task"]
+    x = np.arange(len(rows))
+    modes = [m for m in ("greedy", "sampled") if m in rows[0]]
+    width = 0.8 / len(modes)
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.8 * len(rows)), 3.5))
+    for k, mode in enumerate(modes):
+        ax.bar(x + (k - (len(modes) - 1) / 2) * width, [r[mode] for r in rows], width, label=mode)
+    ax.set_xticks(x, [f"task {r['task_id']}" for r in rows], rotation=30 if len(rows) > 5 else 0)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("success rate")
+    means = ", ".join(f"{m} {results['mean_' + m]:.1%}" for m in modes)
+    ax.set_title(f"{os.path.basename(results['checkpoint'].rstrip('/'))}: {means} ({results['trials']} trials/task)",
+                 fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def format_table(results: Dict[str, Any]) -> str:
+    """Plain-text per-task success table with the mean on the last line."""
+    modes = [m for m in ("greedy", "sampled") if m in results["per_task"][0]]
+    lines = [f"{'task':>4}  {'name':<56}" + "".join(f"{m:>9}" for m in modes)]
+    for r in results["per_task"]:
+        lines.append(f"{r['task_id']:>4}  {r['name'][:56]:<56}" + "".join(f"{r[m]:>9.1%}" for m in modes))
+    lines.append(f"{'mean':>4}  {'':<56}" + "".join(f"{results['mean_' + m]:>9.1%}" for m in modes))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
+    p.add_argument("--task-ids", type=int, nargs="+", default=None,
+                   help="tasks to evaluate (default: the tasks the checkpoint was trained on, else task 0)")
+    p.add_argument("--trials", type=int, default=50, help="trials (initial states) per task")
+    p.add_argument("--trial-start", type=int, default=0, help="first trial id (trials are start..start+N-1)")
+    p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
+    p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
+    p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
+    p.add_argument("--max-steps", type=int, default=None, help="episode limit (default: the suite's)")
+    p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
+    p.add_argument("--out-dir", default=None, help="output folder (default plots/eval__<checkpoint name>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
+    args = p.parse_args(argv)
+
+    if args.gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    policy = load_policy(args.checkpoint, device=device)
+    env_cfg = saved_env_config(args.checkpoint) or EnvConfig()
+    if args.suite:
+        env_cfg.suite = args.suite
+    if args.num_envs:
+        env_cfg.num_envs = args.num_envs
+    if args.max_steps:
+        env_cfg.max_steps = args.max_steps
+    env_cfg.image_size = policy.cfg.image_size
+    import envs
+
+    task_ids = args.task_ids if args.task_ids is not None else list(env_cfg.task_ids)
+    envs.check_task_ids(env_cfg, task_ids)
+    n_trials = envs.num_trials(env_cfg)
+    if not 1 <= args.trials or args.trial_start + args.trials > n_trials:
+        raise SystemExit(f"--trial-start {args.trial_start} --trials {args.trials}: suite '{env_cfg.suite}' has trial "
+                         f"ids 0..{n_trials - 1}")
+    trial_ids = list(range(args.trial_start, args.trial_start + args.trials))
+    names = envs.suite_tasks(env_cfg)
+    vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(task_ids) * len(trial_ids)))
+
+    t0 = time.time()
+    runs = {"greedy": evaluate_policy(policy, env_cfg, task_ids, trial_ids, greedy=True, keep_frames=args.gifs > 0,
+                                      vec_env=vec_env, progress=True)}
+    if args.sampled:
+        runs["sampled"] = evaluate_policy(policy, env_cfg, task_ids, trial_ids, greedy=False,
+                                          temperature=args.temperature, vec_env=vec_env, progress=True)
+    vec_env.close()
+    elapsed = time.time() - t0
+
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
+    out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")
+    os.makedirs(out_dir, exist_ok=True)
+    results: Dict[str, Any] = {
+        "checkpoint": args.checkpoint, "policy_type": policy_type(resolve_policy_dir(args.checkpoint)),
+        "suite": env_cfg.suite, "task_ids": list(task_ids), "trial_ids": trial_ids, "trials": len(trial_ids),
+        "temperature": args.temperature if args.sampled else None, "seconds": round(elapsed, 1), "per_task": [],
+    }
+    for t in task_ids:
+        row: Dict[str, Any] = {"task_id": int(t), "name": str(names[t]["description"])}
+        for mode, run in runs.items():
+            b = run["batch"]
+            row[mode] = run["per_task"][int(t)]
+            row[f"{mode}_episodes"] = {"trial_ids": b.trial_ids[b.task_ids == t].tolist(),
+                                       "success": b.complete[b.task_ids == t].tolist(),
+                                       "steps": b.finish_step[b.task_ids == t].tolist()}
+        results["per_task"].append(row)
+    for mode, run in runs.items():
+        results[f"mean_{mode}"] = run["success_rate"]
+
+    print(format_table(results))
+    files = {"json": os.path.join(out_dir, "results.json"),
+             "chart": write_bar_chart(results, os.path.join(out_dir, "success.png"))}
+    gif = write_episode_gif(runs["greedy"]["batch"], os.path.join(out_dir, "episodes.gif"), per_kind=args.gifs)
+    if gif:
+        files["gif"] = gif
+    results["files"] = files
+    with open(files["json"], "w") as f:
+        json.dump(results, f, indent=1)
+    print(f"{len(task_ids) * len(trial_ids) * len(runs)} episodes in {elapsed:.1f}s; wrote "
+          + ", ".join(files.values()))
+    return results
+
+
+if __name__ == "__main__":
+    main()
