@@ -6,6 +6,7 @@ from models.token_policy import TokenPolicy, TokenPolicyConfig, count_parameters
 from models.trajectory_encoders import EncoderConfig, PixelEncoder, VJEPA2Encoder, make_trajectory_encoder
 from models.value_head import ValueHead, ValueHeadConfig
 
-__all__ = ["ActionTokenizer", "FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "ByteTokenizer", "HFTextTokenizer", "load_text_tokenizer", "TokenPolicy",
+__all__ = ["ActionTokenizer", "FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "ByteTokenizer",
+           "HFTextTokenizer", "load_text_tokenizer", "TokenPolicy",
            "TokenPolicyConfig", "count_parameters", "EncoderConfig", "PixelEncoder", "VJEPA2Encoder",
            "make_trajectory_encoder", "ValueHead", "ValueHeadConfig"]

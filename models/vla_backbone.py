@@ -167,7 +167,7 @@ def block_attention_mask(valid: torch.Tensor, suffix_len: int) -> torch.Tensor:
 
 
 def check_obs(obs: Obs, instructions: Optional[Sequence[str]], image_size: int, use_wrist: bool = True):
-    """Validate an observation batch; -> (agentview, wrist, state, instructions list). Raises ValueError naming shapes."""
+    """Validate an observation batch -> (agentview, wrist, state, instructions list); ValueError names the shapes."""
     if not isinstance(obs, dict):
         raise ValueError(f"obs must be a dict with agentview/wrist/state, got {type(obs).__name__}")
     if instructions is None:
