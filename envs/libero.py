@@ -1,0 +1,545 @@
+"""Real LIBERO through hf-libero (robosuite + MuJoCo) behind the shared env interface (see docs/libero.md).
+
+`LiberoEnv(cfg, env_index)` is one `gymnasium.Env`; it builds the simulator lazily on the first `reset` of a task, so
+constructing it is cheap (AsyncVectorEnv makes a throw-away copy in the parent process). `make_libero_vector_env`
+runs one env per process and restarts a worker that dies, ending its episode as invalid. `load_libero_demos` reads
+LIBERO's robomimic-style HDF5 demonstrations into the same fields as the scripted expert's demos.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import io
+import json
+import multiprocessing
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+import h5py
+import numpy as np
+from gymnasium import logger
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode
+from gymnasium.vector.async_vector_env import AsyncState, _async_worker
+from gymnasium.vector.utils import CloudpickleWrapper, concatenate
+
+from common.config import EnvConfig
+
+# Per-suite facts (task counts from LIBERO; max_steps as used by the VLA-RL papers: OpenVLA-OFT, SimpleVLA-RL, SRPO).
+SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
+SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+SUITES = tuple(SUITE_NUM_TASKS)
+RENDER_BACKENDS = ("egl", "osmesa")
+ASSETS_ENV_VAR = "LIBERO_ASSETS_DIR"
+INSTALL_HINT = "pip install -r requirements-libero.txt && pip uninstall -y torchvision"
+NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, gripper open
+CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
+
+
+# ----------------------------------------------------------------------------------------------------------------- setup
+
+def check_config(cfg: EnvConfig) -> None:
+    """ValueError naming the bad field for anything hf-libero would choke on later."""
+    if cfg.suite not in SUITES:
+        raise ValueError(f"unknown LIBERO suite '{cfg.suite}'; choose one of: {', '.join(SUITES)}")
+    n = SUITE_NUM_TASKS[cfg.suite]
+    for t in cfg.task_ids:
+        if not 0 <= int(t) < n:
+            raise ValueError(f"task id {t} is out of range: suite '{cfg.suite}' has task ids 0..{n - 1}")
+    if cfg.render_backend not in RENDER_BACKENDS:
+        raise ValueError(f"env.render_backend must be one of {RENDER_BACKENDS}, got '{cfg.render_backend}'")
+    if cfg.image_size < 8:
+        raise ValueError(f"env.image_size must be >= 8 px, got {cfg.image_size}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"env.max_steps must be >= 1 or null (suite default), got {cfg.max_steps}")
+    if cfg.num_steps_wait < 0:
+        raise ValueError(f"env.num_steps_wait must be >= 0, got {cfg.num_steps_wait}")
+
+
+def config_dir() -> str:
+    """Our folder for hf-libero's config.yaml (so its import never prompts on stdin)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "vla_rl", "libero")
+
+
+def _write_libero_config() -> None:
+    """Write config.yaml pointing at the installed package's BDDL/init files and set LIBERO_CONFIG_PATH to it."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("libero")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(f"real LIBERO needs hf-libero, which is not installed: {INSTALL_HINT}")
+    root = os.path.join(list(spec.submodule_search_locations)[0], "libero")
+    paths = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
+             "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(root, "..", "datasets"),
+             "assets": os.path.join(root, "assets")}
+    folder = config_dir()
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, "config.yaml")
+    text = "".join(f"{k}: {v}\n" for k, v in paths.items())
+    if not os.path.exists(path) or open(path).read() != text:
+        tmp = f"{path}.{os.getpid()}.tmp"  # atomic: several workers may start at once
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    os.environ["LIBERO_CONFIG_PATH"] = folder
+
+
+def _set_render_backend(backend: str) -> None:
+    """MUJOCO_GL / PYOPENGL_PLATFORM must be set before robosuite is imported; refuse a switch afterwards."""
+    bindings = sys.modules.get("robosuite.utils.binding_utils")
+    if bindings is not None and getattr(bindings, "_MUJOCO_GL", backend) != backend:
+        raise ValueError(f"env.render_backend='{backend}' but robosuite was already imported in this process with "
+                         f"MUJOCO_GL='{bindings._MUJOCO_GL}'; use one backend per process")
+    os.environ["MUJOCO_GL"] = backend
+    os.environ["PYOPENGL_PLATFORM"] = backend
+
+
+def import_libero(render_backend: Optional[str] = None) -> Any:
+    """Import `libero.libero` without its stdin prompt (and set the GL backend when given); ImportError with the
+    install command if hf-libero is absent."""
+    if render_backend is not None:
+        _set_render_backend(render_backend)
+    if "libero.libero" not in sys.modules:
+        _write_libero_config()
+    try:
+        import libero.libero as libero_pkg
+    except ImportError as e:
+        raise ImportError(f"real LIBERO needs hf-libero, which is not installed or broken ({e}): {INSTALL_HINT}") from e
+    return libero_pkg
+
+
+def resolve_assets_dir(assets_dir: Optional[str]) -> str:
+    """env.assets_dir, else $LIBERO_ASSETS_DIR, else hf-libero's own copy or hub download; FileNotFoundError if none."""
+    given = assets_dir or os.environ.get(ASSETS_ENV_VAR)
+    if given:
+        path = os.path.abspath(os.path.expanduser(given))
+        if not os.path.isdir(os.path.join(path, "scenes")):
+            source = "env.assets_dir" if assets_dir else f"${ASSETS_ENV_VAR}"
+            raise FileNotFoundError(f"LIBERO assets directory {path} (from {source}) does not exist or has no scenes/ "
+                                    f"folder; point env.assets_dir or ${ASSETS_ENV_VAR} at LIBERO's assets folder")
+        return path
+    libero_pkg = sys.modules["libero.libero"]
+    libero_pkg._assets_path_cache = None
+    with contextlib.redirect_stdout(io.StringIO()):
+        path = libero_pkg.get_assets_path()  # local package copy, else hub download into ~/.cache/libero/assets
+    if not os.path.isdir(os.path.join(path, "scenes")):
+        hub_dir = os.path.join(os.path.expanduser("~"), ".cache", "libero", "assets")
+        raise FileNotFoundError(f"no LIBERO assets: none in {path}, and hf-libero's hub download into {hub_dir} "
+                                f"failed (no internet?); download them and set env.assets_dir or ${ASSETS_ENV_VAR}")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _benchmark(suite: str) -> Any:
+    from libero.libero import benchmark
+
+    with contextlib.redirect_stdout(io.StringIO()):  # silence "[info] using task orders ..."
+        return benchmark.get_benchmark_dict()[suite]()
+
+
+@functools.lru_cache(maxsize=None)
+def _init_states(suite: str, task_id: int) -> np.ndarray:
+    return np.asarray(_benchmark(suite).get_task_init_states(task_id))
+
+
+def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
+    """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps)."""
+    check_config(cfg)
+    import_libero(cfg.render_backend)
+    bench = _benchmark(cfg.suite)
+    max_steps = cfg.max_steps or SUITE_MAX_STEPS[cfg.suite]
+    return [{"name": t.name, "description": t.language, "max_steps": max_steps} for t in bench.tasks]
+
+
+def num_trials(cfg: EnvConfig, task_id: Optional[int] = None) -> int:
+    """Initial states per task in LIBERO's init files (50 for every task of the five suites)."""
+    check_config(cfg)
+    import_libero(cfg.render_backend)
+    return len(_init_states(cfg.suite, cfg.task_ids[0] if task_id is None else task_id))
+
+
+# ------------------------------------------------------------------------------------------------------- single env
+
+def _observation_space(size: int) -> gym.spaces.Dict:
+    image = gym.spaces.Box(0, 255, (size, size, 3), np.uint8)
+    state = gym.spaces.Box(-np.inf, np.inf, (8,), np.float32)
+    return gym.spaces.Dict({"agentview": image, "wrist": image, "state": state})
+
+
+def upright(image: np.ndarray) -> np.ndarray:
+    """LIBERO/robosuite render in OpenGL order (upside down); rotate 180° as OpenVLA and LIBERO-trained VLAs expect."""
+    return np.ascontiguousarray(image[..., ::-1, ::-1, :])
+
+
+def _quat2axisangle(quat: np.ndarray) -> np.ndarray:
+    """(x, y, z, w) quaternion to a 3-D axis-angle vector (robosuite's convention, safe at zero rotation)."""
+    w = float(np.clip(quat[3], -1.0, 1.0))
+    den = np.sqrt(1.0 - w * w)
+    if den < 1e-8:
+        return np.zeros(3, dtype=np.float32)
+    return (np.asarray(quat[:3]) * 2.0 * np.arccos(w) / den).astype(np.float32)
+
+
+class LiberoEnv(gym.Env):
+    """One LIBERO task instance: `reset(options={"task_id": k, "trial_id": j})`; absorbing after the episode ends."""
+
+    metadata = {"render_modes": ["rgb_array"]}
+
+    def __init__(self, cfg: EnvConfig, env_index: int = 0, render_mode: Optional[str] = None):
+        check_config(cfg)
+        self.cfg, self.env_index, self.render_mode = cfg, env_index, render_mode
+        import_libero(cfg.render_backend)
+        self.assets_dir = resolve_assets_dir(cfg.assets_dir)
+        bench = _benchmark(cfg.suite)
+        self.num_tasks = bench.get_num_tasks()
+        self.task_names: List[str] = [t.name for t in bench.tasks]
+        self.task_descriptions: List[str] = [t.language for t in bench.tasks]
+        self.max_steps = int(cfg.max_steps or SUITE_MAX_STEPS[cfg.suite])
+        self.observation_space = _observation_space(cfg.image_size)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
+        self.raw_env: Any = None  # hf-libero's OffScreenRenderEnv for `task_id` (built on first reset of a task)
+        self.task_id, self.trial_id = int(cfg.task_ids[0]), 0
+        self._built_task = -1
+        self._steps = 0
+        self._last: Optional[Tuple[Dict[str, np.ndarray], bool, bool]] = None  # obs, terminated, truncated
+
+    @property
+    def num_trials(self) -> int:
+        return len(_init_states(self.cfg.suite, self.task_id))
+
+    def _build(self, task_id: int) -> None:
+        """(Re)create the simulator for a task: BDDL scene, both cameras at image_size, soft resets from then on."""
+        self.close()
+        libero_pkg = sys.modules["libero.libero"]
+        libero_pkg._assets_path_cache = self.assets_dir  # hf-libero reads its assets folder from this cache
+        from libero.libero.envs import OffScreenRenderEnv
+
+        size = self.cfg.image_size
+        self.raw_env = OffScreenRenderEnv(bddl_file_name=_benchmark(self.cfg.suite).get_task_bddl_file_path(task_id),
+                                          camera_heights=size, camera_widths=size, hard_reset=False, ignore_done=True)
+        if self.cfg.fast_render:
+            self._fast_render()
+        self._built_task = task_id
+
+    def _fast_render(self) -> None:
+        """MSAA off (needs a fresh MjrContext) and reflections off: ~3x faster rendering on a CPU."""
+        import mujoco
+
+        sim = self.raw_env.sim
+        ctx = sim._render_context_offscreen
+        sim.model._model.vis.quality.offsamples = 0
+        ctx.gl_ctx.make_current()
+        ctx.con.free()
+        ctx._set_mujoco_context_and_buffers()
+        ctx.scn.flags[mujoco.mjtRndFlag.mjRND_REFLECTION] = 0
+
+    def _make_current(self) -> None:
+        """robosuite renders into whichever GL context is current: select ours (several envs in one process)."""
+        self.raw_env.sim._render_context_offscreen.gl_ctx.make_current()
+
+    def _obs(self, raw: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
+        state = np.concatenate([raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
+                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        return {"agentview": upright(raw[CAMERAS["agentview"]]), "wrist": upright(raw[CAMERAS["wrist"]]),
+                "state": state}
+
+    def _info(self, success: bool) -> Dict[str, Any]:
+        return {"task_description": self.task_descriptions[self.task_id], "task_name": self.task_names[self.task_id],
+                "success": bool(success), "task_id": self.task_id, "trial_id": self.trial_id,
+                "max_steps": self.max_steps, "elapsed_steps": self._steps}
+
+    def _pick_ids(self, options: Dict[str, Any]) -> Tuple[int, int]:
+        if "task_ids" in options or "trial_ids" in options:  # vectorised form: this env's own entry
+            tasks, trials = options.get("task_ids", []), options.get("trial_ids", [])
+            if self.env_index >= min(len(tasks), len(trials)):
+                raise ValueError(f"env {self.env_index} needs an entry in options task_ids ({len(tasks)} given) "
+                                 f"and trial_ids ({len(trials)} given)")
+            task, trial = tasks[self.env_index], trials[self.env_index]
+        else:
+            task, trial = options.get("task_id", 0), options.get("trial_id", 0)
+        task = int(task)
+        if not 0 <= task < self.num_tasks:
+            raise ValueError(f"task id {task} is out of range: suite '{self.cfg.suite}' has task ids "
+                             f"0..{self.num_tasks - 1}")
+        n, trial = len(_init_states(self.cfg.suite, task)), int(trial)
+        if not 0 <= trial < n:
+            raise ValueError(f"trial id {trial} is out of range: task {task} of '{self.cfg.suite}' has trial ids "
+                             f"0..{n - 1}")
+        return task, trial
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
+        """Put the scene in LIBERO's init state `trial_id` of `task_id` (default 0, 0), then `num_steps_wait` no-op
+        steps so objects settle."""
+        super().reset(seed=seed)
+        self.task_id, self.trial_id = self._pick_ids(options or {})
+        if self._built_task != self.task_id:
+            self._build(self.task_id)
+        env = self.raw_env
+        self._make_current()
+        # Fixture placement (cabinets, stoves) is drawn from numpy's global RNG on every reset and is not part of the
+        # init state: seed it per trial so a (task, trial) is the same scene every time, and restore the caller's RNG.
+        rng_state = np.random.get_state()
+        np.random.seed(self.trial_id)
+        try:
+            env.reset()
+        finally:
+            np.random.set_state(rng_state)
+        env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
+        raw = env.set_init_state(_init_states(self.cfg.suite, self.task_id)[self.trial_id])
+        for _ in range(self.cfg.num_steps_wait):
+            raw, _, _, _ = env.step(NOOP_ACTION)
+        self._steps = 0
+        obs = self._obs(raw)
+        self._last = (obs, False, False)
+        return obs, self._info(False)
+
+    def step(self, action: np.ndarray):
+        """OSC_POSE delta action in [-1, 1]^7; reward 1 on the step that succeeds; absorbing once ended."""
+        if self._last is None:
+            raise RuntimeError("LiberoEnv.step() called before reset()")
+        action = np.asarray(action, dtype=np.float32)
+        if action.shape != (7,):
+            raise ValueError(f"action must have shape (7,) (Δx Δy Δz Δroll Δpitch Δyaw gripper), got {action.shape}")
+        if not np.isfinite(action).all():
+            raise ValueError(f"action must be finite, got {action.tolist()}")
+        obs, terminated, truncated = self._last
+        if terminated or truncated:  # absorbing: cheap no-op
+            return obs, 0.0, terminated, truncated, self._info(terminated)
+        self._make_current()
+        raw, _, done, _ = self.raw_env.step(np.clip(action, -1.0, 1.0))
+        self._steps += 1
+        success = bool(done)  # hf-libero's step returns done = env._check_success()
+        obs = self._obs(raw)
+        terminated, truncated = success, (not success) and self._steps >= self.max_steps
+        self._last = (obs, terminated, truncated)
+        return obs, float(success), terminated, truncated, self._info(success)
+
+    def render(self) -> Optional[np.ndarray]:
+        return None if self._last is None else self._last[0]["agentview"]
+
+    def close(self) -> None:
+        if self.raw_env is not None:
+            self.raw_env.close()
+            self.raw_env, self._built_task = None, -1
+
+
+# ------------------------------------------------------------------------------------------------------- vector env
+
+class LiberoVectorEnv(AsyncVectorEnv):
+    """AsyncVectorEnv (autoreset off, no shared memory) that restarts a worker which dies or raises: that env's episode
+    ends as truncated with `infos["invalid"]` True and stays so (absorbing, not stepped) until the next reset."""
+
+    def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], context: str = "spawn"):
+        super().__init__(env_fns, shared_memory=False, context=context, autoreset_mode=AutoresetMode.DISABLED)
+        self._ctx = multiprocessing.get_context(context)
+        self.invalid = np.zeros(self.num_envs, dtype=bool)
+        self.num_restarts = 0
+        self._reset_kwargs: List[Dict[str, Any]] = []
+
+    def _restart(self, i: int) -> None:
+        """Replace worker i by a fresh process (same env_fn, un-reset)."""
+        old = self.processes[i]
+        if old.is_alive():
+            old.terminate()
+        old.join(timeout=10)
+        if self.parent_pipes[i] is not None:
+            self.parent_pipes[i].close()
+        parent_pipe, child_pipe = self._ctx.Pipe()
+        args = [i, CloudpickleWrapper(self.env_fns[i]), child_pipe, parent_pipe, None, self.error_queue,
+                self.autoreset_mode]
+        if "semaphore" in inspect.signature(_async_worker).parameters:
+            args.append(None)
+        process = self._ctx.Process(target=_async_worker, name=f"Worker<{type(self).__name__}>-{i}", args=tuple(args),
+                                    daemon=self.daemon)
+        process.start()
+        child_pipe.close()
+        self.parent_pipes[i], self.processes[i] = parent_pipe, process
+        self.num_restarts += 1
+        logger.warn(f"LIBERO worker {i} died and was restarted ({self.num_restarts} restarts so far)")
+
+    def _recv(self, i: int) -> Tuple[Any, bool]:
+        """(result, ok) from worker i; on death or a worker exception, restart it and return (None, False)."""
+        try:
+            result, ok = self.parent_pipes[i].recv()
+        except (EOFError, OSError):
+            result, ok = None, False
+        if not ok:
+            with contextlib.suppress(Exception):  # a worker that raised reports its traceback on the queue
+                index, _, _, trace = self.error_queue.get(timeout=1)
+                logger.warn(f"LIBERO worker {index} raised:\n{trace}")
+            self._restart(i)
+        return result, ok
+
+    def _send(self, i: int, message: Tuple[str, Any]) -> bool:
+        try:
+            self.parent_pipes[i].send(message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def reset_async(self, seed: Any = None, options: Optional[Dict[str, Any]] = None) -> None:
+        """Send reset to every worker (dead ones are restarted first); per-env (task, trial) come from options."""
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise RuntimeError(f"reset_async called while waiting for a pending '{self._state.value}'")
+        seeds = [None] * self.num_envs if seed is None else (
+            [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
+        self._reset_kwargs = [{"seed": s, "options": options} for s in seeds]
+        for i in range(self.num_envs):
+            if not self.processes[i].is_alive() or not self._send(i, ("reset", self._reset_kwargs[i])):
+                self._restart(i)
+                self._send(i, ("reset", self._reset_kwargs[i]))
+        self._state = AsyncState.WAITING_RESET
+
+    def reset_wait(self, timeout: Optional[float] = None) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """Collect reset results; a worker that dies while resetting is restarted and reset once more."""
+        results, infos = [], {}
+        for i in range(self.num_envs):
+            result, ok = self._recv(i)
+            if not ok:
+                self._send(i, ("reset", self._reset_kwargs[i]))
+                result, ok = self._recv(i)
+                if not ok:
+                    self._state = AsyncState.DEFAULT
+                    raise RuntimeError(f"LIBERO worker {i} failed to reset twice; see the logged traceback")
+            results.append(result[0])
+            infos = self._add_info(infos, result[1], i)
+        self.observations = concatenate(self.single_observation_space, results, self.observations)
+        self.invalid[:] = False
+        infos["invalid"], infos["_invalid"] = self.invalid.copy(), np.ones(self.num_envs, dtype=bool)
+        self._state = AsyncState.DEFAULT
+        return self._copy_obs(), infos
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._assert_is_running()
+        if self._state != AsyncState.DEFAULT:
+            raise RuntimeError(f"step_async called while waiting for a pending '{self._state.value}'")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.shape != (self.num_envs, 7):
+            raise ValueError(f"actions must have shape ({self.num_envs}, 7), got {actions.shape}")
+        self._sent = np.zeros(self.num_envs, dtype=bool)
+        for i in np.flatnonzero(~self.invalid):
+            self._sent[i] = self._send(i, ("step", actions[i]))
+        self._state = AsyncState.WAITING_STEP
+
+    def step_wait(self, timeout: Optional[float] = None):
+        """Batched (obs, rewards, terminated, truncated, infos); dead workers give last obs, 0, truncated, invalid."""
+        n = self.num_envs
+        obs_list, infos = [], {}
+        rewards, terminated, truncated = np.zeros(n), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+        for i in range(n):
+            result, ok = None, False
+            if not self.invalid[i]:
+                if self._sent[i]:
+                    result, ok = self._recv(i)
+                else:  # the send failed: the worker is already gone
+                    self._restart(i)
+            if ok:
+                obs, rewards[i], terminated[i], truncated[i], info = result
+            else:  # episode lost to a dead worker: keep the last observation, end it as invalid
+                self.invalid[i] = True
+                obs = {k: v[i] for k, v in self.observations.items()}
+                truncated[i], info = True, {"success": False}
+            obs_list.append(obs)
+            infos = self._add_info(infos, info, i)
+        self.observations = concatenate(self.single_observation_space, obs_list, self.observations)
+        infos["invalid"], infos["_invalid"] = self.invalid.copy(), np.ones(n, dtype=bool)
+        self._state = AsyncState.DEFAULT
+        return self._copy_obs(), rewards, terminated, truncated, infos
+
+    def _copy_obs(self) -> Dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.observations.items()}
+
+    def close_extras(self, timeout: Optional[float] = None, terminate: bool = False) -> None:
+        for i, process in enumerate(self.processes):  # gymnasium's close skips None pipes
+            if not process.is_alive() and self.parent_pipes[i] is not None:
+                self.parent_pipes[i].close()
+                self.parent_pipes[i] = None
+        super().close_extras(timeout=timeout, terminate=terminate)
+
+
+def make_libero_vector_env(cfg: EnvConfig, num_envs: int, context: str = "spawn") -> LiberoVectorEnv:
+    """`num_envs` LiberoEnvs, one process each ("spawn": scripts need an `if __name__ == "__main__"` guard)."""
+    if type(cfg).__name__ == "DictConfig":  # an OmegaConf structured config: workers need a plain, picklable one
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.to_object(cfg)
+    check_config(cfg)
+    if num_envs < 1:
+        raise ValueError(f"num_envs must be >= 1, got {num_envs}")
+    return LiberoVectorEnv([functools.partial(LiberoEnv, cfg, i) for i in range(num_envs)], context=context)
+
+
+# ------------------------------------------------------------------------------------------------------------ demos
+
+def _language_from_name(name: str) -> str:
+    """LIBERO's rule: the instruction is the task name after the SCENE prefix (LIBERO-90/10), underscores as spaces."""
+    if name[:1].isupper() and "SCENE" in name:
+        name = name[name.find("SCENE"):].split("_", 1)[1]
+    return name.replace("_", " ")
+
+
+def _task_index(task_name: str) -> int:
+    """Task id of a task name within its suite, or -1 (hf-libero missing or unknown name)."""
+    try:
+        import_libero()
+        from libero.libero.benchmark.libero_suite_task_map import libero_task_map
+    except (ImportError, ValueError):
+        return -1
+    for suite in SUITES:
+        if task_name in libero_task_map.get(suite, []):
+            return libero_task_map[suite].index(task_name)
+    return -1
+
+
+def _resize(frames: np.ndarray, size: int) -> np.ndarray:
+    """(T, H, W, 3) uint8 -> (T, size, size, 3) uint8 with antialiased bilinear resampling."""
+    if frames.shape[1:3] == (size, size):
+        return frames
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float()
+    x = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True, align_corners=False)
+    return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+
+
+def load_libero_demos(path: str, image_size: Optional[int] = None) -> List[Dict[str, Any]]:
+    """LIBERO robomimic-style HDF5 (data/demo_i/{actions, obs/...}) -> one dict per demo, images upright."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"LIBERO demo file {path} does not exist")
+    demos = []
+    with h5py.File(path, "r") as f:
+        if "data" not in f:
+            raise ValueError(f"{path} is not a LIBERO/robomimic demo file: no 'data' group")
+        data = f["data"]
+        info = json.loads(data.attrs["problem_info"]) if "problem_info" in data.attrs else {}
+        bddl = data.attrs.get("bddl_file_name", "")
+        name = os.path.basename(str(bddl))[:-5] if str(bddl).endswith(".bddl") else \
+            os.path.basename(path).removesuffix(".hdf5").removesuffix("_demo")
+        description = str(info.get("language_instruction") or _language_from_name(name)).strip()
+        flip = str(data.attrs.get("macros_image_convention", "opengl")) == "opengl"
+        task_id = -1
+        keys = sorted((k for k in data if k.startswith("demo_")), key=lambda k: int(k.split("_")[1]))
+        for key in keys:
+            demo = data[key]
+            missing = [k for k in ("actions", "obs/agentview_rgb", "obs/eye_in_hand_rgb", "obs/ee_pos", "obs/ee_ori",
+                                   "obs/gripper_states") if k not in demo]
+            if missing:
+                raise ValueError(f"{path}:{key} lacks {', '.join(missing)}")
+            obs = demo["obs"]
+            views = [np.asarray(obs[k][()], dtype=np.uint8) for k in ("agentview_rgb", "eye_in_hand_rgb")]
+            views = [upright(v) if flip else v for v in views]
+            if image_size is not None:
+                views = [_resize(v, image_size) for v in views]
+            state = np.concatenate([obs["ee_pos"][()], obs["ee_ori"][()], obs["gripper_states"][()]], axis=1)
+            if task_id == -1 and "task_id" not in demo.attrs:
+                task_id = _task_index(name)
+            demos.append({"agentview": views[0], "wrist": views[1], "state": state.astype(np.float32),
+                          "actions": np.asarray(demo["actions"][()], dtype=np.float32), "task_description": description,
+                          "task_name": name, "task_id": int(demo.attrs.get("task_id", task_id)),
+                          "trial_id": int(demo.attrs.get("trial_id", -1))})
+    return demos

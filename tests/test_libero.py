@@ -1,0 +1,307 @@
+"""Real LIBERO through hf-libero: input checks, HDF5 demos, and the simulator itself (single env and async workers).
+
+The simulator tests share one module-scoped env and one 2-worker vector env at 32 px with fast rendering (~2 min on
+2 cores); they are skipped when hf-libero or the assets (../shared/libero_assets or $LIBERO_ASSETS_DIR) are absent.
+"""
+import importlib.util
+import json
+import os
+import signal
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from common.config import EnvConfig
+from envs import libero
+from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env, resolve_assets_dir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ASSETS = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
+HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+HAVE_ASSETS = os.path.isdir(os.path.join(ASSETS, "scenes"))
+needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="hf-libero not installed (pip install -r requirements-libero.txt)")
+needs_sim = pytest.mark.skipif(not (HAVE_LIBERO and HAVE_ASSETS),
+                               reason="hf-libero or LIBERO assets absent (../shared/libero_assets, $LIBERO_ASSETS_DIR)")
+SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
+SIZE = 32
+
+
+def sim_cfg(**kw) -> EnvConfig:
+    return EnvConfig(suite="libero_spatial", task_ids=[0], image_size=SIZE, assets_dir=ASSETS, fast_render=True, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ bad input, no sim
+
+def test_unknown_suite_lists_suites():
+    with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_100'.*libero_spatial, libero_object, "
+                                         "libero_goal, libero_10, libero_90"):
+        LiberoEnv(EnvConfig(suite="libero_100"))
+
+
+@pytest.mark.parametrize("suite,task,last", [("libero_spatial", 10, 9), ("libero_90", 90, 89), ("libero_goal", -1, 9)])
+def test_task_id_out_of_range_gives_suite_range(suite, task, last):
+    with pytest.raises(ValueError, match=f"task id {task} is out of range: suite '{suite}' has task ids 0..{last}"):
+        LiberoEnv(EnvConfig(suite=suite, task_ids=[task]))
+
+
+def test_bad_render_backend_and_sizes():
+    with pytest.raises(ValueError, match="render_backend must be one of \\('egl', 'osmesa'\\), got 'glfw'"):
+        LiberoEnv(EnvConfig(suite="libero_10", render_backend="glfw"))
+    with pytest.raises(ValueError, match="image_size must be >= 8 px, got 4"):
+        LiberoEnv(EnvConfig(suite="libero_10", image_size=4))
+    with pytest.raises(ValueError, match="num_envs must be >= 1, got 0"):
+        make_libero_vector_env(EnvConfig(suite="libero_10"), 0)
+
+
+def test_missing_hf_libero_gives_install_command(monkeypatch):
+    monkeypatch.setitem(sys.modules, "libero", None)  # makes find_spec / import see no hf-libero
+    monkeypatch.delitem(sys.modules, "libero.libero", raising=False)
+    with pytest.raises(ImportError, match="hf-libero.*pip install -r requirements-libero.txt && pip uninstall -y "
+                                          "torchvision"):
+        LiberoEnv(EnvConfig(suite="libero_spatial"))
+
+
+def test_missing_assets_dir_names_directory_and_variable(tmp_path, monkeypatch):
+    missing = str(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match=f"{missing} \\(from env.assets_dir\\).*LIBERO_ASSETS_DIR"):
+        resolve_assets_dir(missing)
+    monkeypatch.setenv("LIBERO_ASSETS_DIR", missing)
+    with pytest.raises(FileNotFoundError, match=f"{missing} \\(from \\$LIBERO_ASSETS_DIR\\)"):
+        resolve_assets_dir(None)
+    (tmp_path / "scenes").mkdir()
+    assert resolve_assets_dir(str(tmp_path)) == str(tmp_path)  # an explicit folder beats the variable
+
+
+@needs_libero
+def test_no_assets_and_no_download_names_hub_directory_and_variable(monkeypatch):
+    pkg = libero.import_libero()
+    if os.path.isdir(os.path.join(os.path.dirname(pkg.__file__), "assets")):
+        pytest.skip("hf-libero has its own assets copy installed; no download would be needed")
+    from libero.libero.utils import download_utils
+
+    def no_network(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.delenv("LIBERO_ASSETS_DIR", raising=False)
+    monkeypatch.setattr(download_utils, "download_assets_from_huggingface", no_network)
+    hub = os.path.join(os.path.expanduser("~"), ".cache", "libero", "assets")
+    with pytest.raises(FileNotFoundError, match=f"hub download into {hub} failed.*LIBERO_ASSETS_DIR"):
+        LiberoEnv(EnvConfig(suite="libero_spatial", assets_dir=None))
+
+
+# ------------------------------------------------------------------------------------------------------ HDF5 demos
+
+def _write_demo_file(path, frames: dict, convention="opengl"):
+    """A LIBERO-layout file: images stored as rendered (upside down), problem_info with the instruction."""
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = json.dumps({"problem_name": "libero_tabletop_manipulation",
+                                                 "language_instruction": "pick up the black bowl and place it"})
+        data.attrs["bddl_file_name"] = f"/somewhere/libero_spatial/{SPATIAL_0}.bddl"
+        data.attrs["macros_image_convention"] = convention
+        for i, (agent, wrist, T) in frames.items():
+            g = data.create_group(f"demo_{i}")
+            g.create_dataset("actions", data=np.full((T, 7), 0.1 * i, dtype=np.float64))
+            obs = g.create_group("obs")
+            obs.create_dataset("agentview_rgb", data=agent[:, ::-1, ::-1] if convention == "opengl" else agent)
+            obs.create_dataset("eye_in_hand_rgb", data=wrist[:, ::-1, ::-1] if convention == "opengl" else wrist)
+            obs.create_dataset("ee_pos", data=np.tile([0.1, 0.2, 0.3], (T, 1)) + i)
+            obs.create_dataset("ee_ori", data=np.tile([3.1, 0.0, -0.1], (T, 1)))
+            obs.create_dataset("gripper_states", data=np.tile([0.04, -0.04], (T, 1)))
+
+
+def test_load_libero_demos_reads_robomimic_layout_upright(tmp_path):
+    rng = np.random.default_rng(0)
+    frames = {i: (rng.integers(0, 256, (T, 16, 16, 3), dtype=np.uint8),
+                  rng.integers(0, 256, (T, 16, 16, 3), dtype=np.uint8), T) for i, T in ((0, 3), (2, 4), (10, 5))}
+    path = tmp_path / f"{SPATIAL_0}_demo.hdf5"
+    _write_demo_file(path, frames)
+    demos = load_libero_demos(str(path))
+    assert [len(d["actions"]) for d in demos] == [3, 4, 5]  # demo_0, demo_2, demo_10: numeric order
+    d = demos[2]
+    np.testing.assert_array_equal(d["agentview"], frames[10][0])  # flipped back upright
+    np.testing.assert_array_equal(d["wrist"], frames[10][1])
+    assert d["agentview"].dtype == np.uint8 and d["state"].dtype == np.float32 and d["actions"].dtype == np.float32
+    np.testing.assert_allclose(d["state"][0], [10.1, 10.2, 10.3, 3.1, 0.0, -0.1, 0.04, -0.04], rtol=1e-6)
+    np.testing.assert_allclose(d["actions"], 1.0)
+    assert d["task_description"] == "pick up the black bowl and place it" and d["task_name"] == SPATIAL_0
+    assert d["task_id"] == (0 if HAVE_LIBERO else -1) and d["trial_id"] == -1
+
+
+def test_load_libero_demos_resizes_and_respects_opencv_files(tmp_path):
+    agent = np.zeros((2, 16, 16, 3), dtype=np.uint8)
+    agent[:, :8] = (200, 100, 50)  # top half coloured, bottom half black
+    path = tmp_path / "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet_demo.hdf5"
+    _write_demo_file(path, {0: (agent, agent, 2)}, convention="opencv")
+    with h5py.File(path, "a") as f:
+        del f["data"].attrs["problem_info"], f["data"].attrs["bddl_file_name"]
+    d = load_libero_demos(str(path), image_size=8)[0]
+    assert d["agentview"].shape == (2, 8, 8, 3) and d["wrist"].shape == (2, 8, 8, 3)
+    np.testing.assert_array_equal(d["agentview"][:, :3], np.broadcast_to([200, 100, 50], (2, 3, 8, 3)))
+    np.testing.assert_array_equal(d["agentview"][:, 5:], 0)
+    assert d["task_name"] == "KITCHEN_SCENE10_close_the_top_drawer_of_the_cabinet"
+    assert d["task_description"] == "close the top drawer of the cabinet"
+
+
+def test_load_libero_demos_names_missing_key(tmp_path):
+    path = tmp_path / "broken_demo.hdf5"
+    with h5py.File(path, "w") as f:
+        f.create_group("data/demo_0/obs")
+        f["data/demo_0"].create_dataset("actions", data=np.zeros((2, 7)))
+    with pytest.raises(ValueError, match="demo_0 lacks obs/agentview_rgb, obs/eye_in_hand_rgb, obs/ee_pos"):
+        load_libero_demos(str(path))
+
+
+# ------------------------------------------------------------------------------------------------- the simulator
+
+@pytest.fixture(scope="module")
+def env():
+    e = LiberoEnv(sim_cfg())
+    yield e
+    e.close()
+
+
+@needs_sim
+def test_suite_facts(env):
+    assert env.num_tasks == 10 and env.max_steps == 220 and env.num_trials == 50
+    assert env.task_names[0] == SPATIAL_0
+    assert env.task_descriptions[0] == SPATIAL_0.replace("_", " ")
+    tasks = libero.suite_tasks(EnvConfig(suite="libero_90", max_steps=123))
+    assert len(tasks) == 90 and tasks[0]["max_steps"] == 123 and tasks[0]["name"].startswith("KITCHEN_SCENE")
+
+
+@needs_sim
+def test_reset_same_trial_twice_is_identical_and_upright(env):
+    obs1, info = env.reset(options={"task_id": 0, "trial_id": 0})
+    assert info == {"task_description": SPATIAL_0.replace("_", " "), "task_name": SPATIAL_0, "success": False,
+                    "task_id": 0, "trial_id": 0, "max_steps": 220, "elapsed_steps": 0}
+    for key in ("agentview", "wrist"):
+        assert obs1[key].shape == (SIZE, SIZE, 3) and obs1[key].dtype == np.uint8
+    assert obs1["state"].shape == (8,) and obs1["state"].dtype == np.float32
+    assert 1.0 < obs1["state"][2] < 1.3 and obs1["state"][6] > 0.03 > -0.03 > obs1["state"][7]  # eef z, open fingers
+    # upright = the simulator's OpenGL frame rotated by 180° (exact check in the truncation test); then the agent view
+    # has the back wall on top and the wooden table below, and the wrist view the gripper fingers (dark) at the bottom
+    a, w, q = obs1["agentview"].astype(float), obs1["wrist"].astype(float), SIZE // 4
+    assert (a[-q:, :, 0] - a[-q:, :, 2]).mean() > (a[:q, :, 0] - a[:q, :, 2]).mean() + 15
+    assert w[:q].mean() > w[-q:].mean() + 30
+    obs2, _ = env.reset(options={"task_id": 0, "trial_id": 0})
+    for key in obs1:
+        np.testing.assert_array_equal(obs1[key], obs2[key])
+    obs3, _ = env.reset(options={"task_ids": [0, 5], "trial_ids": [1, 7]})  # vector form: env_index 0 -> (0, 1)
+    assert (env.task_id, env.trial_id) == (0, 1)
+    assert not np.array_equal(obs1["agentview"], obs3["agentview"])
+
+
+@needs_sim
+def test_step_moves_end_effector_in_commanded_direction(env):
+    obs, _ = env.reset(options={"task_id": 0, "trial_id": 0})
+    for axis in (0, 2, 1):  # +x, then +z, then +y
+        start = obs["state"][:3].copy()
+        action = np.zeros(7, dtype=np.float32)
+        action[axis], action[6] = 1.0, -1.0
+        for _ in range(4):
+            obs, reward, terminated, truncated, info = env.step(action)
+        delta = obs["state"][:3] - start
+        assert delta[axis] > 0.02, (axis, delta)
+        assert np.abs(np.delete(delta, axis)).max() < 0.5 * delta[axis], (axis, delta)
+        assert reward == 0.0 and not terminated and not truncated and info["elapsed_steps"] > 0
+
+
+@needs_sim
+def test_bad_ids_and_action_shape(env):
+    with pytest.raises(ValueError, match="task id 10 is out of range: suite 'libero_spatial' has task ids 0..9"):
+        env.reset(options={"task_id": 10, "trial_id": 0})
+    with pytest.raises(ValueError, match="trial id 50 is out of range: task 0 of 'libero_spatial' has trial ids 0..49"):
+        env.reset(options={"task_id": 0, "trial_id": 50})
+    with pytest.raises(ValueError, match=r"action must have shape \(7,\).*got \(6,\)"):
+        env.step(np.zeros(6))
+
+
+@needs_sim
+def test_success_detected_when_bowl_is_placed_on_plate(env):
+    env.reset(options={"task_id": 0, "trial_id": 0})
+    sim, scene = env.raw_env.sim, env.raw_env.env
+    bowl, plate = scene.objects_dict["akita_black_bowl_1"], scene.objects_dict["plate_1"]
+    plate_pos = sim.data.body_xpos[sim.model.body_name2id(plate.root_body)].copy()
+    addr = sim.model.get_joint_qpos_addr(bowl.joints[-1])[0]
+    sim.data.qpos[addr:addr + 3] = plate_pos + [0.0, 0.0, 0.03]  # drop the bowl just above the plate
+    sim.data.qvel[:] = 0.0
+    sim.forward()
+    noop = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)
+    for k in range(20):
+        obs, reward, terminated, truncated, info = env.step(noop)
+        if terminated:
+            break
+    assert terminated and not truncated and reward == 1.0 and info["success"] is True, k
+    # absorbing: further steps return the same observation, reward 0 and the same flags, without simulating
+    t0 = sim.data.time
+    obs2, reward2, terminated2, truncated2, info2 = env.step(np.ones(7, dtype=np.float32))
+    assert (reward2, terminated2, truncated2, info2["success"]) == (0.0, True, False, True)
+    assert sim.data.time == t0
+    np.testing.assert_array_equal(obs2["agentview"], obs["agentview"])
+
+
+@needs_sim
+def test_truncated_at_max_steps_then_absorbing():
+    e = LiberoEnv(sim_cfg(max_steps=3, num_steps_wait=0))
+    try:
+        obs, _ = e.reset(options={"task_id": 0, "trial_id": 2})
+        for key, camera in (("agentview", "agentview"), ("wrist", "robot0_eye_in_hand")):  # no wait steps: exact
+            np.testing.assert_array_equal(obs[key], e.raw_env.sim.render(camera_name=camera, width=SIZE,
+                                                                         height=SIZE)[::-1, ::-1])
+        flags = [e.step(np.zeros(7))[2:4] for _ in range(4)]
+        assert flags == [(False, False), (False, False), (False, True), (False, True)]
+    finally:
+        e.close()
+
+
+@pytest.fixture(scope="module")
+def venv():
+    v = make_libero_vector_env(sim_cfg(), 2)
+    yield v
+    v.close()
+
+
+@needs_sim
+def test_two_async_workers_step_in_parallel(venv, env):
+    assert len({p.pid for p in venv.processes} | {os.getpid()}) == 3 and all(p.is_alive() for p in venv.processes)
+    obs, info = venv.reset(options={"task_ids": [0, 1], "trial_ids": [0, 3]})
+    assert list(info["task_name"]) == [env.task_names[0], env.task_names[1]]
+    assert list(info["task_description"]) == [env.task_descriptions[0], env.task_descriptions[1]]
+    assert obs["agentview"].shape == (2, SIZE, SIZE, 3) and obs["state"].shape == (2, 8)
+    single, _ = env.reset(options={"task_id": 0, "trial_id": 0})  # worker 0 matches the in-process env exactly
+    for key in single:
+        np.testing.assert_array_equal(obs[key][0], single[key])
+    actions = np.zeros((2, 7), dtype=np.float32)
+    actions[:, 2], actions[:, 6] = [1.0, -1.0], -1.0  # env 0 up, env 1 down
+    t0 = time.perf_counter()
+    for _ in range(3):
+        obs2, rewards, terminated, truncated, info = venv.step(actions)
+    assert time.perf_counter() - t0 < 120
+    dz = obs2["state"][:, 2] - obs["state"][:, 2]
+    assert dz[0] > 0.01 and dz[1] < -0.01, dz
+    assert list(info["success"]) == [False, False] and list(info["invalid"]) == [False, False]
+    assert rewards.tolist() == [0.0, 0.0] and not terminated.any() and not truncated.any()
+
+
+@needs_sim
+def test_killed_worker_is_restarted_and_its_episode_marked_invalid(venv):
+    venv.reset(options={"task_ids": [0, 0], "trial_ids": [1, 2]})
+    actions = np.zeros((2, 7), dtype=np.float32)
+    last, *_ = venv.step(actions)
+    os.kill(venv.processes[1].pid, signal.SIGKILL)
+    venv.processes[1].join(timeout=10)
+    obs, rewards, terminated, truncated, info = venv.step(actions)
+    assert venv.num_restarts == 1 and venv.processes[1].is_alive()
+    assert list(info["invalid"]) == [False, True] and list(truncated) == [False, True]
+    assert list(info["success"]) == [False, False] and not terminated.any()
+    np.testing.assert_array_equal(obs["agentview"][1], last["agentview"][1])  # last observation kept
+    obs, _, _, truncated, info = venv.step(actions)  # stays ended until the next reset
+    assert list(info["invalid"]) == [False, True] and list(truncated) == [False, True] and venv.num_restarts == 1
+    obs, info = venv.reset(options={"task_ids": [0, 0], "trial_ids": [1, 2]})
+    assert list(info["invalid"]) == [False, False] and list(info["trial_id"]) == [1, 2]
+    _, _, _, truncated, info = venv.step(actions)
+    assert list(info["invalid"]) == [False, False] and not truncated.any()
