@@ -38,7 +38,7 @@ from models import EncoderConfig, TokenPolicy, TokenPolicyConfig, make_trajector
 @dataclass
 class InitConfig:
     mode: str = "checkpoint"  # checkpoint: load `path` | auto_sft: run train_sft.py first if `path` is missing | scratch
-    path: Optional[str] = None  # SFT checkpoint; None = checkpoints/sft_<suite>_t<task ids>
+    path: Optional[str] = None  # SFT checkpoint; None = checkpoints/sft_<suite>_task<task ids>
     sft_args: List[str] = field(default_factory=list)  # extra train_sft.py arguments for auto_sft, e.g. ["sft.num_demos=5"]
 
 
@@ -146,7 +146,7 @@ def load_initial_policy(cfg: Config, is_main: bool) -> TokenPolicy:
     if cfg.init.mode == "scratch":
         torch.manual_seed(cfg.seed)
         return TokenPolicy(cfg.policy)
-    path = cfg.init.path or f"checkpoints/sft_{cfg.env.suite}_t{'-'.join(str(t) for t in cfg.env.task_ids)}"
+    path = cfg.init.path or f"checkpoints/sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}"
     if not os.path.isdir(path):
         cmd = sft_command(cfg, path)
         if cfg.init.mode == "auto_sft" and is_main:
@@ -161,8 +161,11 @@ def load_initial_policy(cfg: Config, is_main: bool) -> TokenPolicy:
 
 if __name__ == "__main__":
     cfg = parse_cli(Config, "configs/srpo.yaml", description=__doc__.split("\n")[0])
-    check_config(cfg)
-    check_task_ids(cfg.env)
+    try:
+        check_config(cfg)
+        check_task_ids(cfg.env)
+    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
+        sys.exit(f"error: {e}")
     from accelerate import Accelerator
     from accelerate.utils import gather_object
 

@@ -187,7 +187,10 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
         overrides.append(f"resume={args.resume}")
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)  # must happen before CUDA is initialised
-    return load_config(schema, args.config, overrides)
+    try:
+        return load_config(schema, args.config, overrides)
+    except ConfigError as e:  # one line, no traceback: the message already says what to change
+        raise SystemExit(f"error: {e}") from None
 
 
 def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: int) -> str:
