@@ -141,8 +141,9 @@ def sft_command(cfg: Config, path: str) -> List[str]:
             f"env.image_size={cfg.env.image_size}", f"sft.output_path={path}", *cfg.init.sft_args]
 
 
-def load_initial_policy(cfg: Config, is_main: bool) -> TokenPolicy:
-    """The SFT checkpoint named in the config (or a fresh policy for init.mode=scratch), with the configured LoRA."""
+def load_initial_policy(cfg: Config, is_main: bool, barrier=lambda: None) -> TokenPolicy:
+    """The SFT checkpoint named in the config (or a fresh policy for init.mode=scratch), with the configured LoRA;
+    with init.mode=auto_sft the main process first trains it while the others wait at `barrier`."""
     if cfg.init.mode == "scratch":
         torch.manual_seed(cfg.seed)
         return TokenPolicy(cfg.policy)
@@ -156,6 +157,7 @@ def load_initial_policy(cfg: Config, is_main: bool) -> TokenPolicy:
             raise SystemExit(f"No SFT checkpoint at {path}. RL starts from a supervised policy; make it with:\n"
                              f"  python {' '.join(cmd[1:])}\n"
                              f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one.")
+    barrier()
     return TokenPolicy.load(path, lora_rank=cfg.policy.lora_rank)
 
 
@@ -187,7 +189,7 @@ if __name__ == "__main__":
         print(f"[resume] no valid checkpoint in {run_dir}: starting from iteration 0", flush=True)
 
     # ---- policy, optimizer, reward encoder, environments
-    policy = (load_initial_policy(cfg, is_main) if resume_from is None
+    policy = (load_initial_policy(cfg, is_main, accelerator.wait_for_everyone) if resume_from is None
               else TokenPolicy.load(os.path.join(resume_from, "policy"))).to(device)
     cfg.policy = policy.cfg  # the architecture actually trained (from the checkpoint) goes into the saved config
     params = [p for p in policy.parameters() if p.requires_grad]
