@@ -1,0 +1,114 @@
+"""Real LIBERO speed: env steps/s for 1 in-process env and for N async workers, fast render on/off, per image size.
+
+    python benchmarks/libero_bench.py                       # 128 and 224 px, fast render off/on, 1 env vs 2 workers
+    python benchmarks/libero_bench.py --sizes 128 --steps 20 --workers 2
+
+Prints one markdown table row per setting (steps/s counts env steps summed over workers; reset = one reset incl.
+the 10 no-op wait steps; RSS = resident memory of each worker process). Needs hf-libero and the assets
+(env.assets_dir from --assets, else $LIBERO_ASSETS_DIR, else ../shared/libero_assets beside the repo).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from common.config import EnvConfig  # noqa: E402
+from envs.libero import LiberoEnv, make_libero_vector_env  # noqa: E402
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process in MB (Linux /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def random_actions(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Small random arm motions with the gripper open, so no episode ends early."""
+    a = rng.uniform(-0.3, 0.3, size=(n, 7)).astype(np.float32)
+    a[:, 6] = -1.0
+    return a
+
+
+def bench_single(cfg: EnvConfig, steps: int) -> Dict[str, float]:
+    t0 = time.perf_counter()
+    env = LiberoEnv(cfg)
+    env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 0})  # builds the simulator
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 1})
+    reset = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for a in random_actions(rng, steps):
+        env.step(a)
+    sps = steps / (time.perf_counter() - t0)
+    rss = rss_mb(os.getpid())
+    env.close()
+    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "rss_mb": rss}
+
+
+def bench_async(cfg: EnvConfig, workers: int, steps: int) -> Dict[str, float]:
+    t0 = time.perf_counter()
+    venv = make_libero_vector_env(cfg, workers)
+    task = cfg.task_ids[0]
+    venv.reset(options={"task_ids": [task] * workers, "trial_ids": list(range(workers))})
+    build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    venv.reset(options={"task_ids": [task] * workers, "trial_ids": list(range(1, workers + 1))})
+    reset = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        venv.step(random_actions(rng, workers))
+    sps = workers * steps / (time.perf_counter() - t0)
+    rss = float(np.mean([rss_mb(p.pid) for p in venv.processes]))
+    venv.close()
+    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "rss_mb": rss}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", default="libero_spatial")
+    parser.add_argument("--task", type=int, default=0)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
+    parser.add_argument("--fast", type=int, nargs="+", default=[0, 1], help="fast_render settings to try (0/1)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per env")
+    parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
+    parser.add_argument("--assets", default=None)
+    args = parser.parse_args()
+    assets = args.assets or os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared",
+                                                                                  "libero_assets")
+    print(f"# {args.suite} task {args.task}, {args.steps} steps per env, backend {args.backend}, "
+          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+    print("| px | fast render | envs | steps/s (total) | speed-up | reset s | first reset (build) s | RSS MB/process |")
+    print("|---|---|---|---|---|---|---|---|")
+    rows: List[str] = []
+    for size in args.sizes:
+        for fast in args.fast:
+            cfg = EnvConfig(suite=args.suite, task_ids=[args.task], image_size=size, assets_dir=assets,
+                            render_backend=args.backend, fast_render=bool(fast))
+            one = bench_single(cfg, args.steps)
+            many = bench_async(cfg, args.workers, args.steps)
+            for n, r in ((1, one), (args.workers, many)):
+                row = (f"| {size} | {'on' if fast else 'off'} | {n}{' async' if n > 1 else ''} | {r['steps_per_s']:.1f} "
+                       f"| {r['steps_per_s'] / one['steps_per_s']:.2f}x | {r['reset_s']:.1f} | {r['build_s']:.1f} "
+                       f"| {r['rss_mb']:.0f} |")
+                print(row, flush=True)
+                rows.append(row)
+    print(f"# load average {os.getloadavg()[0]:.1f} at end")
+
+
+if __name__ == "__main__":
+    main()
