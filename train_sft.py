@@ -10,6 +10,7 @@ the best policy (by greedy success on held-out trials) to `sft.output_path` for 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -56,7 +57,8 @@ class SFTConfig:
     max_grad_norm: float = 1.0
     log_every: int = 10  # steps per logged iteration
     eval_every: int = 100  # steps between evaluations (and checkpoints); 0 = only at the end
-    eval_trials: int = 20  # held-out trials per task for evaluation: the last `eval_trials` trial ids of the suite
+    eval_trials: int = 20  # trials per task for evaluation
+    eval_trial_start: Optional[int] = None  # first evaluation trial id; None = the suite's last `eval_trials` trials
     output_path: Optional[str] = "auto"  # final (best) policy; auto = checkpoints/sft_<suite>_task<ids>; null = none
 
 
@@ -94,7 +96,12 @@ def load_demos(cfg: Config) -> List[Dict[str, Any]]:
     if cfg.env.suite != "tabletop":
         raise SystemExit(f"env.suite={cfg.env.suite} has no scripted expert: give LIBERO HDF5 files with "
                          f"sft.demo_paths=[path/to/task_demo.hdf5]")
-    return generate_expert_demos(cfg.env, cfg.env.task_ids, cfg.sft.num_demos, cfg.sft.demo_noise, cfg.sft.demo_seed)
+    demo_env = dataclasses.replace(cfg.env, max_steps=None)  # the expert gets the suite's full episode length
+    demos = generate_expert_demos(demo_env, cfg.env.task_ids, cfg.sft.num_demos, cfg.sft.demo_noise, cfg.sft.demo_seed)
+    if not demos:
+        raise SystemExit(f"no successful expert demos for tasks {cfg.env.task_ids} (sft.demo_noise="
+                         f"{cfg.sft.demo_noise} too high?)")
+    return demos
 
 
 def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
@@ -140,7 +147,6 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     # demos -> (observation, instruction, action chunk) samples
     t0 = time.time()
     demos = load_demos(cfg)
-    chunk = (cfg.policy.flow if cfg.policy.type == "flow" else cfg.policy.token).action_chunk
     policy = build_policy(cfg, np.concatenate([d["actions"] for d in demos]))
     chunk = policy.action_chunk
     samples = demos_to_samples(demos, chunk)
@@ -149,9 +155,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         print(f"[sft] {len(demos)} demos, {num_samples} samples (chunk {chunk}) in {time.time() - t0:.1f}s; "
               f"run {run_dir}")
 
-    # evaluation trials: the last `eval_trials` of the suite (held out when num_demos leaves them unused)
+    # evaluation trials: by default the last `eval_trials` of the suite (held out when num_demos leaves them unused)
     n_trials = envs.num_trials(cfg.env)
-    eval_trials = list(range(max(0, n_trials - cfg.sft.eval_trials), n_trials)) if cfg.sft.eval_trials > 0 else []
+    first = max(0, n_trials - cfg.sft.eval_trials) if cfg.sft.eval_trial_start is None else cfg.sft.eval_trial_start
+    eval_trials = list(range(first, min(n_trials, first + cfg.sft.eval_trials)))
     overlap = sorted({int(d["trial_id"]) for d in demos} & set(eval_trials))
     if overlap and is_main:
         print(f"[sft] note: {len(overlap)} evaluation trials also have demos (not held out)")
@@ -216,6 +223,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     window: Dict[str, List[float]] = {}
     t_window = time.time()
     metrics: Dict[str, float] = {}
+    t_start = time.time()
     for step in bar:
         idx = rng.integers(0, num_samples, cfg.sft.batch_size)
         obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
@@ -237,6 +245,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
             metrics["charts/samples_per_s"] = len(window["train/lr"]) * cfg.sft.batch_size / (time.time() - t_window)
             if do_eval:
                 metrics.update(evaluate_and_save(done))
+            metrics["charts/elapsed_s"] = time.time() - t_start
             logger.log(metrics, step=done)
             bar.write(format_line(done, metrics, ["charts/samples_per_s", "sft/loss", "sft/flow_mse",
                                                   "sft/token_accuracy", "train/grad_norm", "val/success_rate"]))
