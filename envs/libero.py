@@ -279,18 +279,24 @@ class LiberoEnv(gym.Env):
             self._build(self.task_id)
         env = self.raw_env
         self._make_current()
+        cameras = [env.env._observables[name] for name in CAMERAS.values()]
+        for camera in cameras:  # rendering is ~90% of a step: render once, after the scene has settled
+            camera.set_enabled(False)
         # Fixture placement (cabinets, stoves) is drawn from numpy's global RNG on every reset and is not part of the
         # init state: seed it per trial so a (task, trial) is the same scene every time, and restore the caller's RNG.
         rng_state = np.random.get_state()
         np.random.seed(self.trial_id)
         try:
             env.reset()
+            env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
+            env.set_init_state(_init_states(self.cfg.suite, self.task_id)[self.trial_id])
+            for _ in range(self.cfg.num_steps_wait):
+                env.step(NOOP_ACTION)
         finally:
             np.random.set_state(rng_state)
-        env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
-        raw = env.set_init_state(_init_states(self.cfg.suite, self.task_id)[self.trial_id])
-        for _ in range(self.cfg.num_steps_wait):
-            raw, _, _, _ = env.step(NOOP_ACTION)
+            for camera in cameras:
+                camera.set_enabled(True)
+        raw = env.env._get_observations(force_update=True)
         self._steps = 0
         obs = self._obs(raw)
         self._last = (obs, False, False)
