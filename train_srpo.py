@@ -194,9 +194,10 @@ if __name__ == "__main__":
     cfg.policy = policy.cfg  # the architecture actually trained (from the checkpoint) goes into the saved config
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-    start_iteration = 0
+    start_iteration, total_env_steps = 0, 0.0
     if resume_from is not None:
-        start_iteration, _ = load_training_state(resume_from, {"actor": optimizer})
+        start_iteration, extra = load_training_state(resume_from, {"actor": optimizer})
+        total_env_steps = float(extra.get("env_steps", 0.0))
         prompt_rng = np.random.default_rng([cfg.seed, rank, start_iteration])
     encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
     envs = make_vector_env(cfg.env, seed=cfg.seed + rank)
@@ -245,7 +246,11 @@ if __name__ == "__main__":
         all_success = gather_object(batch.complete.tolist())
         metrics["rollout/success_rate"] = float(np.mean(all_success))
         metrics["rollout/mean_length"] = float(np.mean(gather_object(batch.finish_step.tolist())))
-        metrics["charts/SPS"] = batch.stats["rollout/env_steps"] * world / max(metrics["time/rollout"], 1e-9)
+        env_steps = sum(gather_object([batch.stats["rollout/env_steps"]]))
+        total_env_steps += env_steps
+        metrics["rollout/env_steps"] = env_steps
+        metrics["charts/env_steps"] = total_env_steps  # cumulative: the x-axis of sample-efficiency plots
+        metrics["charts/SPS"] = env_steps / max(metrics["time/rollout"], 1e-9)
         for t, s in success_by_task(batch).items():
             metrics[f"rollout/success_task{t}"] = s
 
@@ -390,7 +395,8 @@ if __name__ == "__main__":
                                                        "train/grad_norm", "time/iteration"]), flush=True)
             if (iteration + 1) % cfg.log.checkpoint_every == 0 or last:
                 save_checkpoint(run_dir, iteration + 1, policy, {"actor": optimizer}, config=cfg,
-                                extra={"run_name": run_name}, keep_last=cfg.log.keep_checkpoints)
+                                extra={"run_name": run_name, "env_steps": total_env_steps},
+                                keep_last=cfg.log.keep_checkpoints)
         accelerator.wait_for_everyone()
 
     if is_main:
