@@ -131,6 +131,8 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__.split("\n")[0], argv)
     envs.check_task_ids(cfg.env)
+    for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
+        section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
     if cfg.sft.output_path == "auto":
         cfg.sft.output_path = os.path.join("checkpoints",
                                            f"sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}")
