@@ -9,7 +9,6 @@ projection and the whole action expert train.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
@@ -20,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
-from models.vla_backbone import (Obs, PrefixEncoder, autocast, load_weights, merge_lora, read_checkpoint,
-                                 reference_context, save_checkpoint, unwrap, wrap_lora)
+from models.vla_backbone import (Obs, PrefixEncoder, autocast, load_policy, reference_context, replace_lora,
+                                 save_checkpoint, unwrap, wrap_lora)
 
 TRAINABLE_WITH_LORA = ["projector", "state_proj", "memory_proj", "expert"]
 
@@ -245,18 +244,8 @@ class FlowPolicy(nn.Module):
     @classmethod
     def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "FlowPolicy":
         """Rebuild from `save` (no download); `lora_rank` as in TokenPolicy.load."""
-        cfg_dict, lm_cfg, vis_cfg, tok_dir = read_checkpoint(path)
-        cfg = FlowPolicyConfig(**cfg_dict)
-        policy = cls(cfg, ActionTokenizer.load(path), _hf=(lm_cfg, vis_cfg, tok_dir)).to(device)
-        load_weights(policy.net, path)
-        if lora_rank is not None and lora_rank != cfg.lora_rank:
-            policy.set_lora_rank(lora_rank)
-        return policy
+        return load_policy(cls, FlowPolicyConfig, path, lora_rank, device)
 
     def set_lora_rank(self, lora_rank: int) -> None:
         """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none)."""
-        core = merge_lora(self.net)
-        core.requires_grad_(True)
-        self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
-        self.net = wrap_lora(core, self.cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if lora_rank > 0 else core
-        self.train(self.training)  # peft leaves new modules in train mode
+        replace_lora(self, lora_rank, TRAINABLE_WITH_LORA)

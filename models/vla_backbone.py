@@ -313,3 +313,26 @@ def load_weights(net: nn.Module, path: str) -> None:
     from safetensors.torch import load_model
 
     load_model(net, os.path.join(path, "model.safetensors"), strict=True, device=str(next(net.parameters()).device))
+
+
+def load_policy(cls, cfg_cls, path: str, lora_rank: Optional[int], device: str):
+    """Rebuild a TokenPolicy/FlowPolicy saved with `save_checkpoint` (no download), optionally with a new LoRA rank."""
+    from models.action_tokenizer import ActionTokenizer
+
+    cfg_dict, lm_cfg, vis_cfg, tok_dir = read_checkpoint(path)
+    policy = cls(cfg_cls(**cfg_dict), ActionTokenizer.load(path), _hf=(lm_cfg, vis_cfg, tok_dir)).to(device)
+    load_weights(policy.net, path)
+    if lora_rank is not None and lora_rank != policy.cfg.lora_rank:
+        policy.set_lora_rank(lora_rank)
+    return policy
+
+
+def replace_lora(policy: nn.Module, lora_rank: int, modules_to_save: List[str]) -> None:
+    """Merge any LoRA of `policy.net` into its base weights, then add fresh LoRA of `lora_rank` (0 = none)."""
+    import dataclasses
+
+    core = merge_lora(policy.net)
+    core.requires_grad_(True)
+    policy.cfg = dataclasses.replace(policy.cfg, lora_rank=lora_rank)
+    policy.net = wrap_lora(core, policy.cfg, core.encoder.use_siglip, modules_to_save) if lora_rank > 0 else core
+    policy.train(policy.training)  # peft leaves new modules in train mode
