@@ -4,7 +4,8 @@
     python benchmarks/libero_bench.py --sizes 128 --steps 20 --workers 2
 
 Prints one markdown table row per setting (steps/s counts env steps summed over workers; reset = one reset incl.
-the 10 no-op wait steps; RSS = resident memory of each worker process). Needs hf-libero and the assets
+the 10 no-op wait steps; CPU ms/step = CPU time of all processes (and their render threads) per env step, which
+does not depend on what else runs on the machine; RSS = resident memory per env process). Needs hf-libero and the assets
 (env.assets_dir from --assets, else $LIBERO_ASSETS_DIR, else ../shared/libero_assets beside the repo).
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
@@ -33,6 +34,13 @@ def rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (all its threads, e.g. llvmpipe's)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def random_actions(rng: np.random.Generator, n: int) -> np.ndarray:
     """Small random arm motions with the gripper open, so no episode ends early."""
     a = rng.uniform(-0.3, 0.3, size=(n, 7)).astype(np.float32)
@@ -49,13 +57,14 @@ def bench_single(cfg: EnvConfig, steps: int) -> Dict[str, float]:
     env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 1})
     reset = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), cpu_s(os.getpid())
     for a in random_actions(rng, steps):
         env.step(a)
     sps = steps / (time.perf_counter() - t0)
+    cpu_ms = 1000 * (cpu_s(os.getpid()) - c0) / steps
     rss = rss_mb(os.getpid())
     env.close()
-    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "rss_mb": rss}
+    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "cpu_ms": cpu_ms, "rss_mb": rss}
 
 
 def bench_async(cfg: EnvConfig, workers: int, steps: int) -> Dict[str, float]:
@@ -68,13 +77,15 @@ def bench_async(cfg: EnvConfig, workers: int, steps: int) -> Dict[str, float]:
     venv.reset(options={"task_ids": [task] * workers, "trial_ids": list(range(1, workers + 1))})
     reset = time.perf_counter() - t0
     rng = np.random.default_rng(0)
-    t0 = time.perf_counter()
+    pids = [os.getpid()] + [p.pid for p in venv.processes]
+    t0, c0 = time.perf_counter(), sum(cpu_s(pid) for pid in pids)
     for _ in range(steps):
         venv.step(random_actions(rng, workers))
     sps = workers * steps / (time.perf_counter() - t0)
+    cpu_ms = 1000 * (sum(cpu_s(pid) for pid in pids) - c0) / (workers * steps)
     rss = float(np.mean([rss_mb(p.pid) for p in venv.processes]))
     venv.close()
-    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "rss_mb": rss}
+    return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "cpu_ms": cpu_ms, "rss_mb": rss}
 
 
 def main() -> None:
@@ -92,9 +103,9 @@ def main() -> None:
                                                                                   "libero_assets")
     print(f"# {args.suite} task {args.task}, {args.steps} steps per env, backend {args.backend}, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
-    print("| px | fast render | envs | steps/s (total) | speed-up | reset s | first reset (build) s | RSS MB/process |")
-    print("|---|---|---|---|---|---|---|---|")
-    rows: List[str] = []
+    print("| px | fast render | envs | steps/s (total) | speed-up | CPU ms/step | reset s | first reset (build) s "
+          "| RSS MB/process |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
         for fast in args.fast:
             cfg = EnvConfig(suite=args.suite, task_ids=[args.task], image_size=size, assets_dir=assets,
@@ -102,11 +113,10 @@ def main() -> None:
             one = bench_single(cfg, args.steps)
             many = bench_async(cfg, args.workers, args.steps)
             for n, r in ((1, one), (args.workers, many)):
-                row = (f"| {size} | {'on' if fast else 'off'} | {n}{' async' if n > 1 else ''} | {r['steps_per_s']:.1f} "
-                       f"| {r['steps_per_s'] / one['steps_per_s']:.2f}x | {r['reset_s']:.1f} | {r['build_s']:.1f} "
-                       f"| {r['rss_mb']:.0f} |")
+                row = (f"| {size} | {'on' if fast else 'off'} | {n}{' async' if n > 1 else ''} "
+                       f"| {r['steps_per_s']:.1f} | {r['steps_per_s'] / one['steps_per_s']:.2f}x | {r['cpu_ms']:.0f} "
+                       f"| {r['reset_s']:.1f} | {r['build_s']:.1f} | {r['rss_mb']:.0f} |")
                 print(row, flush=True)
-                rows.append(row)
     print(f"# load average {os.getloadavg()[0]:.1f} at end")
 
 

@@ -38,7 +38,7 @@ NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, 
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 
 
-# ----------------------------------------------------------------------------------------------------------------- setup
+# ---------------------------------------------------------------------------------------------------- setup
 
 def check_config(cfg: EnvConfig) -> None:
     """ValueError naming the bad field for anything hf-libero would choke on later."""
@@ -308,7 +308,8 @@ class LiberoEnv(gym.Env):
             raise RuntimeError("LiberoEnv.step() called before reset()")
         action = np.asarray(action, dtype=np.float32)
         if action.shape != (7,):
-            raise ValueError(f"action must have shape (7,) (Δx Δy Δz Δroll Δpitch Δyaw gripper), got {action.shape}")
+            raise ValueError(f"action must have shape (7,) (Δx Δy Δz Δroll Δpitch Δyaw gripper), "
+                             f"got {action.shape}")
         if not np.isfinite(action).all():
             raise ValueError(f"action must be finite, got {action.tolist()}")
         obs, terminated, truncated = self._last
@@ -391,6 +392,8 @@ class LiberoVectorEnv(AsyncVectorEnv):
         self._assert_is_running()
         if self._state != AsyncState.DEFAULT:
             raise RuntimeError(f"reset_async called while waiting for a pending '{self._state.value}'")
+        if options and "reset_mask" in options:
+            raise ValueError("LiberoVectorEnv resets all envs together; 'reset_mask' is not supported")
         seeds = [None] * self.num_envs if seed is None else (
             [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
         self._reset_kwargs = [{"seed": s, "options": options} for s in seeds]

@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
 HAVE_ASSETS = os.path.isdir(os.path.join(ASSETS, "scenes"))
-needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="hf-libero not installed (pip install -r requirements-libero.txt)")
+needs_libero = pytest.mark.skipif(not HAVE_LIBERO,
+                                  reason="hf-libero not installed (pip install -r requirements-libero.txt)")
 needs_sim = pytest.mark.skipif(not (HAVE_LIBERO and HAVE_ASSETS),
                                reason="hf-libero or LIBERO assets absent (../shared/libero_assets, $LIBERO_ASSETS_DIR)")
 SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
