@@ -92,3 +92,26 @@ def test_bad_task_id_and_unknown_key(tmp_path):
     assert out.returncode != 0 and "task id 12 is out of range: suite 'tabletop' has task ids 0..9" in out.stderr
     out = run(["--task-id", "0", "algorithm.clip_ratio_hihg=0.3"], tmp_path, check=False)
     assert out.returncode != 0 and "did you mean 'algorithm.clip_ratio_high'" in out.stderr
+
+
+def test_libero_config_end_to_end_one_short_iteration(tmp_path):
+    """configs/srpo_libero.yaml on the real simulator (tiny policy, 64 px, 2 workers, 16 steps): one iteration."""
+    import importlib.util
+
+    assets = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
+    if importlib.util.find_spec("libero") is None or not os.path.isdir(os.path.join(assets, "scenes")):
+        pytest.skip("hf-libero or LIBERO assets absent (pip install -r requirements-libero.txt; ../shared/libero_assets)")
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_SILENT="true", LIBERO_ASSETS_DIR=assets)
+    out = subprocess.run(
+        [sys.executable, "train_srpo.py", "--config", "configs/srpo_libero.yaml", "--task-id", "0", "--no-wandb",
+         "init.mode=scratch", "env.image_size=64", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true",
+         "rollout.n=2", "rollout.prompts_per_iteration=1", "reward.encoder.kind=pixels",
+         "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=4",
+         "train.ppo_micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    name, run_dir = only_run(tmp_path)
+    assert name.startswith("srpo__libero_spatial__t0__s1__")
+    (row,) = read_metrics(run_dir)
+    assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "train/pg_loss" in row
+    assert os.path.isdir(os.path.join(run_dir, "checkpoints", "iter_000001", "policy"))
