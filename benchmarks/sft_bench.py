@@ -22,7 +22,7 @@ import train_sft  # noqa: E402
 
 RECIPES = {  # name -> (overrides on configs/sft.yaml, target held-out success)
     "weak": ([], 0.3),
-    "strong": (["sft.num_demos=50", "sft.steps=3000", "sft.eval_every=500", "sft.batch_size=32"], 0.9),
+    "strong": (["sft.num_demos=40", "sft.steps=2500", "sft.eval_every=500", "sft.batch_size=32"], 0.9),
 }
 
 
