@@ -95,7 +95,8 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     every: int = 5  # evaluate every N iterations (and before the first and after the last); 0 = never
-    trials_per_task: int = 10  # held-out trials per task (from train_trials on), greedy
+    trials_per_task: int = 10  # fixed trials per task, greedy
+    trial_start: Optional[int] = None  # first evaluation trial; None = rollout.train_trials (held-out trials)
 
 
 @dataclass
@@ -213,8 +214,10 @@ if __name__ == "__main__":
                                                                            if resume_from else ""), flush=True)
 
     def evaluate(iteration: int) -> dict:
-        """Greedy success on held-out trials of every training task (each process takes a share of the trials)."""
-        trials = list(range(cfg.rollout.train_trials, cfg.rollout.train_trials + cfg.eval.trials_per_task))
+        """Greedy success on fixed trials of every training task, by default held out from the rollout trials (each
+        process takes a share of the trials)."""
+        start = cfg.rollout.train_trials if cfg.eval.trial_start is None else cfg.eval.trial_start
+        trials = list(range(start, start + cfg.eval.trials_per_task))
         trials = [j for j in trials if j < num_trials(cfg.env)]
         pairs = [(t, j) for t in cfg.env.task_ids for j in trials][rank::world]
         policy.eval()
