@@ -106,7 +106,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     total = len(prompts)
     rec: Dict[str, List[List[np.ndarray]]] = {k: [[] for _ in range(total)] for k in
                                               ("actions", "rewards", "dones", "tokens", "logp", "noise", *OBS_KEYS)}
-    frames: List[List[np.ndarray]] = [[] for _ in range(total)]
+    frames: List[np.ndarray] = [np.zeros((0,), np.uint8)] * total
     complete = np.zeros(total, dtype=bool)
     invalid = np.zeros(total, dtype=bool)
     finish_step = np.zeros(total, dtype=np.int64)
@@ -129,8 +129,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         for j in range(k):
             names[ep[j]] = str(info["task_name"][j])
             instructions[ep[j]] = desc_list[j]
-            if keep_frames:
-                frames[ep[j]].append(obs["agentview"][j].copy())
+        block_frames = [obs["agentview"][:k]] if keep_frames else []  # one (k, H, W, 3) array per env step
+        block_steps = np.zeros(k, dtype=np.int64)
         running = np.zeros(n_env, dtype=bool)
         running[:k] = True
         while running.any():
@@ -166,11 +166,9 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             for s in range(chunk):
                 obs, rew, term, trunc, info = vec_env.step(full[:, s])
                 reward += np.where(live, rew, 0.0)
-                finish_step[ep[live[:k]]] += 1
-                env_steps += int(live[:k].sum())
+                block_steps += live[:k]
                 if keep_frames:
-                    for i in np.flatnonzero(live[:k]):
-                        frames[ep[i]].append(obs["agentview"][i].copy())
+                    block_frames.append(obs["agentview"][:k])
                 done = live & (np.asarray(term) | np.asarray(trunc))
                 if done.any():
                     for i in np.flatnonzero(done[:k]):
@@ -188,6 +186,12 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     rec["dones"][ep[i]].append(np.bool_(ended[i]))
             running = live
             running[k:] = False
+        finish_step[ep] = block_steps
+        env_steps += int(block_steps.sum())
+        if keep_frames:  # an episode's frames are the first finish_step + 1 of its block (it stops when it ends)
+            video = np.stack(block_frames)
+            for j in range(k):
+                frames[ep[j]] = video[: block_steps[j] + 1, j]
         bar.update(k)
     bar.close()
     valid_steps = np.array([len(a) for a in rec["actions"]], dtype=np.int64)
@@ -199,7 +203,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         actions=_pad(rec["actions"], T, (chunk, 7), np.float32),
         rewards=_pad(rec["rewards"], T, (), np.float32),
         dones=_pad(rec["dones"], T, (), bool),
-        frames=[np.stack(f) for f in frames] if keep_frames else None,
+        frames=frames if keep_frames else None,
         stats={"rollout/env_steps": float(env_steps), "time/rollout_policy_s": t_policy, "time/rollout_env_s": t_env},
     )
     if keep_obs and total:

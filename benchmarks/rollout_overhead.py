@@ -1,0 +1,84 @@
+"""Rollout loop overhead: `collect_rollouts` vs stepping the raw vector env with the same actions, in one run.
+
+The policy cost is excluded twice over: a constant-time random policy is used, and the seconds spent inside it (timed
+by collect_rollouts) are subtracted. Also prints the tiny token policy's rollout throughput for reference.
+Goal: the loop's own overhead <= 10% of the raw env time.
+
+    python benchmarks/rollout_overhead.py [--num-envs 16] [--episodes 64]
+"""
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from common.config import EnvConfig
+from common.rollout import collect_rollouts
+from envs import make_vector_env
+
+
+class RandomPolicy:
+    """Uniform random action chunks: costs almost nothing, so the loop's own work is what remains."""
+
+    def __init__(self, chunk: int, seed: int = 0):
+        self.action_chunk = chunk
+        self.rng = np.random.default_rng(seed)
+
+    def act(self, obs, instructions, temperature=1.0, greedy=False):
+        b = len(instructions)
+        a = self.rng.uniform(-1, 1, (b, self.action_chunk, 7)).astype(np.float32)
+        return a, torch.zeros(b, self.action_chunk * 7, dtype=torch.long), torch.zeros(b, self.action_chunk * 7)
+
+
+def raw_env_seconds(cfg: EnvConfig, episodes: int, chunk: int) -> tuple:
+    """Step the vector env through the same number of episodes with random chunks, no bookkeeping."""
+    env = make_vector_env(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    steps, t0 = 0, time.perf_counter()
+    for start in range(0, episodes, env.num_envs):
+        env.reset(options={"task_ids": [0] * env.num_envs, "trial_ids": list(range(env.num_envs))})
+        done = np.zeros(env.num_envs, dtype=bool)
+        while not done.all():
+            a = rng.uniform(-1, 1, (env.num_envs, chunk, 7)).astype(np.float32)
+            for k in range(chunk):
+                _, _, term, trunc, _ = env.step(a[:, k])
+                steps += int((~done).sum())
+                done |= term | trunc
+                if done.all():
+                    break
+    return time.perf_counter() - t0, steps
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--num-envs", type=int, default=16)
+    p.add_argument("--episodes", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    cfg = EnvConfig(num_envs=args.num_envs)
+    chunk = cfg.action_chunk
+    raw_s, raw_steps = raw_env_seconds(cfg, args.episodes, chunk)
+    env = make_vector_env(cfg, seed=0)
+    t0 = time.perf_counter()
+    batch = collect_rollouts(env, RandomPolicy(chunk), [0] * (args.episodes // 8), list(range(args.episodes // 8)),
+                             n_samples=8, keep_frames=True, progress=False)
+    loop_s = time.perf_counter() - t0
+    policy_s = batch.stats["time/rollout_policy_s"]
+    steps = batch.stats["rollout/env_steps"]
+    print(f"tabletop, {args.num_envs} envs, {args.episodes} episodes, chunk {chunk}, frames kept")
+    print(f"  raw env stepping:        {raw_steps:6d} steps  {raw_s:6.2f} s  {raw_steps / raw_s:8.0f} steps/s")
+    print(f"  collect_rollouts:        {int(steps):6d} steps  {loop_s:6.2f} s  (policy {policy_s:.3f} s)")
+    per_step_raw = raw_s / raw_steps
+    per_step_loop = (loop_s - policy_s) / steps
+    print(f"  loop overhead excluding the policy: {100 * (per_step_loop / per_step_raw - 1):+.1f}% (goal <= 10%)")
+
+    from models import TokenPolicy, TokenPolicyConfig
+
+    policy = TokenPolicy(TokenPolicyConfig()).eval()
+    t0 = time.perf_counter()
+    batch = collect_rollouts(env, policy, [0] * (args.episodes // 8), list(range(args.episodes // 8)), n_samples=8,
+                             progress=False)
+    total = time.perf_counter() - t0
+    print(f"  tiny token policy rollout: {batch.stats['rollout/env_steps'] / total:8.0f} env-steps/s "
+          f"({100 * batch.stats['time/rollout_policy_s'] / total:.0f}% of the time inside the policy)")
