@@ -175,8 +175,8 @@ if __name__ == "__main__":
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     is_main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
     device = accelerator.device
-    if device.type == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    if device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world))
 
     # ---- seeding, run folder, logging
     random.seed(cfg.seed + rank)
