@@ -28,7 +28,8 @@ def run(mode: str, seed: int, args: argparse.Namespace, out_dir: str) -> List[Di
            "eval.every=1", f"eval.trials_per_task={args.eval_trials}", f"log.output_dir={out_dir}",
            f"log.run_name={name}", "log.checkpoint_every=1000", *args.overrides]
     print("$", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL if args.quiet else None)
+    quiet = subprocess.DEVNULL if args.quiet else None
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=quiet, stderr=quiet)
     with open(os.path.join(out_dir, name, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
@@ -67,14 +68,14 @@ if __name__ == "__main__":
 
     results = {mode: [run(mode, seed, args, args.out) for seed in args.seeds] for mode in ("srpo", "binary")}
 
-    print(f"\nheld-out greedy success vs env steps (task {args.task_id}, seeds {args.seeds}, "
-          f"{args.eval_trials} held-out trials)")
+    print(f"\ngreedy success on the evaluation trials vs env steps (task {args.task_id}, seeds {args.seeds}, "
+          f"{args.eval_trials} trials from eval.trial_start; held out unless overridden)")
     label = {"srpo": "SRPO", "binary": "GRPO"}
     for mode, runs in results.items():
         for seed, rows in zip(args.seeds, runs):
             xs, ys = curve(rows)
             print(f"  {label[mode]:4s} seed {seed}: " + " ".join(f"{int(x)}:{y:.2f}" for x, y in zip(xs, ys)))
-    print(f"\nenv steps to reach {args.target:.0%} held-out success")
+    print(f"\nenv steps to reach {args.target:.0%} evaluation success")
     reach = {}
     for mode, runs in results.items():
         steps = [steps_to_reach(rows, args.target) for rows in runs]
@@ -106,7 +107,7 @@ if __name__ == "__main__":
             ax.plot(xs, ys, color=color, alpha=0.8, label=label[mode] if i == 0 else None)
     ax.axhline(args.target, color="gray", ls="--", lw=0.8)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("held-out success (greedy)")
+    ax.set_ylabel("evaluation success (greedy)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"SRPO vs GRPO, tabletop task {args.task_id}")
     ax.legend()
