@@ -60,18 +60,18 @@ if __name__ == "__main__":
     chunk = cfg.action_chunk
     raw_s, raw_steps = raw_env_seconds(cfg, args.episodes, chunk)
     env = make_vector_env(cfg, seed=0)
-    t0 = time.perf_counter()
-    batch = collect_rollouts(env, RandomPolicy(chunk), [0] * (args.episodes // 8), list(range(args.episodes // 8)),
-                             n_samples=8, keep_frames=True, progress=False)
-    loop_s = time.perf_counter() - t0
-    policy_s = batch.stats["time/rollout_policy_s"]
-    steps = batch.stats["rollout/env_steps"]
-    print(f"tabletop, {args.num_envs} envs, {args.episodes} episodes, chunk {chunk}, frames kept")
+    print(f"tabletop, {args.num_envs} envs, {args.episodes} episodes, chunk {chunk}")
     print(f"  raw env stepping:        {raw_steps:6d} steps  {raw_s:6.2f} s  {raw_steps / raw_s:8.0f} steps/s")
-    print(f"  collect_rollouts:        {int(steps):6d} steps  {loop_s:6.2f} s  (policy {policy_s:.3f} s)")
-    per_step_raw = raw_s / raw_steps
-    per_step_loop = (loop_s - policy_s) / steps
-    print(f"  loop overhead excluding the policy: {100 * (per_step_loop / per_step_raw - 1):+.1f}% (goal <= 10%)")
+    for keep_frames in (False, True):
+        t0 = time.perf_counter()
+        batch = collect_rollouts(env, RandomPolicy(chunk), [0] * (args.episodes // 8),
+                                 list(range(args.episodes // 8)), n_samples=8, keep_frames=keep_frames, progress=False)
+        loop_s = time.perf_counter() - t0
+        policy_s = batch.stats["time/rollout_policy_s"]
+        steps = batch.stats["rollout/env_steps"]
+        overhead = 100 * (((loop_s - policy_s) / steps) / (raw_s / raw_steps) - 1)
+        print(f"  collect_rollouts, frames {'kept' if keep_frames else 'off '}: {int(steps):6d} steps  {loop_s:6.2f} s "
+              f"(policy {policy_s:.3f} s) -> loop overhead excluding the policy {overhead:+.1f}% (goal <= 10%)")
 
     from models import TokenPolicy, TokenPolicyConfig
 

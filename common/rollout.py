@@ -80,14 +80,6 @@ def make_prompts(task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: i
     return np.repeat(rows, n_samples, axis=0).astype(np.int64)
 
 
-def _pad(seqs: List[List[np.ndarray]], length: int, shape: tuple, dtype) -> np.ndarray:
-    out = np.zeros((len(seqs), length) + shape, dtype=dtype)
-    for i, seq in enumerate(seqs):
-        if seq:
-            out[i, : len(seq)] = np.stack(seq)
-    return out
-
-
 @torch.no_grad()
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
@@ -104,8 +96,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     is_token = hasattr(policy, "act")
     chunk = policy.action_chunk
     total = len(prompts)
-    rec: Dict[str, List[List[np.ndarray]]] = {k: [[] for _ in range(total)] for k in
-                                              ("actions", "rewards", "dones", "tokens", "logp", "noise", *OBS_KEYS)}
+    calls: List[Dict[str, np.ndarray]] = []  # one record per policy call: episode rows, their step index, arrays
+    step_of = np.zeros(total, dtype=np.int64)  # policy calls made so far per episode
     frames: List[np.ndarray] = [np.zeros((0,), np.uint8)] * total
     complete = np.zeros(total, dtype=bool)
     invalid = np.zeros(total, dtype=bool)
@@ -146,17 +138,16 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 act, noise = sample.actions, sample.noise.float().cpu().numpy()
             act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
             t_policy += time.perf_counter() - t0
-            for r, i in enumerate(idx):
-                e = ep[i]
-                if keep_obs:
-                    for key in OBS_KEYS:
-                        rec[key][e].append(sub[key][r])
-                rec["actions"][e].append(act[r])
-                if is_token:
-                    rec["tokens"][e].append(tokens[r])
-                    rec["logp"][e].append(logp[r])
-                else:
-                    rec["noise"][e].append(noise[r])
+            rows_e = ep[idx]  # idx only holds envs < k (spare envs never run)
+            call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act}
+            step_of[rows_e] += 1
+            if keep_obs:
+                call.update(sub)
+            if is_token:
+                call.update(tokens=tokens, old_log_probs=logp)
+            else:
+                call["noise"] = noise
+            calls.append(call)
             full = np.zeros((n_env, chunk, 7), dtype=np.float32)
             full[idx] = act
             reward = np.zeros(n_env, dtype=np.float32)
@@ -180,10 +171,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     if not live.any():
                         break
             t_env += time.perf_counter() - t0
-            for i in idx:
-                if i < k:
-                    rec["rewards"][ep[i]].append(np.float32(reward[i]))
-                    rec["dones"][ep[i]].append(np.bool_(ended[i]))
+            call["rewards"], call["dones"] = reward[idx], ended[idx]
             running = live
             running[k:] = False
         finish_step[ep] = block_steps
@@ -194,27 +182,35 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 frames[ep[j]] = video[: block_steps[j] + 1, j]
         bar.update(k)
     bar.close()
-    valid_steps = np.array([len(a) for a in rec["actions"]], dtype=np.int64)
+    valid_steps = step_of
     T = int(valid_steps.max()) if total else 0
+
+    def gather(key: str, shape: tuple, dtype) -> np.ndarray:
+        """(B, T, *shape) array filled from every policy call's rows (zeros after an episode's end)."""
+        out = np.zeros((total, T) + shape, dtype=dtype)
+        for c in calls:
+            out[c["rows"], c["t"]] = c[key]
+        return out
+
     batch = RolloutBatch(
         task_ids=prompts[:, 0].copy(), trial_ids=prompts[:, 1].copy(), group_ids=prompts[:, 2].copy(),
         task_names=names, instructions=instructions, complete=complete, finish_step=finish_step,
         valid_steps=valid_steps, invalid=invalid,
-        actions=_pad(rec["actions"], T, (chunk, 7), np.float32),
-        rewards=_pad(rec["rewards"], T, (), np.float32),
-        dones=_pad(rec["dones"], T, (), bool),
+        actions=gather("actions", (chunk, 7), np.float32),
+        rewards=gather("rewards", (), np.float32),
+        dones=gather("dones", (), bool),
         frames=frames if keep_frames else None,
         stats={"rollout/env_steps": float(env_steps), "time/rollout_policy_s": t_policy, "time/rollout_env_s": t_env},
     )
-    if keep_obs and total:
+    if keep_obs and calls:
         for key in OBS_KEYS:
-            first = rec[key][0][0]
-            batch.obs[key] = _pad(rec[key], T, first.shape, first.dtype)
+            first = calls[0][key]
+            batch.obs[key] = gather(key, first.shape[1:], first.dtype)
     if is_token:
-        batch.tokens = _pad(rec["tokens"], T, (chunk * 7,), np.int64)
-        batch.old_log_probs = _pad(rec["logp"], T, (chunk * 7,), np.float32)
+        batch.tokens = gather("tokens", (chunk * 7,), np.int64)
+        batch.old_log_probs = gather("old_log_probs", (chunk * 7,), np.float32)
     else:
-        batch.noise = _pad(rec["noise"], T, (chunk, 7), np.float32)
+        batch.noise = gather("noise", (chunk, 7), np.float32)
     return batch
 
 
