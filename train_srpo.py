@@ -139,7 +139,8 @@ def check_config(cfg: Config) -> None:
 def sft_command(cfg: Config, path: str) -> List[str]:
     ids = [str(t) for t in cfg.env.task_ids]
     return [sys.executable, "train_sft.py", "--task-ids", *ids, f"env.suite={cfg.env.suite}",
-            f"env.image_size={cfg.env.image_size}", f"sft.output_path={path}", *cfg.init.sft_args]
+            f"env.image_size={cfg.env.image_size}", f"sft.output_path={path}", f"log.output_dir={cfg.log.output_dir}",
+            f"log.plots_dir={cfg.log.plots_dir}", f"log.wandb={str(cfg.log.wandb).lower()}", *cfg.init.sft_args]
 
 
 def load_initial_policy(cfg: Config, is_main: bool, barrier=lambda: None) -> TokenPolicy:

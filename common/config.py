@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import sys
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
@@ -168,11 +169,11 @@ def build_arg_parser(description: str, default_config: str) -> argparse.Argument
 
 def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None) -> T:
     """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags."""
-    args = build_arg_parser(description, default_config).parse_intermixed_args(argv)
-    overrides = list(args.overrides)
-    if args.resume is not None and "=" in args.resume:  # `--resume key=value ...`: the override is not a run folder
-        overrides.insert(0, args.resume)
-        args.resume = "auto"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
+    is_override = [("=" in a and not a.startswith("-")) for a in argv]
+    args = build_arg_parser(description, default_config).parse_args([a for a, o in zip(argv, is_override) if not o])
+    overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:
         raise ConfigError("command line: give --task-id or --task-ids, not both")
     if args.task_id is not None:

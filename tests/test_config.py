@@ -83,6 +83,8 @@ def test_cli_flags_map_to_keys():
     assert (cfg.algorithm.n, cfg.seed, cfg.resume, cfg.algorithm.clip_ratio_high) == (3, 2, "auto", 0.1)
     cfg = parse_cli(Cfg, None, argv=["--resume", "runs/x", "algorithm.n=5"])
     assert cfg.resume == "runs/x" and cfg.algorithm.n == 5
+    cfg = parse_cli(Cfg, None, argv=["--task-ids", "0", "4", "env.suite=tabletop", "--seed", "3", "algorithm.n=6"])
+    assert cfg.env.task_ids == [0, 4] and cfg.algorithm.n == 6 and cfg.seed == 3
     with pytest.raises(ConfigError, match="give --task-id or --task-ids, not both"):
         parse_cli(Cfg, None, argv=["--task-id", "3", "--task-ids", "1"])
 

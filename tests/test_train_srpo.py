@@ -85,6 +85,7 @@ def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
         load_initial_policy(cfg, is_main=True)
     assert f"No SFT checkpoint at {tmp_path}/nope" in str(e.value)
     assert f"train_sft.py --task-ids 3 env.suite=tabletop env.image_size=64 sft.output_path={tmp_path}/nope" in str(e.value)
+    assert "log.output_dir=runs" in str(e.value)
 
 
 def test_bad_task_id_and_unknown_key(tmp_path):
@@ -115,3 +116,15 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     (row,) = read_metrics(run_dir)
     assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "train/pg_loss" in row
     assert os.path.isdir(os.path.join(run_dir, "checkpoints", "iter_000001", "policy"))
+
+
+def test_auto_sft_trains_the_missing_warm_start_first(tmp_path):
+    """init.mode=auto_sft (the README's main command): train_sft.py runs first and writes the checkpoint RL loads."""
+    sft = tmp_path / "sft"
+    out = run(["--task-id", "0", "init.mode=auto_sft", f"init.path={sft}", "train.iterations=1", "eval.every=0",
+               "init.sft_args=[sft.steps=5,sft.eval_trials=2,sft.num_demos=2]"], tmp_path)
+    assert f"no SFT checkpoint at {sft}; running: train_sft.py --task-ids 0" in out.stdout
+    assert os.path.isfile(sft / "model.safetensors") and os.path.isfile(sft / "train_config.yaml")
+    runs = sorted(os.listdir(tmp_path / "runs"))  # the SFT run sits beside the RL run
+    assert [r.split("__")[0] for r in runs] == ["srpo", "train_sft"], runs
+    assert [r["iteration"] for r in read_metrics(str(tmp_path / "runs" / runs[0]))] == [1]
