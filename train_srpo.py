@@ -269,6 +269,10 @@ if __name__ == "__main__":
         metrics["rollout/invalid"] = float(batch.invalid.sum())
         batch = batch.select(keep)
 
+        kept_counts = gather_object([len(batch)])  # kept episodes per process
+        num_kept = sum(kept_counts)
+        metrics["train/skipped_update"] = float(num_kept == 0)  # every group filtered out: normal, nothing to learn
+
         # 3. progress reward: world-model embeddings of the kept episodes, pooled per task over all processes
         t0 = time.perf_counter()
         if cfg.reward.mode == "srpo":
@@ -279,7 +283,7 @@ if __name__ == "__main__":
                 np.stack([g[1] for g in gathered]) if gathered else np.zeros((0, encoder.dim), np.float32),
                 [g[2] for g in gathered], cfg.reward.dbscan_eps, cfg.reward.dbscan_min_samples,
                 cfg.reward.sigmoid_steepness, cfg.reward.sigmoid_offset, cfg.reward.max_failure_reward)
-            offset = sum(gather_object([len(batch)])[:rank])  # this process's rows in the gathered order
+            offset = sum(kept_counts[:rank])  # this process's rows in the gathered order
             scores = scores[offset:offset + len(batch)]
         else:
             scores = batch.complete.astype(np.float64)
@@ -289,11 +293,6 @@ if __name__ == "__main__":
             metrics["reward/mean"] = float(scores.mean())
             metrics["reward/failure_mean"] = float(failures.mean()) if failures.size else math.nan
             metrics["reward/failure_max"] = float(failures.max()) if failures.size else math.nan
-        num_kept = sum(gather_object([len(batch)]))
-        if num_kept == 0:  # every group was filtered out: a normal outcome, nothing to learn from this batch
-            metrics["train/skipped_update"] = 1.0
-        else:
-            metrics["train/skipped_update"] = 0.0
 
         # 4. advantages: GRPO over each group, broadcast to the valid action tokens (finish_step mask)
         if len(batch):

@@ -128,3 +128,13 @@ def test_auto_sft_trains_the_missing_warm_start_first(tmp_path):
     runs = sorted(os.listdir(tmp_path / "runs"))  # the SFT run sits beside the RL run
     assert [r.split("__")[0] for r in runs] == ["srpo", "train_sft"], runs
     assert [r["iteration"] for r in read_metrics(str(tmp_path / "runs" / runs[0]))] == [1]
+
+
+def test_lora_with_kl_to_the_adapter_free_reference(tmp_path):
+    """policy.lora_rank > 0 and algorithm.use_kl_loss: reference log-probs come from the same model with adapters off."""
+    run(["--task-id", "0", "train.iterations=1", "eval.every=0", "policy.lora_rank=4", "algorithm.use_kl_loss=true",
+         "algorithm.kl_loss_coef=0.1", "algorithm.filter_accuracy=false", "reward.encoder.kind=pixels"], tmp_path)
+    _, run_dir = only_run(tmp_path)
+    (row,) = read_metrics(run_dir)
+    # fresh LoRA (B = 0) starts equal to the reference, and one epoch of a few steps keeps them close
+    assert 0.0 <= row["train/kl_loss"] < 1e-2 and row["train/grad_norm"] >= 0.0
