@@ -42,11 +42,14 @@ def _to_float(value: Any) -> Optional[float]:
 def format_line(iteration: int, metrics: Dict[str, Any], keys: Sequence[str]) -> str:
     """One concise console line, e.g. `iter 12 | SPS 812 | success_rate 0.625 | policy_loss -0.0132`."""
     parts = [f"iter {iteration}"]
+    short = [key.rsplit("/", 1)[-1] for key in keys]
     for key in keys:
         value = _to_float(metrics.get(key)) if key in metrics else None
         if value is None:
             continue
         name = key.rsplit("/", 1)[-1]
+        if short.count(name) > 1:  # e.g. rollout/success_rate and val/success_rate: keep the namespace
+            name = key
         if value == int(value) and abs(value) >= 10:
             parts.append(f"{name} {int(value)}")
         elif abs(value) >= 100:
