@@ -317,8 +317,8 @@ if __name__ == "__main__":
                 outs = [fn(slice(s, s + mb)) for s in range(0, n_samples, mb)]
                 return torch.cat(outs) if outs else torch.zeros(0, A)
 
-            def step_obs(sl):
-                return {k: v[sl] for k, v in b_obs.items()}
+            def step_obs(rows):  # a slice or a list of flattened-step indices
+                return {k: v[rows] for k, v in b_obs.items()}
 
             # 5. old log-probs (forward only) and reference log-probs (adapters disabled)
             with torch.no_grad():
@@ -348,8 +348,7 @@ if __name__ == "__main__":
                     micro = [mb_inds[s:s + mb] for s in range(0, len(mb_inds), mb)]
                     for inds in micro:
                         inds_l = inds.tolist()
-                        obs_mb = {key: v[inds_l] for key, v in b_obs.items()}
-                        log_prob, entropy = policy.log_prob(obs_mb, [b_instr[i] for i in inds_l],
+                        log_prob, entropy = policy.log_prob(step_obs(inds_l), [b_instr[i] for i in inds_l],
                                                             b_tokens[inds].to(device), cfg.rollout.temperature)
                         mask, adv, old = b_mask[inds].to(device), b_adv[inds].to(device), b_old[inds].to(device)
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
