@@ -100,9 +100,9 @@ def initial_state(task_id: int, trial_id: int, demo: bool = False) -> Tuple[np.n
     rng = np.random.default_rng([TRIAL_SEED, layout_id, trial_id] + ([1] if demo else []))
     pos = np.zeros((MAX_OBJECTS, 3))
     nominal = np.array([(x, y) for _, _, x, y in layout])
+    half = np.array([FLAT_HALF.get(kind, BLOCK_HALF) for kind, *_ in layout])
     for _ in range(1000):  # rejection sampling: objects stay clear of each other by a 0.04 gap
         xy = nominal + rng.uniform(-JITTER, JITTER, size=nominal.shape)
-        half = np.array([FLAT_HALF.get(kind, BLOCK_HALF) for kind, *_ in layout])
         gap = np.abs(xy[:, None] - xy[None]).max(-1) - half[:, None] - half[None]
         if (gap[~np.eye(len(layout), dtype=bool)] > 0.04).all():
             break
