@@ -44,7 +44,9 @@ class PolicySection:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = 10  # scripted-expert demos per task (trials 0..num_demos-1); LIBERO ships 50
+    num_demos: int = 10  # scripted-expert demos per task (starts 0..num_demos-1); LIBERO ships 50
+    demo_starts: bool = True  # record them from the suite's demo starts (disjoint from every evaluation trial, as
+                              # LIBERO's demos are); false = from trials 0..num_demos-1
     demo_noise: float = 0.3  # std of noise on the expert's executed xyz deltas (labels stay clean: DART)
     demo_seed: int = 0
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
@@ -97,7 +99,8 @@ def load_demos(cfg: Config) -> List[Dict[str, Any]]:
         raise SystemExit(f"env.suite={cfg.env.suite} has no scripted expert: give LIBERO HDF5 files with "
                          f"sft.demo_paths=[path/to/task_demo.hdf5]")
     demo_env = dataclasses.replace(cfg.env, max_steps=None)  # the expert gets the suite's full episode length
-    demos = generate_expert_demos(demo_env, cfg.env.task_ids, cfg.sft.num_demos, cfg.sft.demo_noise, cfg.sft.demo_seed)
+    demos = generate_expert_demos(demo_env, cfg.env.task_ids, cfg.sft.num_demos, cfg.sft.demo_noise, cfg.sft.demo_seed,
+                                  demo_starts=cfg.sft.demo_starts)
     if not demos:
         raise SystemExit(f"no successful expert demos for tasks {cfg.env.task_ids} (sft.demo_noise="
                          f"{cfg.sft.demo_noise} too high?)")
@@ -161,7 +164,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     n_trials = envs.num_trials(cfg.env)
     first = max(0, n_trials - cfg.sft.eval_trials) if cfg.sft.eval_trial_start is None else cfg.sft.eval_trial_start
     eval_trials = list(range(first, min(n_trials, first + cfg.sft.eval_trials)))
-    overlap = sorted({int(d["trial_id"]) for d in demos} & set(eval_trials))
+    overlap = sorted({int(d["trial_id"]) for d in demos if not d.get("demo_start")} & set(eval_trials))
     if overlap and is_main:
         print(f"[sft] note: {len(overlap)} evaluation trials also have demos (not held out)")
 

@@ -2,7 +2,8 @@
 
 A demo is a dict with `agentview` (T,H,W,3) uint8, `wrist` (T,H,W,3) uint8, `state` (T,8) float32, `actions` (T,7)
 float32 (the action taken at each observation), `task_id`, `trial_id`, `task_description`, `task_name` — the same
-fields as `envs.libero.load_libero_demos(path)` returns for LIBERO HDF5 files.
+fields as `envs.libero.load_libero_demos(path)` returns for LIBERO HDF5 files — and `demo_start` (True when
+`trial_id` numbers the suite's separate demo starts rather than an evaluation trial).
 """
 from __future__ import annotations
 
@@ -19,15 +20,19 @@ DEMO_CACHE_DIR = os.path.join("cache", "demos")
 _KEYS = ("agentview", "wrist", "state", "actions")
 
 
-def demo_trials(num_demos: int, num_trials: int) -> List[int]:
-    """Trial ids of the demos of one task: 0..num_demos-1, wrapping around past the suite's number of trials."""
-    return [k % num_trials for k in range(num_demos)]
+def demo_trials(num_demos: int, num_trials: int, demo_starts: bool = False) -> List[int]:
+    """Start ids of the demos of one task: 0..num_demos-1 (demo starts are unbounded; trial ids wrap around past the
+    suite's number of trials)."""
+    return list(range(num_demos)) if demo_starts else [k % num_trials for k in range(num_demos)]
 
 
 def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos_per_task: int, noise: float = 0.0,
                           seed: int = 0, cache_dir: Optional[str] = DEMO_CACHE_DIR, verbose: bool = True,
-                          record: str = "clean") -> List[Dict[str, Any]]:
-    """Roll out the tabletop scripted expert on trials 0..num_demos-1 of each task; keep successful episodes only.
+                          record: str = "clean", demo_starts: bool = True) -> List[Dict[str, Any]]:
+    """Roll out the tabletop scripted expert from starts 0..num_demos-1 of each task; keep successful episodes only.
+
+    `demo_starts=True`: the suite's demo starts, disjoint from the evaluation trials (as LIBERO's demos are; each
+    demo then has `demo_start: True` and `trial_id` = its start id); False: the evaluation trials themselves.
 
     `noise`: std of Gaussian noise on the executed xyz deltas. `record="clean"` stores the expert's noise-free action
     at every visited state (DART: noisy visits, clean labels — best for SFT); `"executed"` stores the noisy action
@@ -43,7 +48,7 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
     from envs import tabletop
 
     settings = {"tasks": [int(t) for t in task_ids], "num_demos": int(num_demos_per_task), "noise": float(noise),
-                "seed": int(seed), "record": record, "image_size": env_cfg.image_size, "max_steps": env_cfg.max_steps}
+                "seed": int(seed), "record": record, "demo_starts": bool(demo_starts), "image_size": env_cfg.image_size, "max_steps": env_cfg.max_steps}
     with open(tabletop.__file__, "rb") as f:
         code_hash = hashlib.sha256(f.read()).hexdigest()[:12]
     key = hashlib.sha256(json.dumps({**settings, "code": code_hash}, sort_keys=True).encode()).hexdigest()[:16]
@@ -54,7 +59,8 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
         except (OSError, ValueError, KeyError) as e:  # a cache file cut short: regenerate it
             print(f"[demos] ignoring unreadable cache {cache_path} ({e}); regenerating")
 
-    episodes = [(int(t), j) for t in task_ids for j in demo_trials(num_demos_per_task, envs.num_trials(env_cfg))]
+    episodes = [(int(t), j) for t in task_ids
+                for j in demo_trials(num_demos_per_task, envs.num_trials(env_cfg), demo_starts)]
     cfg = EnvConfig(**{**env_cfg.__dict__, "expert_noise": 0.0})  # noise is added here, so labels can stay clean
     rng = np.random.default_rng(seed)
     demos: List[Dict[str, Any]] = []
@@ -62,7 +68,8 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
     for start in range(0, len(episodes), batch):
         chunk = episodes[start:start + batch]
         vec = envs.make_vector_env(cfg, len(chunk))
-        obs, info = vec.reset(options={"task_ids": [t for t, _ in chunk], "trial_ids": [j for _, j in chunk]})
+        obs, info = vec.reset(options={"task_ids": [t for t, _ in chunk], "trial_ids": [j for _, j in chunk],
+                                       "demo": demo_starts})
         steps: Dict[str, List[np.ndarray]] = {k: [] for k in _KEYS}
         alive = np.ones(len(chunk), dtype=bool)
         lengths = np.zeros(len(chunk), dtype=np.int64)
@@ -83,6 +90,7 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
         for i, (task, trial) in enumerate(chunk):
             if success[i]:
                 demos.append({**{k: stacked[k][i, : lengths[i]] for k in _KEYS}, "task_id": task, "trial_id": trial,
+                              "demo_start": bool(demo_starts),
                               "task_description": tabletop.task_description(task), "task_name": tabletop.task_name(task)})
         vec.close()
     if verbose:
@@ -97,8 +105,8 @@ def save_demos_npz(demos: List[Dict[str, Any]], path: str) -> None:
     """All demos in one compressed .npz (episodes concatenated + lengths); written to a temp file, then renamed."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     arrays = {k: np.concatenate([d[k] for d in demos]) if demos else np.zeros((0,)) for k in _KEYS}
-    meta = [{"task_id": int(d["task_id"]), "trial_id": int(d["trial_id"]), "task_description": d["task_description"],
-             "task_name": d["task_name"]} for d in demos]
+    meta = [{"task_id": int(d["task_id"]), "trial_id": int(d["trial_id"]), "demo_start": bool(d.get("demo_start")),
+             "task_description": d["task_description"], "task_name": d["task_name"]} for d in demos]
     tmp = f"{path}.tmp{os.getpid()}.npz"
     np.savez_compressed(tmp, lengths=np.array([len(d["actions"]) for d in demos], dtype=np.int64),
                         meta=np.array(json.dumps(meta)), **arrays)

@@ -1,7 +1,8 @@
 """The embedded `tabletop` suite: 10 LIBERO-shaped pick-and-place tasks, simulated and rendered in numpy.
 
 A gripper (x, y, z, open/closed) moves over a table in [0, 1]^2 with coloured blocks, plates and a basket. Tasks share
-scene layouts (so the instruction matters) and every trial starts from its own fixed layout (so vision matters).
+scene layouts (so the instruction matters); every trial starts from its own fixed placement, each object jittered
+around its region as in LIBERO's init files (so vision matters, and trials not trained on are like those that were).
 Observations, actions and episode rules follow real LIBERO (see ../shared/specs/environments.md): `agentview` and
 `wrist` uint8 images, an 8-D `state`, 7-D actions in [-1, 1] (rotation dims ignored, gripper > 0 closes),
 reward 1 on the step that succeeds, `terminated` on success and `truncated` at `max_steps`.
@@ -37,12 +38,21 @@ TABLE_RGB = (205, 185, 150)
 GRIPPER_RGB = (60, 60, 60)
 SHADOW_RGB = (120, 105, 85)
 
-# Scene layouts: (kind, name) per object. Several tasks share a layout with different instructions.
-LAYOUTS: List[List[Tuple[int, str]]] = [
-    [(BLOCK, "red"), (BLOCK, "yellow"), (PLATE, "blue plate"), (PLATE, "green plate")],
-    [(BLOCK, "red"), (BLOCK, "green"), (BLOCK, "blue"), (BLOCK, "yellow")],
-    [(BLOCK, "red"), (BLOCK, "blue"), (BASKET, "basket"), (PLATE, "green plate")],
+# Scene layouts: (kind, name, nominal x, nominal y) per object. Several tasks share a layout with different
+# instructions. As in LIBERO's init files, every object starts in its own region: the nominal spot plus a per-trial
+# offset of up to JITTER in x and y (and the gripper near its home HOME_XY), so a policy that has seen some trials can
+# generalise to the others, while vision is still needed to grasp.
+LAYOUTS: List[List[Tuple[int, str, float, float]]] = [
+    [(BLOCK, "red", 0.25, 0.30), (BLOCK, "yellow", 0.72, 0.28), (PLATE, "blue plate", 0.30, 0.72),
+     (PLATE, "green plate", 0.72, 0.70)],
+    [(BLOCK, "red", 0.25, 0.28), (BLOCK, "green", 0.74, 0.26), (BLOCK, "blue", 0.27, 0.74),
+     (BLOCK, "yellow", 0.72, 0.72)],
+    [(BLOCK, "red", 0.24, 0.30), (BLOCK, "blue", 0.55, 0.22), (BASKET, "basket", 0.70, 0.70),
+     (PLATE, "green plate", 0.28, 0.72)],
 ]
+JITTER = 0.04  # max per-trial offset of an object from its nominal spot (table units; a block is 0.1 wide)
+HOME_XY = (0.5, 0.5)
+HOME_JITTER = 0.05  # max per-trial offset of the gripper's start from HOME_XY
 # (layout, instruction, goals as (object, support) pairs that must all hold, max_steps)
 TASKS: List[Tuple[int, str, List[Tuple[int, int]], int]] = [
     (0, "put the red block on the blue plate", [(0, 2)], 100),
@@ -70,40 +80,36 @@ def task_name(task_id: int) -> str:
     return TASKS[task_id][1].replace(" ", "_")
 
 
-def check_ids(task_id: int, trial_id: int) -> None:
+def check_ids(task_id: int, trial_id: int, demo: bool = False) -> None:
     if not 0 <= int(task_id) < NUM_TASKS:
         raise ValueError(f"task_id {task_id} is out of range: the tabletop suite has tasks 0..{NUM_TASKS - 1}")
-    if not 0 <= int(trial_id) < NUM_TRIALS:
+    if demo and int(trial_id) < 0:
+        raise ValueError(f"demo start {trial_id} is out of range: demo starts are numbered 0, 1, 2, ...")
+    if not demo and not 0 <= int(trial_id) < NUM_TRIALS:
         raise ValueError(f"trial_id {trial_id} is out of range: each tabletop task has trials 0..{NUM_TRIALS - 1}")
 
 
-def initial_state(task_id: int, trial_id: int) -> Tuple[np.ndarray, np.ndarray]:
+def initial_state(task_id: int, trial_id: int, demo: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     """Fixed start of (task, trial): object positions (MAX_OBJECTS, 3) and gripper position (3,). Tasks sharing a
-    layout share their starts (trial j is the same scene), so only the instruction tells them apart."""
-    check_ids(task_id, trial_id)
+    layout share their starts (trial j is the same scene), so only the instruction tells them apart. `demo=True`
+    numbers a separate, unbounded set of starts drawn the same way, for demonstrations (LIBERO's demos, too, were
+    recorded from other initial states than its 50 evaluation init states)."""
+    check_ids(task_id, trial_id, demo)
     layout_id = TASKS[task_id][0]
     layout = LAYOUTS[layout_id]
-    rng = np.random.default_rng([TRIAL_SEED, layout_id, trial_id])
+    rng = np.random.default_rng([TRIAL_SEED, layout_id, trial_id] + ([1] if demo else []))
     pos = np.zeros((MAX_OBJECTS, 3))
-    while True:  # rejection sampling: flats apart, blocks clear of every flat and of each other
-        placed: List[Tuple[float, float, float]] = []  # (x, y, half extent)
-        ok = True
-        order = [j for j, (kind, _) in enumerate(layout) if kind != BLOCK] + [j for j, (k, _) in enumerate(layout) if k == BLOCK]
-        for j in order:
-            kind = layout[j][0]
-            half = FLAT_HALF.get(kind, BLOCK_HALF)
-            for _ in range(100):
-                x, y = rng.uniform(0.12, 0.88, size=2)
-                if all(max(abs(x - px), abs(y - py)) > half + ph + 0.04 for px, py, ph in placed):
-                    break
-            else:
-                ok = False
-                break
-            placed.append((x, y, half))
-            pos[j] = (x, y, 0.0)
-        if ok:
+    nominal = np.array([(x, y) for _, _, x, y in layout])
+    half = np.array([FLAT_HALF.get(kind, BLOCK_HALF) for kind, *_ in layout])
+    for _ in range(1000):  # rejection sampling: objects stay clear of each other by a 0.04 gap
+        xy = nominal + rng.uniform(-JITTER, JITTER, size=nominal.shape)
+        gap = np.abs(xy[:, None] - xy[None]).max(-1) - half[:, None] - half[None]
+        if (gap[~np.eye(len(layout), dtype=bool)] > 0.04).all():
             break
-    gripper = np.array([*rng.uniform(0.25, 0.75, size=2), START_Z])
+    else:  # unreachable with the layouts above (nominal spots are far apart); kept as a guard for edits
+        raise RuntimeError(f"layout {layout_id}: no valid placement found; move the nominal spots apart")
+    pos[: len(layout), :2] = xy
+    gripper = np.array([*(np.array(HOME_XY) + rng.uniform(-HOME_JITTER, HOME_JITTER, size=2)), START_Z])
     return pos, gripper
 
 
@@ -138,17 +144,17 @@ class TabletopCore:
         self.bg_wrist = np.zeros((n, wide, wide, 3), dtype=np.uint8)
 
     # ---------------------------------------------------------------- reset / step
-    def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int]) -> None:
+    def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int], demo: bool = False) -> None:
         for i, task, trial in zip(idx, task_ids, trial_ids):
-            pos, grip = initial_state(int(task), int(trial))
+            pos, grip = initial_state(int(task), int(trial), demo)
             layout_id, _, goals, max_steps = TASKS[int(task)]
             layout = LAYOUTS[layout_id]
             self.task_id[i], self.trial_id[i] = task, trial
             self.pos[i] = pos
             self.kind[i] = 0
-            self.kind[i, : len(layout)] = [k for k, _ in layout]
+            self.kind[i, : len(layout)] = [k for k, *_ in layout]
             self.color[i] = 0
-            self.color[i, : len(layout)] = [COLORS.get(name, FLAT_COLORS.get(name)) for _, name in layout]
+            self.color[i, : len(layout)] = [COLORS.get(name, FLAT_COLORS.get(name)) for _, name, *_ in layout]
             self.goals[i] = -1
             self.goals[i, : len(goals)] = goals
             self.gripper[i] = grip
@@ -436,7 +442,7 @@ class TabletopVectorEnv(VectorEnv):
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Reset envs to chosen (task, trial) starts: options {"task_ids", "trial_ids"} (length N, or the masked count
-        with "reset_mask" (N,) bool to reset only some envs)."""
+        with "reset_mask" (N,) bool to reset only some envs); "demo": True picks the demo starts instead of the trials."""
         if seed is not None:
             self.core.rng = np.random.default_rng(seed)
         options = dict(options or {})
@@ -449,9 +455,10 @@ class TabletopVectorEnv(VectorEnv):
                 f"reset needs one task id and one trial id per env being reset ({len(idx)}); "
                 f"got {len(task_ids)} task_ids and {len(trial_ids)} trial_ids"
             )
+        demo = bool(options.get("demo", False))
         for t, j in zip(task_ids, trial_ids):
-            check_ids(t, j)
-        self.core.reset(idx, task_ids, trial_ids)
+            check_ids(t, j, demo)
+        self.core.reset(idx, task_ids, trial_ids, demo)
         return self._obs(), self._info()
 
     def step(self, actions: np.ndarray):
