@@ -95,8 +95,10 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     every: int = 5  # evaluate every N iterations (and before the first and after the last); 0 = never
-    trials_per_task: int = 10  # fixed trials per task, greedy
+    trials_per_task: int = 10  # fixed trials per task: one greedy episode each (val/success_rate)
     trial_start: Optional[int] = None  # first evaluation trial; None = rollout.train_trials (held-out trials)
+    samples_per_trial: int = 0  # > 0: also this many episodes per trial at the rollout temperature
+                                # (val/sampled_success_rate: the stochastic policy RL trains); 0 = greedy only
 
 
 @dataclass
@@ -222,12 +224,17 @@ if __name__ == "__main__":
         trials = [j for j in trials if j < num_trials(cfg.env)]
         pairs = [(t, j) for t in cfg.env.task_ids for j in trials][rank::world]
         policy.eval()
-        batch = collect_rollouts(envs, policy, [p[0] for p in pairs], [p[1] for p in pairs], n_samples=1,
-                                 greedy=True, keep_obs=False, progress=is_main, desc=f"eval {iteration}")
-        results = gather_object(list(zip(batch.task_ids.tolist(), batch.complete.tolist())))
-        per_task = {t: np.mean([c for tt, c in results if tt == t]) for t in cfg.env.task_ids}
-        out = {"val/success_rate": float(np.mean([c for _, c in results]))}
-        out.update({f"val/success_task{t}": float(v) for t, v in per_task.items()})
+        out = {}
+        for name, n, greedy in [("success", 1, True), ("sampled_success", cfg.eval.samples_per_trial, False)]:
+            if n == 0:
+                continue
+            batch = collect_rollouts(envs, policy, [p[0] for p in pairs], [p[1] for p in pairs], n_samples=n,
+                                     temperature=cfg.rollout.temperature, greedy=greedy, keep_obs=False,
+                                     progress=is_main, desc=f"eval {iteration} {'greedy' if greedy else 'sampled'}")
+            results = gather_object(list(zip(batch.task_ids.tolist(), batch.complete.tolist())))
+            out[f"val/{name}_rate"] = float(np.mean([c for _, c in results]))
+            out.update({f"val/{name}_task{t}": float(np.mean([c for tt, c in results if tt == t]))
+                        for t in cfg.env.task_ids})
         return out
 
     # ---- the loop
@@ -392,7 +399,7 @@ if __name__ == "__main__":
         if is_main:
             logger.log(metrics, iteration + 1)
             print(format_line(iteration + 1, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                       "sampling/kept_fraction", "reward/failure_mean",
+                                                       "val/sampled_success_rate", "sampling/kept_fraction", "reward/failure_mean",
                                                        "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                                                        "train/grad_norm", "time/iteration"]), flush=True)
             if (iteration + 1) % cfg.log.checkpoint_every == 0 or last:

@@ -1,10 +1,11 @@
 """SRPO vs plain GRPO (`reward.mode=binary`) from the same SFT checkpoint with the same seeds, on the embedded suite.
 
-Prints held-out success against environment steps for both, the env steps each needs to reach a target success
-(default 0.9), and seconds per iteration split by phase (rollout, reward, update, eval). Writes the curves to
-plots/srpo_vs_grpo.png.
+Prints held-out success (configs/srpo.yaml: trials 30-49, 8 sampled episodes each; `--metric val/success_rate` for
+greedy) against environment steps for both, the env steps each needs to reach a target success (default 0.9), and
+seconds per iteration split by phase (rollout, reward, update, eval). Runs the two arms in parallel processes (one
+thread each). Writes the curves to plots/srpo_vs_grpo.png.
 
-    python benchmarks/srpo_vs_grpo.py --task-id 0 --iterations 30 --seeds 1 2
+    python benchmarks/srpo_vs_grpo.py --task-id 0 --iterations 60 --seeds 1 2
     python benchmarks/srpo_vs_grpo.py --sft checkpoints/sft_tabletop_task0 -- rollout.n=8   # extra overrides
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -21,30 +23,34 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(mode: str, seed: int, args: argparse.Namespace, out_dir: str) -> List[Dict[str, float]]:
+def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
     name = f"bench_{mode}_s{seed}"
     cmd = [sys.executable, "train_srpo.py", "--task-id", str(args.task_id), "--seed", str(seed), "--no-wandb",
            f"reward.mode={mode}", "init.mode=checkpoint", f"init.path={args.sft}", f"train.iterations={args.iterations}",
-           "eval.every=1", f"eval.trials_per_task={args.eval_trials}", f"log.output_dir={out_dir}",
-           f"log.run_name={name}", "log.checkpoint_every=1000", *args.overrides]
+           f"eval.every={args.eval_every}", f"log.output_dir={args.out}", f"log.run_name={name}",
+           "log.checkpoint_every=1000", *args.overrides]
     print("$", " ".join(cmd[1:]), flush=True)
-    quiet = subprocess.DEVNULL if args.quiet else None
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=quiet, stderr=quiet)
-    with open(os.path.join(out_dir, name, "metrics.jsonl")) as f:
+    log = open(os.path.join(args.out, f"{name}.log"), "w")
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def read_rows(mode: str, seed: int, args: argparse.Namespace) -> List[Dict[str, float]]:
+    with open(os.path.join(args.out, f"bench_{mode}_s{seed}", "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
 
 
-def steps_to_reach(rows: List[Dict[str, float]], target: float) -> Optional[float]:
-    """Cumulative env steps at the first evaluation with val/success_rate >= target (None if never)."""
+def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float) -> Optional[float]:
+    """Cumulative env steps at the first evaluation with `metric` >= target (None if never)."""
     for r in rows:
-        if r.get("val/success_rate", -1) >= target:
+        if r.get(metric, -1) >= target:
             return r.get("charts/env_steps", 0.0)
     return None
 
 
-def curve(rows: List[Dict[str, float]]):
-    xs = [r.get("charts/env_steps", 0.0) for r in rows if "val/success_rate" in r]
-    ys = [r["val/success_rate"] for r in rows if "val/success_rate" in r]
+def curve(rows: List[Dict[str, float]], metric: str):
+    xs = [r.get("charts/env_steps", 0.0) for r in rows if metric in r]
+    ys = [r[metric] for r in rows if metric in r]
     return np.array(xs), np.array(ys)
 
 
@@ -52,12 +58,13 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-id", type=int, default=0)
     p.add_argument("--sft", default=None, help="SFT checkpoint; default: train the weak recipe (configs/sft.yaml)")
-    p.add_argument("--iterations", type=int, default=30)
+    p.add_argument("--iterations", type=int, default=60)
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
-    p.add_argument("--eval-trials", type=int, default=10)
+    p.add_argument("--eval-every", type=int, default=5)
+    p.add_argument("--metric", default="val/sampled_success_rate", help="val/sampled_success_rate | val/success_rate")
     p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_srpo_vs_grpo"))
-    p.add_argument("--quiet", action="store_true", help="hide the training scripts' own output")
     p.add_argument("overrides", nargs="*", help="train_srpo.py overrides for both arms (after --)")
     args = p.parse_args()
     if args.sft is None:
@@ -66,19 +73,28 @@ if __name__ == "__main__":
             subprocess.run([sys.executable, "train_sft.py", "--task-id", str(args.task_id), "--no-wandb",
                             f"sft.output_path={args.sft}"], cwd=ROOT, check=True)
 
-    results = {mode: [run(mode, seed, args, args.out) for seed in args.seeds] for mode in ("srpo", "binary")}
+    os.makedirs(args.out, exist_ok=True)
+    jobs = [(mode, seed) for seed in args.seeds for mode in ("srpo", "binary")]
+    procs: List[subprocess.Popen] = []
+    for job in jobs:  # at most args.jobs at once; logs in <out>/bench_<mode>_s<seed>.log
+        while sum(p.poll() is None for p in procs) >= args.jobs:
+            time.sleep(1.0)
+        procs.append(start(*job, args))
+    if any(p.wait() != 0 for p in procs):
+        sys.exit(f"error: a training run failed; see the logs in {args.out}")
+    results = {mode: [read_rows(mode, seed, args) for seed in args.seeds] for mode in ("srpo", "binary")}
 
-    print(f"\ngreedy success on the evaluation trials vs env steps (task {args.task_id}, seeds {args.seeds}, "
-          f"{args.eval_trials} trials from eval.trial_start; held out unless overridden)")
+    print(f"\n{args.metric} on the evaluation trials vs env steps (task {args.task_id}, seeds {args.seeds}; "
+          f"trials from configs/srpo.yaml eval.*, held out unless overridden)")
     label = {"srpo": "SRPO", "binary": "GRPO"}
     for mode, runs in results.items():
         for seed, rows in zip(args.seeds, runs):
-            xs, ys = curve(rows)
+            xs, ys = curve(rows, args.metric)
             print(f"  {label[mode]:4s} seed {seed}: " + " ".join(f"{int(x)}:{y:.2f}" for x, y in zip(xs, ys)))
     print(f"\nenv steps to reach {args.target:.0%} evaluation success")
     reach = {}
     for mode, runs in results.items():
-        steps = [steps_to_reach(rows, args.target) for rows in runs]
+        steps = [steps_to_reach(rows, args.metric, args.target) for rows in runs]
         reach[mode] = steps
         shown = ", ".join("not reached" if s is None else f"{int(s)}" for s in steps)
         print(f"  {label[mode]}: {shown}")
@@ -103,11 +119,11 @@ if __name__ == "__main__":
     fig, ax = plt.subplots(figsize=(6, 4))
     for mode, color in (("srpo", "tab:blue"), ("binary", "tab:orange")):
         for i, rows in enumerate(results[mode]):
-            xs, ys = curve(rows)
+            xs, ys = curve(rows, args.metric)
             ax.plot(xs, ys, color=color, alpha=0.8, label=label[mode] if i == 0 else None)
     ax.axhline(args.target, color="gray", ls="--", lw=0.8)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("evaluation success (greedy)")
+    ax.set_ylabel(args.metric)
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"SRPO vs GRPO, tabletop task {args.task_id}")
     ax.legend()

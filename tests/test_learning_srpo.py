@@ -1,10 +1,12 @@
-"""Learning test: from a weak SFT checkpoint on tabletop task 0, SRPO raises success on fixed trials within a few
-minutes of CPU time (deterministic seeds).
+"""Learning test: from a weak SFT checkpoint on tabletop task 0, SRPO raises success on fixed held-out trials
+(deterministic seeds, CPU, about 10 minutes).
 
-The weak SFT policy (the default recipe: 10 expert demos, 1000 steps) solves one of trials 0-3 greedily and about
-15-30% of its sampled episodes there. SRPO then trains on exactly those four initial states (4 prompts x 8 samples
-per iteration, no demonstrations) for 20 iterations (~1 min); greedy success on them must rise by at least 0.5
-(measured: 0.25 -> 1.0) and sampled success must not fall.
+The weak SFT policy (the default recipe: 10 expert demos recorded from the suite's demo starts, 1000 steps, last
+checkpoint) never sees an evaluation trial; it solves about 30% of them. SRPO (configs/srpo.yaml) then practises on
+trials 0-9 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10
+iterations on trials 30-49, which it never practises on: one greedy episode and 8 sampled episodes per trial. One
+evaluation swings by about +-0.1 (sampled) to +-0.2 (greedy), so the test compares the first evaluation with the mean
+of the last three. Measured (seed 2): greedy 0.35 -> 0.67, sampled 0.31 -> 0.47.
 """
 import json
 import os
@@ -22,30 +24,33 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true")
 def weak_sft(tmp_path_factory):
     out = tmp_path_factory.mktemp("sft")
     cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", f"sft.output_path={out}/policy",
-           "sft.eval_every=0", "sft.eval_trials=4", f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
+           "sft.eval_every=0", "sft.eval_trials=20", f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
     return str(out / "policy")
 
 
-@pytest.mark.parametrize("mode", ["srpo"])
-def test_srpo_raises_success_from_weak_sft(weak_sft, tmp_path, mode):
-    iterations = 20
-    cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "1", f"reward.mode={mode}",
-           "init.mode=checkpoint", f"init.path={weak_sft}", f"train.iterations={iterations}", "train.lr=1e-4",
-           "rollout.train_trials=4", "rollout.prompts_per_iteration=4", "rollout.n=8", "eval.every=10",
-           "eval.trial_start=0", "eval.trials_per_task=4", f"log.output_dir={tmp_path}/runs",
-           f"log.plots_dir={tmp_path}/plots", "log.checkpoint_every=100"]
-    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
+def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
+    cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "2", "reward.mode=srpo",
+           "init.mode=checkpoint", f"init.path={weak_sft}", "train.iterations=60", "train.lr=1e-4",
+           "rollout.train_trials=10", "rollout.prompts_per_iteration=8", "rollout.n=8", "eval.every=10",
+           "eval.trial_start=30", "eval.trials_per_task=20", "eval.samples_per_trial=8",
+           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "log.checkpoint_every=100"]
+    # one thread: the run is then bitwise reproducible (the measured figures above were taken this way)
+    res = subprocess.run(cmd, cwd=ROOT, env=dict(ENV, OMP_NUM_THREADS="1"), capture_output=True, text=True,
+                         timeout=2400)
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = os.listdir(tmp_path / "runs")
     with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
-    success = np.array([r["rollout/success_rate"] for r in rows])
-    early, late = success[:5].mean(), success[-5:].mean()
-    print(f"{mode}: rollout success per iteration {np.round(success, 2).tolist()}; early {early:.2f} late {late:.2f}; "
-          f"greedy {rows[0]['val/success_rate']:.2f} -> {rows[-1]['val/success_rate']:.2f}")
-    greedy_before, greedy_after = rows[0]["val/success_rate"], rows[-1]["val/success_rate"]
-    assert greedy_after >= greedy_before + 0.5, (greedy_before, greedy_after)
-    assert late >= early - 0.05, (early, late)  # sampled success did not fall while the greedy policy improved
-    assert rows[-1]["train/ppo_kl"] < 0.1  # the policy moved by small, clipped steps, it did not collapse
+    evals = [r for r in rows if "val/success_rate" in r]
+    assert [r["iteration"] for r in evals] == [1, 10, 20, 30, 40, 50, 60]  # before learning, then every 10
+    greedy = np.array([r["val/success_rate"] for r in evals])
+    sampled = np.array([r["val/sampled_success_rate"] for r in evals])
+    practice = np.array([r["rollout/success_rate"] for r in rows])
+    print(f"held-out success (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; "
+          f"practice (trials 0-9) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
+    assert greedy[-3:].mean() >= greedy[0] + 0.15, greedy
+    assert sampled[-3:].mean() >= sampled[0] + 0.1, sampled
+    assert practice[-10:].mean() >= practice[:10].mean() + 0.1, practice  # success on the practised trials rose too
+    assert rows[-1]["train/ppo_kl"] < 0.1  # small, clipped steps: no collapse

@@ -4,7 +4,8 @@ import pytest
 
 from common.config import EnvConfig
 from envs import check_task_ids, make_vector_env, suite_tasks
-from envs.tabletop import NUM_TASKS, NUM_TRIALS, TASKS, TabletopEnv, TabletopVectorEnv
+from envs.tabletop import (HOME_JITTER, HOME_XY, JITTER, LAYOUTS, NUM_TASKS, NUM_TRIALS, TASKS, TabletopEnv,
+                           TabletopVectorEnv, initial_state)
 
 
 def run_episodes(env: TabletopVectorEnv, task: int, policy) -> np.ndarray:
@@ -60,6 +61,30 @@ def test_instruction_matches_task_and_layouts_are_shared():
         env2.step(env2.expert_action())
     assert not np.allclose(env.core.gripper, env2.core.gripper)
     assert a0.shape == (7,)
+
+
+def test_starts_jitter_around_nominal_spots_and_demo_starts_are_separate():
+    for task in (0, 4, 9):
+        layout = LAYOUTS[TASKS[task][0]]
+        nominal = np.array([(x, y) for _, _, x, y in layout])
+        trials = [initial_state(task, j) for j in range(NUM_TRIALS)]
+        demos = [initial_state(task, j, demo=True) for j in range(NUM_TRIALS)]
+        for pos, grip in trials + demos:
+            # every object within JITTER of its nominal spot, the gripper near home
+            assert np.abs(pos[: len(layout), :2] - nominal).max() <= JITTER + 1e-9
+            assert np.abs(grip[:2] - np.array(HOME_XY)).max() <= HOME_JITTER + 1e-9
+        trial_pos = np.stack([p for p, _ in trials])
+        demo_pos = np.stack([p for p, _ in demos])
+        assert len({p.tobytes() for p in trial_pos}) == NUM_TRIALS  # every trial is a different scene
+        assert not any((d == trial_pos).all(axis=(1, 2)).any() for d in demo_pos)  # no demo start is a trial
+    np.testing.assert_array_equal(initial_state(0, 3, demo=True)[0], initial_state(0, 3, demo=True)[0])
+    initial_state(0, 10_000, demo=True)  # demo starts are unbounded
+    with pytest.raises(ValueError, match="demo start -1 is out of range"):
+        initial_state(0, -1, demo=True)
+    venv = TabletopVectorEnv(2)
+    obs_demo, _ = venv.reset(options={"task_ids": [0, 0], "trial_ids": [60, 60], "demo": True})
+    obs_trial, _ = venv.reset(options={"task_ids": [0, 0], "trial_ids": [1, 1]})
+    assert (obs_demo["agentview"][0] != obs_trial["agentview"][0]).any()
 
 
 def test_images_differ_across_trials_and_show_height():
