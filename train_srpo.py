@@ -84,6 +84,8 @@ class AlgorithmConfig:
 class TrainConfig:
     iterations: int = 30
     lr: float = 5e-6
+    lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps (verl's lr_warmup_steps): Adam's first
+                              # steps move every weight by about lr, enough to knock a sharp SFT policy off its skill
     weight_decay: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 64  # policy steps (observation + its chunk of action tokens) per optimizer step
@@ -198,9 +200,11 @@ if __name__ == "__main__":
     cfg.policy = policy.cfg  # the architecture actually trained (from the checkpoint) goes into the saved config
     params = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+    warmup = max(1, cfg.train.lr_warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     start_iteration, total_env_steps = 0, 0.0
     if resume_from is not None:
-        start_iteration, extra = load_training_state(resume_from, {"actor": optimizer})
+        start_iteration, extra = load_training_state(resume_from, {"actor": optimizer}, {"actor": scheduler})
         total_env_steps = float(extra.get("env_steps", 0.0))
         prompt_rng = np.random.default_rng([cfg.seed, rank, start_iteration])
     encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
@@ -385,8 +389,10 @@ if __name__ == "__main__":
                             p.grad = accelerator.reduce(p.grad, reduction="mean")
                     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)
                     optimizer.step()
+                    scheduler.step()
                     stats["grad_norm"].append(float(grad_norm))
         metrics["time/update"] = time.perf_counter() - t0
+        metrics["train/lr"] = scheduler.get_last_lr()[0]
         metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
 
         # 7. evaluation, logging, checkpoint
@@ -399,11 +405,12 @@ if __name__ == "__main__":
         if is_main:
             logger.log(metrics, iteration + 1)
             print(format_line(iteration + 1, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                       "val/sampled_success_rate", "sampling/kept_fraction", "reward/failure_mean",
-                                                       "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
+                                                       "val/sampled_success_rate", "sampling/kept_fraction",
+                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
                                                        "train/grad_norm", "time/iteration"]), flush=True)
             if (iteration + 1) % cfg.log.checkpoint_every == 0 or last:
-                save_checkpoint(run_dir, iteration + 1, policy, {"actor": optimizer}, config=cfg,
+                save_checkpoint(run_dir, iteration + 1, policy, {"actor": optimizer}, {"actor": scheduler},
+                                config=cfg,
                                 extra={"run_name": run_name, "env_steps": total_env_steps},
                                 keep_last=cfg.log.keep_checkpoints)
         accelerator.wait_for_everyone()

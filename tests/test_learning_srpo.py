@@ -6,7 +6,8 @@ checkpoint) never sees an evaluation trial; it solves about 30% of them. SRPO (c
 trials 0-9 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10
 iterations on trials 30-49, which it never practises on: one greedy episode and 8 sampled episodes per trial. One
 evaluation swings by about +-0.1 (sampled) to +-0.2 (greedy), so the test compares the first evaluation with the mean
-of the last three. Measured (seed 2): greedy 0.35 -> 0.67, sampled 0.31 -> 0.47.
+of the last three. Measured with configs/srpo.yaml (lr 1e-4 after a 50-step warmup), mean of the last three:
+seed 1 greedy 0.35 -> 0.63, sampled 0.26 -> 0.49; seed 2 greedy 0.35 -> 0.52, sampled 0.31 -> 0.51.
 """
 import json
 import os
@@ -31,8 +32,9 @@ def weak_sft(tmp_path_factory):
 
 
 def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
-    cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "2", "reward.mode=srpo",
+    cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "1", "reward.mode=srpo",
            "init.mode=checkpoint", f"init.path={weak_sft}", "train.iterations=60", "train.lr=1e-4",
+           "train.lr_warmup_steps=50",
            "rollout.train_trials=10", "rollout.prompts_per_iteration=8", "rollout.n=8", "eval.every=10",
            "eval.trial_start=30", "eval.trials_per_task=20", "eval.samples_per_trial=8",
            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "log.checkpoint_every=100"]

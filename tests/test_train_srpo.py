@@ -9,7 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
-        "eval.every=1", "eval.trials_per_task=2", "reward.encoder.num_frames=4", "--no-wandb"]
+        "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "reward.encoder.num_frames=4",
+        "--no-wandb"]
 
 
 def run(args, tmp_path, check=True):
@@ -34,7 +35,9 @@ def only_run(tmp_path):
 
 
 def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
-    run(["--task-id", "0", "train.iterations=2", "log.checkpoint_every=1", "algorithm.filter_accuracy=false"], tmp_path)
+    warm = "train.lr_warmup_steps=1000"
+    run(["--task-id", "0", "train.iterations=2", "log.checkpoint_every=1", "algorithm.filter_accuracy=false", warm],
+        tmp_path)
     name, run_dir = only_run(tmp_path)
     assert name.startswith("srpo__tabletop__t0__s1__")
     with open(os.path.join(run_dir, "config.yaml")) as f:
@@ -52,9 +55,15 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
     assert ckpts == ["iter_000001", "iter_000002"]
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000002", "policy", "model.safetensors"))
 
-    out = run(["--task-id", "0", "train.iterations=3", "algorithm.filter_accuracy=false", "--resume", run_dir], tmp_path)
+    out = run(["--task-id", "0", "train.iterations=3", "algorithm.filter_accuracy=false", warm, "--resume", run_dir],
+              tmp_path)
     assert "resumed at iteration 2" in out.stdout
-    assert [r["iteration"] for r in read_metrics(run_dir)] == [1, 2, 3]
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    lrs = [r["train/lr"] for r in rows]  # linear warmup, continued (not restarted) after the resume
+    steps = lrs[0] / 1e-4 * 1000  # optimizer steps taken in iteration 1 (config lr 1e-4)
+    assert 0 < lrs[0] < lrs[1] < lrs[2] < 1e-4 and lrs[2] - lrs[1] == pytest.approx(lrs[1] - lrs[0], rel=0.5)
+    assert steps == pytest.approx(round(steps))
     assert "iter_000003" in os.listdir(os.path.join(run_dir, "checkpoints"))
 
 
