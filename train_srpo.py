@@ -221,8 +221,8 @@ if __name__ == "__main__":
                                                                            if resume_from else ""), flush=True)
 
     def evaluate(iteration: int) -> dict:
-        """Greedy success on fixed trials of every training task, by default held out from the rollout trials (each
-        process takes a share of the trials)."""
+        """Greedy (and, with eval.samples_per_trial > 0, sampled) success on fixed trials of every training task, by
+        default held out from the rollout trials (each process takes a share of the trials)."""
         start = cfg.rollout.train_trials if cfg.eval.trial_start is None else cfg.eval.trial_start
         trials = list(range(start, start + cfg.eval.trials_per_task))
         trials = [j for j in trials if j < num_trials(cfg.env)]
@@ -406,11 +406,11 @@ if __name__ == "__main__":
             logger.log(metrics, iteration + 1)
             print(format_line(iteration + 1, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                        "val/sampled_success_rate", "sampling/kept_fraction",
-                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac", "train/ppo_kl",
-                                                       "train/grad_norm", "time/iteration"]), flush=True)
+                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
+                                                       "train/ppo_kl", "train/grad_norm", "time/iteration"]),
+                  flush=True)
             if (iteration + 1) % cfg.log.checkpoint_every == 0 or last:
-                save_checkpoint(run_dir, iteration + 1, policy, {"actor": optimizer}, {"actor": scheduler},
-                                config=cfg,
+                save_checkpoint(run_dir, iteration + 1, policy, {"actor": optimizer}, {"actor": scheduler}, config=cfg,
                                 extra={"run_name": run_name, "env_steps": total_env_steps},
                                 keep_last=cfg.log.keep_checkpoints)
         accelerator.wait_for_everyone()

@@ -30,9 +30,9 @@ def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
            f"eval.every={args.eval_every}", f"log.output_dir={args.out}", f"log.run_name={name}",
            "log.checkpoint_every=1000", *args.overrides]
     print("$", " ".join(cmd[1:]), flush=True)
-    log = open(os.path.join(args.out, f"{name}.log"), "w")
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    with open(os.path.join(args.out, f"{name}.log"), "w") as log:  # the child keeps its own handle
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, OMP_NUM_THREADS="1"))
 
 
 def read_rows(mode: str, seed: int, args: argparse.Namespace) -> List[Dict[str, float]]:

@@ -48,7 +48,8 @@ def generate_expert_demos(env_cfg: EnvConfig, task_ids: Sequence[int], num_demos
     from envs import tabletop
 
     settings = {"tasks": [int(t) for t in task_ids], "num_demos": int(num_demos_per_task), "noise": float(noise),
-                "seed": int(seed), "record": record, "demo_starts": bool(demo_starts), "image_size": env_cfg.image_size, "max_steps": env_cfg.max_steps}
+                "seed": int(seed), "record": record, "demo_starts": bool(demo_starts), "image_size": env_cfg.image_size,
+                "max_steps": env_cfg.max_steps}
     with open(tabletop.__file__, "rb") as f:
         code_hash = hashlib.sha256(f.read()).hexdigest()[:12]
     key = hashlib.sha256(json.dumps({**settings, "code": code_hash}, sort_keys=True).encode()).hexdigest()[:16]

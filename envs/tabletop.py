@@ -442,7 +442,8 @@ class TabletopVectorEnv(VectorEnv):
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Reset envs to chosen (task, trial) starts: options {"task_ids", "trial_ids"} (length N, or the masked count
-        with "reset_mask" (N,) bool to reset only some envs); "demo": True picks the demo starts instead of the trials."""
+        with "reset_mask" (N,) bool to reset only some envs); "demo": True picks the demo starts instead of the
+        trials."""
         if seed is not None:
             self.core.rng = np.random.default_rng(seed)
         options = dict(options or {})
