@@ -1,9 +1,9 @@
 """SRPO vs plain GRPO (`reward.mode=binary`) from the same SFT checkpoint with the same seeds, on the embedded suite.
 
 Prints held-out success (configs/srpo.yaml: trials 30-49, 8 sampled episodes each; `--metric val/success_rate` for
-greedy) against environment steps for both, the env steps each needs to reach a target success (default 0.9), and
-seconds per iteration split by phase (rollout, reward, update, eval). Runs the two arms in parallel processes (one
-thread each). Writes the curves to plots/srpo_vs_grpo.png.
+greedy) against environment steps for both (as numbers and a text plot), the env steps each needs to reach target
+successes (default 0.5 and 0.9), and seconds per iteration split by phase (rollout, reward, update, eval). Runs the two
+arms in parallel processes (one thread each). Writes the curves to plots/srpo_vs_grpo.png.
 
     python benchmarks/srpo_vs_grpo.py --task-id 0 --iterations 60 --seeds 1 2
     python benchmarks/srpo_vs_grpo.py --sft checkpoints/sft_tabletop_task0 -- rollout.n=8   # extra overrides
@@ -26,8 +26,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
     name = f"bench_{mode}_s{seed}"
     cmd = [sys.executable, "train_srpo.py", "--task-id", str(args.task_id), "--seed", str(seed), "--no-wandb",
-           f"reward.mode={mode}", "init.mode=checkpoint", f"init.path={args.sft}", f"train.iterations={args.iterations}",
-           f"eval.every={args.eval_every}", f"log.output_dir={args.out}", f"log.run_name={name}",
+           f"reward.mode={mode}", "init.mode=checkpoint", f"init.path={args.sft}",
+           f"train.iterations={args.iterations}", f"eval.every={args.eval_every}", f"log.output_dir={args.out}", f"log.run_name={name}",
            "log.checkpoint_every=1000", *args.overrides]
     print("$", " ".join(cmd[1:]), flush=True)
     with open(os.path.join(args.out, f"{name}.log"), "w") as log:  # the child keeps its own handle
@@ -54,6 +54,20 @@ def curve(rows: List[Dict[str, float]], metric: str):
     return np.array(xs), np.array(ys)
 
 
+def text_plot(series: Dict[str, tuple], height: int = 21, width: int = 60) -> str:
+    """Success (0..1, rows) vs env steps (columns) as text: one marker per series, '*' where markers overlap."""
+    x_max = max(max(xs) for xs, _ in series.values() if len(xs)) or 1.0
+    grid = [[" "] * (width + 1) for _ in range(height)]
+    for marker, (xs, ys) in series.items():
+        for x, y in zip(xs, ys):
+            r, c = height - 1 - int(round(y * (height - 1))), int(round(x / x_max * width))
+            grid[r][c] = marker if grid[r][c] in (" ", marker) else "*"
+    lines = [f"{1 - i / (height - 1):4.2f} |" + "".join(row) for i, row in enumerate(grid)]
+    lines.append("     +" + "-" * (width + 1))
+    lines.append(f"      0{'env steps':^{width - 10}}{x_max / 1000:.0f}k")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task-id", type=int, default=0)
@@ -62,7 +76,9 @@ if __name__ == "__main__":
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--metric", default="val/sampled_success_rate", help="val/sampled_success_rate | val/success_rate")
-    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.9],
+                   help="success levels to report env steps for")
+    p.add_argument("--reuse", action="store_true", help="skip training runs whose metrics.jsonl already exists")
     p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_srpo_vs_grpo"))
     p.add_argument("overrides", nargs="*", help="train_srpo.py overrides for both arms (after --)")
@@ -76,6 +92,9 @@ if __name__ == "__main__":
     os.makedirs(args.out, exist_ok=True)
     jobs = [(mode, seed) for seed in args.seeds for mode in ("srpo", "binary")]
     procs: List[subprocess.Popen] = []
+    if args.reuse:
+        jobs = [(m, s) for m, s in jobs
+                if not os.path.exists(os.path.join(args.out, f"bench_{m}_s{s}", "metrics.jsonl"))]
     for job in jobs:  # at most args.jobs at once; logs in <out>/bench_<mode>_s<seed>.log
         while sum(p.poll() is None for p in procs) >= args.jobs:
             time.sleep(1.0)
@@ -91,18 +110,25 @@ if __name__ == "__main__":
         for seed, rows in zip(args.seeds, runs):
             xs, ys = curve(rows, args.metric)
             print(f"  {label[mode]:4s} seed {seed}: " + " ".join(f"{int(x)}:{y:.2f}" for x, y in zip(xs, ys)))
-    print(f"\nenv steps to reach {args.target:.0%} evaluation success")
-    reach = {}
-    for mode, runs in results.items():
-        steps = [steps_to_reach(rows, args.metric, args.target) for rows in runs]
-        reach[mode] = steps
-        shown = ", ".join("not reached" if s is None else f"{int(s)}" for s in steps)
-        print(f"  {label[mode]}: {shown}")
-    ok = [(a, b) for a, b in zip(reach["srpo"], reach["binary"]) if a is not None and b is not None]
-    if ok:
-        print(f"  GRPO / SRPO env steps: {np.mean([b / a for a, b in ok]):.2f}x (goal >= 1.5x)")
-    else:
-        print("  ratio: needs both arms to reach the target in the same seed (raise --iterations)")
+    for target in args.targets:
+        print(f"\nenv steps to reach {target:.0%} evaluation success")
+        reach = {}
+        for mode, runs in results.items():
+            reach[mode] = [steps_to_reach(rows, args.metric, target) for rows in runs]
+            shown = ", ".join("not reached" if s is None else f"{int(s)}" for s in reach[mode])
+            print(f"  {label[mode]}: {shown}")
+        ok = [(a, b) for a, b in zip(reach["srpo"], reach["binary"]) if a is not None and b is not None]
+        if ok:
+            print(f"  GRPO / SRPO env steps: {np.mean([b / a for a, b in ok]):.2f}x (goal >= 1.5x)")
+        else:
+            print("  ratio: needs both arms to reach the target in the same seed (raise --iterations)")
+
+    means = {}
+    for mode, runs in results.items():  # mean over seeds at each evaluation (all seeds evaluate at the same iterations)
+        pts = [curve(rows, args.metric) for rows in runs]
+        k = min(len(xs) for xs, _ in pts)
+        means[label[mode][0]] = (np.mean([xs[:k] for xs, _ in pts], 0), np.mean([ys[:k] for _, ys in pts], 0))
+    print(f"\n{args.metric}, mean over seeds (S = SRPO, G = GRPO)\n" + text_plot(means))
 
     print("\nseconds per iteration by phase (mean over iterations and seeds)")
     for mode, runs in results.items():
@@ -121,7 +147,8 @@ if __name__ == "__main__":
         for i, rows in enumerate(results[mode]):
             xs, ys = curve(rows, args.metric)
             ax.plot(xs, ys, color=color, alpha=0.8, label=label[mode] if i == 0 else None)
-    ax.axhline(args.target, color="gray", ls="--", lw=0.8)
+    for target in args.targets:
+        ax.axhline(target, color="gray", ls="--", lw=0.8)
     ax.set_xlabel("environment steps")
     ax.set_ylabel(args.metric)
     ax.set_ylim(-0.02, 1.02)

@@ -1,0 +1,123 @@
+"""Is the SRPO progress reward informative? Rank correlation between the reward each encoder gives failed episodes and
+how far those episodes really got, on the embedded suite, from an SFT policy.
+
+SRPO's claim rests on the world model: a failure whose video embeds close to the task's successes should have made
+more progress. The tabletop simulator knows the truth, so this script rolls out the policy as train_srpo.py does
+(prompts = trials x n samples at the rollout temperature), pools the kept groups per task like one SRPO batch, scores
+the failures with `compute_embodied_reward` under each encoder, and compares with the simulator's progress:
+  progress = grasped the target block at some step (0/1) + how much closer it ended to its goal (1 - d_end / d_start).
+Prints Spearman's rho per encoder (mean over batches; 0 = no signal, 1 = perfect ranking) and the mean reward of
+failures that grasped vs never grasped. Random embeddings (a fixed Gaussian projection) give the chance level.
+
+    python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 6]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from common.config import EnvConfig  # noqa: E402
+from common.srpo import compute_embodied_reward, filter_groups  # noqa: E402
+from envs import make_vector_env  # noqa: E402
+from models.token_policy import TokenPolicy  # noqa: E402
+from models.trajectory_encoders import EncoderConfig, make_trajectory_encoder  # noqa: E402
+
+
+@torch.no_grad()
+def rollout_group(env, policy, task: int, trial: int, temperature: float):
+    """n = num_envs episodes of one (task, trial): agentview videos, success, and the simulator's progress."""
+    n = env.num_envs
+    obs, info = env.reset(options={"task_ids": [task] * n, "trial_ids": [trial] * n})
+    core = env.core
+    obj, sup = core.goals[:, 0, 0], core.goals[:, 0, 1]
+    rows = np.arange(n)
+    dist = lambda: np.linalg.norm(core.pos[rows, obj, :2] - core.pos[rows, sup, :2], axis=1)  # noqa: E731
+    d_start, grasped = dist(), np.zeros(n, dtype=bool)
+    frames, steps = [obs["agentview"].copy()], np.zeros(n, dtype=np.int64)
+    instructions = [str(s) for s in info["task_description"]]
+    while not core.done.all():
+        actions, _, _ = policy.act(obs, instructions, temperature=temperature)
+        for a in np.asarray(actions).transpose(1, 0, 2):
+            live = ~core.done
+            obs, _, _, _, info = env.step(a)
+            steps += live
+            grasped |= core.held == obj
+            frames.append(obs["agentview"].copy())
+            if core.done.all():
+                break
+    video = np.stack(frames)
+    videos = [video[: steps[i] + 1, i] for i in range(n)]
+    progress = grasped + np.clip(1.0 - dist() / np.maximum(d_start, 1e-6), 0.0, 1.0)
+    return videos, core.success.copy(), progress, grasped, steps
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sft", default=os.path.join(ROOT, "checkpoints", "sft_tabletop_task0"))
+    p.add_argument("--task-id", type=int, default=0)
+    p.add_argument("--trials", type=int, default=10, help="practice trials 0..trials-1 (configs/srpo.yaml)")
+    p.add_argument("--prompts", type=int, default=8, help="prompts per batch (rollout.prompts_per_iteration)")
+    p.add_argument("--n", type=int, default=8, help="group size (rollout.n)")
+    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pool", choices=["task", "group"], default="task",
+                   help="task: cluster successes per task over the batch, as siiRL; group: per (task, trial) group")
+    args = p.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, os.cpu_count() or 1))
+    if not os.path.isdir(args.sft):
+        raise SystemExit(f"No SFT checkpoint at {args.sft}; make one with:\n"
+                         f"  python train_sft.py --task-id {args.task_id} sft.output_path={args.sft}")
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    policy = TokenPolicy.load(args.sft).eval()
+    env = make_vector_env(EnvConfig(task_ids=[args.task_id], num_envs=args.n, image_size=64), seed=args.seed)
+    encoders = {
+        "V-JEPA 2 (tiny, random init)": make_trajectory_encoder(EncoderConfig(kind="vjepa2"), "cpu"),
+        "pixels 8x8 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels"), "cpu"),
+        "pixels 16x16 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels", pixel_size=16), "cpu"),
+    }
+    rhos = {name: [] for name in [*encoders, "random embedding (chance)"]}
+    by_grasp = {name: ([], []) for name in rhos}
+    t0 = time.perf_counter()
+    for b in range(args.batches):
+        groups = [rollout_group(env, policy, args.task_id, int(j), args.temperature)
+                  for j in rng.integers(0, args.trials, args.prompts)]
+        videos = [v for g in groups for v in g[0]]
+        success = np.concatenate([g[1] for g in groups])
+        progress = np.concatenate([g[2] for g in groups])
+        grasped = np.concatenate([g[3] for g in groups])
+        steps = np.concatenate([g[4] for g in groups])
+        keep = filter_groups(success, steps, args.n, int(steps.max())).numpy()  # accuracy in [0.1, 0.9], as SRPO
+        fail = keep & ~success
+        print(f"batch {b}: success {success.mean():.2f}, kept groups {keep.sum() // args.n}/{args.prompts}, "
+              f"kept failures {fail.sum()} ({grasped[fail].mean() if fail.any() else 0:.2f} grasped)", flush=True)
+        if fail.sum() < 3:
+            continue
+        names = ["task"] * int(keep.sum()) if args.pool == "task" else [str(i // args.n) for i in np.flatnonzero(keep)]
+        for name in rhos:
+            if name in encoders:
+                emb = encoders[name].embed([v for v, k in zip(videos, keep) if k])
+            else:
+                emb = np.random.default_rng(b).normal(size=(int(keep.sum()), 64))
+            reward = compute_embodied_reward(success[keep], emb, names)
+            r_fail = reward[~success[keep]]
+            rhos[name].append(spearmanr(r_fail, progress[fail]).statistic)
+            by_grasp[name][0].extend(r_fail[grasped[fail]])
+            by_grasp[name][1].extend(r_fail[~grasped[fail]])
+
+    print(f"\nSRPO failure reward vs simulator progress, task {args.task_id}, {len(next(iter(rhos.values())))} "
+          f"batches of {args.prompts} prompts x {args.n} ({time.perf_counter() - t0:.0f} s)")
+    print(f"  {'encoder':32s} {'Spearman rho':>16s} {'reward | grasped':>17s} {'reward | never':>15s}")
+    for name, values in rhos.items():
+        g, ng = by_grasp[name]
+        print(f"  {name:32s} {np.mean(values):7.2f} +- {np.std(values) / max(1, len(values)) ** 0.5:.2f}"
+              f" {np.mean(g) if g else float('nan'):17.3f} {np.mean(ng) if ng else float('nan'):15.3f}")
