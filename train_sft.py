@@ -126,6 +126,7 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     save_config(cfg, os.path.join(tmp, TRAIN_CONFIG))
+    envs.write_suite_version(tmp, cfg.env.suite)
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)

@@ -31,7 +31,7 @@ from common.logging import Logger, format_line
 from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import collect_rollouts, success_by_task
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from envs import check_task_ids, make_vector_env, num_trials, suite_tasks
+from envs import check_task_ids, make_vector_env, num_trials, stale_suite_message, suite_tasks
 from models import EncoderConfig, TokenPolicy, TokenPolicyConfig, make_trajectory_encoder
 
 
@@ -164,6 +164,9 @@ def load_initial_policy(cfg: Config, is_main: bool, barrier=lambda: None) -> Tok
                              f"  python {' '.join(cmd[1:])}\n"
                              f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one.")
     barrier()
+    stale = stale_suite_message(path, cfg.env.suite)
+    if stale and is_main:
+        print(f"[init] warning: {stale}", flush=True)
     return TokenPolicy.load(path, lora_rank=cfg.policy.lora_rank)
 
 

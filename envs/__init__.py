@@ -6,6 +6,8 @@ takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the
 """
 from __future__ import annotations
 
+import json
+import os
 from typing import Dict, List, Optional
 
 from gymnasium.vector import VectorEnv
@@ -15,6 +17,7 @@ from envs import tabletop
 
 LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 SUITES = ("tabletop",) + LIBERO_SUITES
+SUITE_VERSION_FILE = "suite_version.json"
 
 
 def check_suite(suite: str) -> None:
@@ -63,3 +66,27 @@ def make_vector_env(cfg: EnvConfig, num_envs: Optional[int] = None, seed: Option
     from envs import libero
 
     return libero.make_libero_vector_env(cfg, n)
+
+
+def write_suite_version(path: str, suite: str) -> None:
+    """Record in a policy folder which version of the embedded suite it was trained on (nothing for LIBERO)."""
+    if suite == "tabletop":
+        with open(os.path.join(path, SUITE_VERSION_FILE), "w") as f:
+            json.dump({"suite": suite, "version": tabletop.SUITE_VERSION}, f)
+
+
+def stale_suite_message(path: str, suite: str) -> Optional[str]:
+    """A warning when the policy at `path` was trained on an older tabletop suite than this code runs, else None."""
+    if suite != "tabletop":
+        return None
+    file = os.path.join(path, SUITE_VERSION_FILE)
+    version = None
+    if os.path.isfile(file):
+        with open(file) as f:
+            version = json.load(f).get("version")
+    if version == tabletop.SUITE_VERSION:
+        return None
+    trained = "an unversioned (older) tabletop suite" if version is None else f"tabletop suite version {version}"
+    return (f"{path} was trained on {trained}, but this code runs version {tabletop.SUITE_VERSION} (its starts "
+            f"differ, so the policy's success will not carry over). Delete the folder and rerun to retrain it "
+            f"(init.mode=auto_sft does so), or point init.path at a newer checkpoint.")

@@ -19,6 +19,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 
 NUM_TRIALS = 50  # fixed initial states per task, like LIBERO's init files
+SUITE_VERSION = 2  # bump when starts, physics or rendering change: SFT exports record it (2: LIBERO-style starts)
 STEP_SIZE = 0.05  # table units moved per step at |action| = 1
 BLOCK_HALF = 0.05  # half the side of a block
 BLOCK_HEIGHT = 0.05

@@ -49,6 +49,7 @@ def test_outputs_and_resume(tmp_path):
         assert os.path.isfile(os.path.join(run_dir, name)), name
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000002", "iter_000004"]
     assert os.path.isfile(tmp_path / "exported" / "train_config.yaml")
+    assert envs.stale_suite_message(str(tmp_path / "exported"), "tabletop") is None  # records the suite version
     assert os.path.isfile(tmp_path / "plots" / "r" / "training_curves.png")
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     assert [r["iteration"] for r in rows] == [2, 4] and rows[0]["sft/loss"] > rows[1]["sft/loss"] > 0

@@ -168,3 +168,16 @@ def test_suite_tasks_lists_ten_tasks_with_limits():
     assert len(tasks) == 10 and tasks[0]["description"] == "put the red block on the blue plate"
     assert tasks[0]["max_steps"] == 100 and tasks[9]["max_steps"] == 200
     assert suite_tasks(EnvConfig(max_steps=30))[9]["max_steps"] == 30
+
+
+def test_stale_suite_version_is_named_with_the_fix(tmp_path):
+    from envs import SUITE_VERSION_FILE, stale_suite_message, write_suite_version
+    from envs.tabletop import SUITE_VERSION
+
+    unversioned = stale_suite_message(str(tmp_path), "tabletop")  # an SFT export from before versioning
+    assert "unversioned" in unversioned and "Delete the folder" in unversioned
+    write_suite_version(str(tmp_path), "tabletop")
+    assert stale_suite_message(str(tmp_path), "tabletop") is None
+    (tmp_path / SUITE_VERSION_FILE).write_text('{"suite": "tabletop", "version": %d}' % (SUITE_VERSION - 1))
+    assert f"version {SUITE_VERSION - 1}" in stale_suite_message(str(tmp_path), "tabletop")
+    assert stale_suite_message(str(tmp_path), "libero_spatial") is None  # real LIBERO's starts never change
