@@ -9,7 +9,7 @@ the failures with `compute_embodied_reward` under each encoder, and compares wit
 Prints Spearman's rho per encoder (mean over batches; 0 = no signal, 1 = perfect ranking) and the mean reward of
 failures that grasped vs never grasped. Random embeddings (a fixed Gaussian projection) give the chance level.
 
-    python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 6]
+    python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 10]
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ if __name__ == "__main__":
     p.add_argument("--trials", type=int, default=10, help="practice trials 0..trials-1 (configs/srpo.yaml)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per batch (rollout.prompts_per_iteration)")
     p.add_argument("--n", type=int, default=8, help="group size (rollout.n)")
-    p.add_argument("--batches", type=int, default=6)
+    p.add_argument("--batches", type=int, default=10)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pool", choices=["task", "group"], default="task",
