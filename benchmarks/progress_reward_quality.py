@@ -10,6 +10,7 @@ Prints Spearman's rho per encoder (mean over batches; 0 = no signal, 1 = perfect
 failures that grasped vs never grasped. Random embeddings (a fixed Gaussian projection) give the chance level.
 
     python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 10]
+    python benchmarks/progress_reward_quality.py --vjepa2-path facebook/vjepa2-vitl-fpc64-256   # a real world model
 """
 from __future__ import annotations
 
@@ -69,6 +70,8 @@ if __name__ == "__main__":
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vjepa2-path", default=None,
+                   help="also score a pretrained V-JEPA 2 (path or hub id, e.g. facebook/vjepa2-vitl-fpc64-256)")
     p.add_argument("--pool", choices=["task", "group"], default="task",
                    help="task: cluster successes per task over the batch, as siiRL; group: per (task, trial) group")
     args = p.parse_args()
@@ -85,6 +88,9 @@ if __name__ == "__main__":
         "pixels 8x8 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels"), "cpu"),
         "pixels 16x16 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels", pixel_size=16), "cpu"),
     }
+    if args.vjepa2_path:
+        encoders[f"V-JEPA 2 ({os.path.basename(args.vjepa2_path.rstrip('/'))})"] = make_trajectory_encoder(
+            EncoderConfig(kind="vjepa2", model_path=args.vjepa2_path))
     rhos = {name: [] for name in [*encoders, "random embedding (chance)"]}
     by_grasp = {name: ([], []) for name in rhos}
     t0 = time.perf_counter()
