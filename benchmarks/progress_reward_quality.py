@@ -19,6 +19,7 @@ import os
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import torch
 from scipy.stats import spearmanr
@@ -26,38 +27,46 @@ from scipy.stats import spearmanr
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from common.config import EnvConfig  # noqa: E402
+from common.rollout import collect_rollouts  # noqa: E402
 from common.srpo import compute_embodied_reward, filter_groups  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 from models.token_policy import TokenPolicy  # noqa: E402
 from models.trajectory_encoders import EncoderConfig, make_trajectory_encoder  # noqa: E402
 
 
+class ProgressRecorder(gym.vector.VectorWrapper):
+    """Reads the tabletop simulator during rollouts: each env's target-to-goal distance at reset, and whether its
+    target block has been grasped since."""
+
+    def reset(self, **kwargs):
+        out = super().reset(**kwargs)
+        self.grasped = np.zeros(self.num_envs, dtype=bool)
+        self.d_start = self.goal_distance()
+        return out
+
+    def step(self, actions):
+        out = super().step(actions)
+        core = self.env.core
+        self.grasped |= core.held == core.goals[:, 0, 0]
+        return out
+
+    def goal_distance(self) -> np.ndarray:
+        """xy distance of each env's target block to its goal support, now."""
+        core, rows = self.env.core, np.arange(self.num_envs)
+        return np.linalg.norm(core.pos[rows, core.goals[:, 0, 0], :2] - core.pos[rows, core.goals[:, 0, 1], :2], axis=1)
+
+    def progress(self) -> np.ndarray:
+        """grasped ever (0/1) + how much closer the target ended to its goal (1 - d_end / d_start, in [0, 1])."""
+        return self.grasped + np.clip(1.0 - self.goal_distance() / np.maximum(self.d_start, 1e-6), 0.0, 1.0)
+
+
 @torch.no_grad()
-def rollout_group(env, policy, task: int, trial: int, temperature: float):
-    """n = num_envs episodes of one (task, trial): agentview videos, success, and the simulator's progress."""
-    n = env.num_envs
-    obs, info = env.reset(options={"task_ids": [task] * n, "trial_ids": [trial] * n})
-    core = env.core
-    obj, sup = core.goals[:, 0, 0], core.goals[:, 0, 1]
-    rows = np.arange(n)
-    dist = lambda: np.linalg.norm(core.pos[rows, obj, :2] - core.pos[rows, sup, :2], axis=1)  # noqa: E731
-    d_start, grasped = dist(), np.zeros(n, dtype=bool)
-    frames, steps = [obs["agentview"].copy()], np.zeros(n, dtype=np.int64)
-    instructions = [str(s) for s in info["task_description"]]
-    while not core.done.all():
-        actions, _, _ = policy.act(obs, instructions, temperature=temperature)
-        for a in np.asarray(actions).transpose(1, 0, 2):
-            live = ~core.done
-            obs, _, _, _, info = env.step(a)
-            steps += live
-            grasped |= core.held == obj
-            frames.append(obs["agentview"].copy())
-            if core.done.all():
-                break
-    video = np.stack(frames)
-    videos = [video[: steps[i] + 1, i] for i in range(n)]
-    progress = grasped + np.clip(1.0 - dist() / np.maximum(d_start, 1e-6), 0.0, 1.0)
-    return videos, core.success.copy(), progress, grasped, steps
+def rollout_group(env: ProgressRecorder, policy, task: int, trial: int, temperature: float):
+    """num_envs episodes of one (task, trial) with the training rollout loop (one block of envs, so the simulator
+    still holds every final state): the batch, each episode's progress, and whether it grasped the target."""
+    batch = collect_rollouts(env, policy, [task], [trial], n_samples=env.num_envs, temperature=temperature,
+                             keep_frames=True, keep_obs=False, progress=False)
+    return batch, env.progress(), env.grasped.copy()
 
 
 if __name__ == "__main__":
@@ -82,7 +91,8 @@ if __name__ == "__main__":
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
     policy = TokenPolicy.load(args.sft).eval()
-    env = make_vector_env(EnvConfig(task_ids=[args.task_id], num_envs=args.n, image_size=64), seed=args.seed)
+    env = ProgressRecorder(make_vector_env(EnvConfig(task_ids=[args.task_id], num_envs=args.n, image_size=64),
+                                           seed=args.seed))
     encoders = {
         "V-JEPA 2 (tiny, random init)": make_trajectory_encoder(EncoderConfig(kind="vjepa2"), "cpu"),
         "pixels 8x8 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels"), "cpu"),
@@ -97,11 +107,11 @@ if __name__ == "__main__":
     for b in range(args.batches):
         groups = [rollout_group(env, policy, args.task_id, int(j), args.temperature)
                   for j in rng.integers(0, args.trials, args.prompts)]
-        videos = [v for g in groups for v in g[0]]
-        success = np.concatenate([g[1] for g in groups])
-        progress = np.concatenate([g[2] for g in groups])
-        grasped = np.concatenate([g[3] for g in groups])
-        steps = np.concatenate([g[4] for g in groups])
+        videos = [v for g in groups for v in g[0].frames]
+        success = np.concatenate([g[0].complete for g in groups])
+        steps = np.concatenate([g[0].finish_step for g in groups])
+        progress = np.concatenate([g[1] for g in groups])
+        grasped = np.concatenate([g[2] for g in groups])
         keep = filter_groups(success, steps, args.n, int(steps.max())).numpy()  # accuracy in [0.1, 0.9], as SRPO
         fail = keep & ~success
         print(f"batch {b}: success {success.mean():.2f}, kept groups {keep.sum() // args.n}/{args.prompts}, "
