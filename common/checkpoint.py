@@ -5,7 +5,8 @@ Layout of `<run_dir>/checkpoints/iter_XXXXXX/`:
                           reload with `TokenPolicy.load(path + "/policy")` / `FlowPolicy.load(...)`
   modules/<name>.safetensors   extra nn.Modules (value head, EMA copy, ...)
   optimizers.pt, schedulers.pt  state dicts by name
-  rng.pt                  python, numpy, torch (and CUDA) RNG states
+  rng.pt                  one dict per process: python, numpy, torch (and CUDA) RNG states, plus the script's own
+                          streams (prompt sampler, environments) under extra keys
   state.json              iteration + `extra` (JSON)
   config.yaml             the resolved config (when given)
   MANIFEST.json           size + sha256 of every file above; written last, so no manifest = incomplete
@@ -48,7 +49,8 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _rng_state() -> Dict[str, Any]:
+def capture_rng_state() -> Dict[str, Any]:
+    """This process's python, numpy, torch (and CUDA) RNG states, as `rng.pt` stores them."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "python": random.getstate(),
@@ -61,7 +63,8 @@ def _rng_state() -> Dict[str, Any]:
     return state
 
 
-def _set_rng_state(state: Dict[str, Any]) -> None:
+def restore_rng_state(state: Dict[str, Any]) -> None:
+    """Set the global RNGs from `capture_rng_state()`'s dict (extra keys are the caller's)."""
     random.setstate(state["python"])
     n = state["numpy"]
     np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
@@ -87,19 +90,47 @@ def _iteration_dirs(run_dir: str) -> List[str]:
 
 def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
                     schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
-                    config: Any = None, extra: Optional[Dict[str, Any]] = None, keep_last: int = 2) -> str:
-    """Write `<run_dir>/checkpoints/iter_XXXXXX/` atomically, prune to the newest `keep_last`; returns its path."""
+                    config: Any = None, extra: Optional[Dict[str, Any]] = None, keep_last: int = 2,
+                    rng_states: Optional[List[Dict[str, Any]]] = None) -> str:
+    """Write `<run_dir>/checkpoints/iter_XXXXXX/` atomically, prune to the newest `keep_last`; returns its path.
+    `rng_states`: one RNG dict per process (default: this process's). Any failure (full disk, ...) removes the
+    temporary folder and raises CheckpointError; the previous checkpoints are untouched."""
     root = os.path.join(run_dir, "checkpoints")
-    os.makedirs(root, exist_ok=True)
     final = os.path.join(root, f"iter_{iteration:06d}")
     tmp = os.path.join(root, f".tmp_iter_{iteration:06d}_{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
         json.dumps(extra or {})
     except TypeError as e:
         raise TypeError(f"save_checkpoint: `extra` must be JSON-serialisable ({e}); put tensors in `modules`") from None
+    try:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        _write_files(tmp, iteration, policy, optimizers, schedulers, modules, config, extra,
+                     rng_states if rng_states is not None else [capture_rng_state()])
+        if os.path.exists(final):  # re-saving the same iteration: move the old one aside first
+            old = final + f".old{os.getpid()}"
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.replace(tmp, final)
+        _fsync_dir(root)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint {final}: {e.strerror or e} (no partial checkpoint was "
+                              f"left; earlier checkpoints are intact)") from None
 
+    for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    for name in os.listdir(root):  # leftovers of a crash in the middle of a save
+        if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    return final
+
+
+def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
+                 schedulers: Optional[Dict[str, Any]], modules: Optional[Dict[str, torch.nn.Module]], config: Any,
+                 extra: Optional[Dict[str, Any]], rng_states: List[Dict[str, Any]]) -> None:
+    """Every file of a checkpoint into `tmp`, fsynced, the manifest last."""
     if policy is not None:
         _unwrap(policy).save(os.path.join(tmp, "policy"))
     if modules:
@@ -110,15 +141,13 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
     torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
     if schedulers:
         torch.save({name: s.state_dict() for name, s in schedulers.items()}, os.path.join(tmp, "schedulers.pt"))
-    torch.save(_rng_state(), os.path.join(tmp, "rng.pt"))
+    torch.save(list(rng_states), os.path.join(tmp, "rng.pt"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"iteration": int(iteration), "time": time.time(), "extra": extra or {}}, f, indent=1)
     if config is not None:
         from common.config import save_config
 
         save_config(config, os.path.join(tmp, "config.yaml"))
-
-    # fsync every file, then the manifest (the "complete" marker), then rename the folder into place
     files = {}
     for dirpath, _, filenames in os.walk(tmp):
         for name in filenames:
@@ -132,19 +161,6 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
         os.fsync(f.fileno())
     for dirpath, _, _ in os.walk(tmp):
         _fsync_dir(dirpath)
-    if os.path.exists(final):  # re-saving the same iteration: move the old one aside first
-        old = final + f".old{os.getpid()}"
-        os.replace(final, old)
-        shutil.rmtree(old, ignore_errors=True)
-    os.replace(tmp, final)
-    _fsync_dir(root)
-
-    for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    for name in os.listdir(root):  # leftovers of a crash in the middle of a save
-        if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    return final
 
 
 def verify_checkpoint(path: str, check_hashes: bool = True) -> None:
@@ -182,8 +198,10 @@ def latest_checkpoint(run_dir: str, check_hashes: bool = True) -> Optional[str]:
 
 def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
                         schedulers: Optional[Dict[str, Any]] = None,
-                        modules: Optional[Dict[str, torch.nn.Module]] = None) -> Tuple[int, Dict[str, Any]]:
-    """Restore optimizers, schedulers, extra modules and RNG states from `path`; returns (iteration, extra).
+                        modules: Optional[Dict[str, torch.nn.Module]] = None,
+                        rank: int = 0) -> Tuple[int, Dict[str, Any]]:
+    """Restore optimizers, schedulers, extra modules and process `rank`'s RNG states from `path`; returns
+    (iteration, extra). The script's own streams are in `read_rng_state(path, rank)`.
 
     The policy itself is loaded by the script from `<path>/policy` (e.g. `TokenPolicy.load(path + "/policy")`).
     """
@@ -205,7 +223,17 @@ def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
         if not os.path.isfile(file):
             raise CheckpointError(f"checkpoint {path} has no module {name!r} (expected {file})")
         _unwrap(module).load_state_dict(load_file(file))
-    _set_rng_state(torch.load(os.path.join(path, "rng.pt"), weights_only=True))
+    restore_rng_state(read_rng_state(path, rank))
     with open(os.path.join(path, "state.json")) as f:
         state = json.load(f)
     return int(state["iteration"]), state.get("extra", {})
+
+
+def read_rng_state(path: str, rank: int = 0) -> Dict[str, Any]:
+    """Process `rank`'s RNG dict from a checkpoint (`capture_rng_state()` keys + the script's extra streams)."""
+    states = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
+    states = [states] if isinstance(states, dict) else states
+    if rank >= len(states):
+        raise CheckpointError(f"checkpoint {path} holds RNG states of {len(states)} process(es); resume with that "
+                              f"many processes (this is process {rank})")
+    return states[rank]

@@ -49,6 +49,26 @@ class LogConfig:
     keep_checkpoints: int = 2  # how many recent checkpoints to keep
 
 
+@dataclass
+class EvalConfig:
+    every: int = 5  # evaluate every N iterations (and before the first and after the last); 0 = never
+    trials_per_task: int = 10  # fixed trials per task: one greedy episode each (val/success_rate)
+    trial_start: Optional[int] = None  # first evaluation trial; None = rollout.train_trials (held-out trials)
+    samples_per_trial: int = 0  # > 0: also this many episodes per trial at the rollout temperature
+                                # (val/sampled_success_rate: the stochastic policy RL trains); 0 = greedy only
+
+
+@dataclass
+class InitConfig:
+    mode: str = "checkpoint"  # checkpoint: load `path` | auto_sft: run train_sft.py first if `path` is missing | scratch
+    path: Optional[str] = None  # SFT checkpoint; None = checkpoints/sft_<suite>_task<task ids> (sft_flow_... for flow)
+    sft_args: List[str] = field(default_factory=list)  # extra train_sft.py arguments for auto_sft, e.g. ["sft.num_demos=5"]
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: shipped configs and scripts
+RESUMABLE = ("resume", "train.iterations", "eval.", "log.")  # keys a resumed run may change (nothing run so far)
+
+
 class ConfigError(ValueError):
     """A bad key or value in a YAML file or a command-line override; the message is one line and says how to fix it."""
 
@@ -141,6 +161,24 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
 
 
+def check_run_config(cfg: Any) -> None:
+    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids."""
+    import envs
+
+    if cfg.env.num_envs < 1:
+        raise ConfigError(f"env.num_envs={cfg.env.num_envs}: needs at least 1 environment")
+    if cfg.log.checkpoint_every < 1 or cfg.log.keep_checkpoints < 1:
+        raise ConfigError(f"log.checkpoint_every={cfg.log.checkpoint_every} and log.keep_checkpoints="
+                          f"{cfg.log.keep_checkpoints} must be >= 1 (the last iteration is always saved)")
+    if cfg.eval.every < 0 or cfg.eval.samples_per_trial < 0 or (cfg.eval.every > 0 and cfg.eval.trials_per_task < 1):
+        raise ConfigError(f"eval.every={cfg.eval.every}, eval.trials_per_task={cfg.eval.trials_per_task}, "
+                          f"eval.samples_per_trial={cfg.eval.samples_per_trial}: use every >= 0 (0 = never), "
+                          f"trials_per_task >= 1, samples_per_trial >= 0")
+    if cfg.train.iterations < 1:
+        raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
+    envs.check_task_ids(cfg.env)
+
+
 def config_to_yaml(cfg: Any) -> str:
     """The resolved config as YAML text (saved next to every run's outputs)."""
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
@@ -152,27 +190,77 @@ def save_config(cfg: Any, path: str) -> None:
         f.write(config_to_yaml(cfg))
 
 
-def build_arg_parser(description: str, default_config: str) -> argparse.ArgumentParser:
-    """The named flags every script takes; anything else on the line is a `section.key=value` override."""
+def build_arg_parser(description: str, default_config: str,
+                     flags: Optional[Dict[str, Dict[str, Any]]] = None) -> argparse.ArgumentParser:
+    """The named flags every script takes (+ a script's own `flags`: name -> argparse kwargs with `key`, the config
+    key it sets); anything else on the line is a `section.key=value` override."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default=default_config, help="YAML config file")
+    p.add_argument("--config", default=None, help=f"YAML config file (default {default_config})")
     p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
     p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
     p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (CPU when no GPU is present)")
     p.add_argument("--seed", type=int, default=None, help="random seed (sets seed=...)")
     p.add_argument("--no-wandb", action="store_true", help="switch wandb off (metrics still go to JSONL and PNG)")
     p.add_argument("--resume", nargs="?", const="auto", default=None,
-                   help="continue a run: alone = the latest run of this script/suite/tasks/seed; or a run folder")
+                   help="continue a run with its saved config.yaml: alone = the latest run of this script/suite/"
+                        "tasks/seed; or a run folder")
+    for name, spec in (flags or {}).items():
+        spec = {k: v for k, v in spec.items() if k != "key"}
+        p.add_argument(name, default=None, **spec)
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algorithm.clip_ratio_high=0.28")
     return p
 
 
-def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None) -> T:
-    """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags."""
+def resolve_config_path(path: Optional[str], default_config: str) -> str:
+    """A user's --config against the current directory (then the repository); the default against the repository."""
+    if path is None:
+        return os.path.join(ROOT, default_config)
+    if os.path.isfile(path) or os.path.isabs(path):
+        return path
+    shipped = os.path.join(ROOT, path)
+    return shipped if os.path.isfile(shipped) else path
+
+
+def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+    """{dotted key: leaf value} of a dataclass tree."""
+    out: Dict[str, Any] = {}
+    for f in fields(node):
+        value = getattr(node, f.name)
+        if is_dataclass(value):
+            out.update(_flatten(value, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = value
+    return out
+
+
+def check_resume_overrides(saved: Any, resumed: Any, allowed: Sequence[str] = RESUMABLE) -> None:
+    """ConfigError naming the first key whose value a resumed run would change but that shapes the run so far."""
+    old, new = _flatten(saved), _flatten(resumed)
+    for key, value in new.items():
+        if value != old.get(key) and not any(key == a or (a.endswith(".") and key.startswith(a)) for a in allowed):
+            raise ConfigError(f"--resume: {key} was {old.get(key)!r} in the run and would become {value!r}; a resumed "
+                              f"run keeps its config.yaml (only {', '.join(a + '*' if a.endswith('.') else a for a in allowed)} "
+                              f"may change): drop that override, or start a new run without --resume")
+
+
+def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None,
+              script: Optional[str] = None, flags: Optional[Dict[str, Dict[str, Any]]] = None,
+              resumable: Sequence[str] = RESUMABLE) -> T:
+    """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags. With --resume the
+    YAML is the run's saved config.yaml and only `resumable` keys may change; `cfg.resume` is then the run folder.
+    Every mistake exits with one line (`error: ...`) naming the fix."""
+    try:
+        return _parse_cli(schema, default_config, description, argv, script, flags, resumable)
+    except ConfigError as e:  # one line, no traceback: the message already says what to change
+        raise SystemExit(f"error: {e}") from None
+
+
+def _parse_cli(schema, default_config, description, argv, script, flags, resumable):
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
     is_override = [("=" in a and not a.startswith("-")) for a in argv]
-    args = build_arg_parser(description, default_config).parse_args([a for a, o in zip(argv, is_override) if not o])
+    parser = build_arg_parser(description, default_config, flags)
+    args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
     overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:
         raise ConfigError("command line: give --task-id or --task-ids, not both")
@@ -184,34 +272,53 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
         overrides.append(f"seed={args.seed}")
     if args.no_wandb:
         overrides.append("log.wandb=false")
-    if args.resume is not None:
-        overrides.append(f"resume={args.resume}")
+    for name, spec in (flags or {}).items():
+        value = getattr(args, name.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides.append(f"{spec['key']}={value}")
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)  # must happen before CUDA is initialised
-    try:
-        return load_config(schema, args.config, overrides)
-    except ConfigError as e:  # one line, no traceback: the message already says what to change
-        raise SystemExit(f"error: {e}") from None
+    config_path = resolve_config_path(args.config, default_config)
+    if args.resume is None:
+        return load_config(schema, config_path, overrides)
+    if args.config is not None:
+        raise ConfigError(f"--config cannot be combined with --resume: a resumed run reads its own config.yaml")
+    cfg = load_config(schema, config_path, overrides)  # only to find the latest run for a bare --resume
+    prefix = default_run_prefix(script or "run", cfg.env.suite, cfg.env.task_ids, cfg.seed)
+    _, run_dir = resolve_run_dir(cfg.log, prefix, args.resume, must_exist=True)
+    saved_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(saved_path):
+        raise ConfigError(f"--resume {args.resume}: {run_dir} has no config.yaml, so it is not a run folder of these "
+                          f"scripts (runs live in {cfg.log.output_dir}/<run name>/)")
+    saved = load_config(schema, saved_path)
+    resumed = load_config(schema, saved_path, overrides + [f"resume={run_dir}"])
+    check_resume_overrides(saved, resumed, resumable)
+    return resumed
 
 
 def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: int) -> str:
     return f"{script}__{suite}__t{'-'.join(str(t) for t in task_ids)}__s{seed}"
 
 
-def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str]) -> Tuple[str, str]:
-    """(run_name, run_dir): a new timestamped run, or the run to continue when `resume` is "auto" or a folder."""
+def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exist: bool = False) -> Tuple[str, str]:
+    """(run_name, run_dir): a new timestamped run, or the run to continue when `resume` is "auto" or a folder
+    (`must_exist`: ConfigError when there is none to continue)."""
     if resume not in (None, "", "auto"):
         run_dir = resume.rstrip("/")
         if os.path.basename(run_dir).startswith("iter_"):  # a checkpoint folder was given: use its run
             run_dir = os.path.dirname(os.path.dirname(run_dir))
         if not os.path.isdir(run_dir):
-            raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/)")
+            raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/<run name>/; "
+                              f"a bare --resume picks the latest one)")
         return os.path.basename(run_dir), run_dir
-    if log.run_name:
+    if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
         return log.run_name, os.path.join(log.output_dir, log.run_name)
     if resume == "auto" and os.path.isdir(log.output_dir):
         previous = sorted(d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__"))
         if previous:
             return previous[-1], os.path.join(log.output_dir, previous[-1])
+    if must_exist:
+        raise ConfigError(f"--resume: no run {prefix}__* in {log.output_dir}/ to continue; give the run folder, "
+                          f"or drop --resume to start a new run")
     name = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
     return name, os.path.join(log.output_dir, name)

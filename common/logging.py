@@ -2,8 +2,8 @@
 
 `Logger.log(metrics, step)` writes one JSON line per update (`iteration` + every metric), redraws
 `<plots_dir>/<run_name>/training_curves.png` every `plot_every` updates (atomic replace), and forwards the metrics to
-wandb when `log_cfg.wandb` is on. A resumed run appends to the existing metrics.jsonl; the plots then show the last
-value logged for each iteration.
+wandb when `log_cfg.wandb` is on. A resumed run first drops the rows past its checkpoint (`resume_iteration`), then
+appends, so no iteration appears twice. A PNG or wandb write that fails is a warning, never a lost run.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import math
 import os
 import uuid
+import warnings
 from dataclasses import asdict, is_dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -70,21 +71,31 @@ def _config_dict(config_obj: Any) -> Dict[str, Any]:
 class Logger:
     """Writes every `log(metrics, step)` to metrics.jsonl, PNG panels and (optionally) wandb; `close()` at the end."""
 
-    def __init__(self, run_dir: str, run_name: str, config_obj: Any, log_cfg: LogConfig):
+    def __init__(self, run_dir: str, run_name: str, config_obj: Any, log_cfg: LogConfig,
+                 resume_iteration: Optional[int] = None):
         self.run_dir, self.run_name, self.log_cfg = run_dir, run_name, log_cfg
         os.makedirs(run_dir, exist_ok=True)
         self.metrics_path = os.path.join(run_dir, "metrics.jsonl")
         self.plot_path = os.path.join(log_cfg.plots_dir, run_name, "training_curves.png")
         self.history: Dict[int, Dict[str, float]] = {}  # iteration -> last logged metrics (resume-safe)
+        self._warned: set = set()
         if os.path.isfile(self.metrics_path):
+            kept = []
             with open(self.metrics_path) as f:
                 for line in f:
                     try:
                         row = json.loads(line)
                     except json.JSONDecodeError:  # a line cut short by a crash
                         continue
+                    if resume_iteration is not None and int(row.get("iteration", -1)) > resume_iteration:
+                        continue  # logged after the checkpoint we continue from: that iteration runs again
+                    kept.append(json.dumps(row))
                     step = int(row.pop("iteration", -1))
                     self.history.setdefault(step, {}).update({k: v for k, v in row.items() if v is not None})
+            tmp = self.metrics_path + f".tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.metrics_path)
         self._file = open(self.metrics_path, "a")
         self._num_logged = 0
         self.wandb_run = None
@@ -120,10 +131,26 @@ class Logger:
         self._file.flush()
         self.history.setdefault(int(step), {}).update({k: v for k, v in clean.items() if v is not None})
         if self.wandb_run is not None:
-            self.wandb_run.log({k: v for k, v in clean.items() if v is not None}, step=int(step))
+            try:
+                self.wandb_run.log({k: v for k, v in clean.items() if v is not None}, step=int(step))
+            except Exception as e:  # noqa: BLE001 - wandb's own errors vary; metrics.jsonl has the row anyway
+                self._warn("wandb", f"wandb log failed ({e}); metrics.jsonl still has every row")
         self._num_logged += 1
         if self.log_cfg.plot_every > 0 and self._num_logged % self.log_cfg.plot_every == 0:
-            self.plot()
+            self.safe_plot()
+
+    def _warn(self, kind: str, message: str) -> None:
+        if kind not in self._warned:  # once per kind, not once per iteration
+            self._warned.add(kind)
+            warnings.warn(message, stacklevel=3)
+
+    def safe_plot(self) -> Optional[str]:
+        """plot(), with a failed write (read-only or full disk) turned into a one-time warning."""
+        try:
+            return self.plot()
+        except (OSError, RuntimeError, ValueError) as e:
+            self._warn("plot", f"could not write {self.plot_path} ({e}); training goes on, metrics.jsonl has every row")
+            return None
 
     def plot(self) -> Optional[str]:
         """Redraw training_curves.png (one panel per group of metrics that exist); returns its path."""
@@ -165,9 +192,12 @@ class Logger:
     def close(self) -> None:
         """Final plot, close the JSONL file and finish wandb."""
         if self.history:
-            self.plot()
+            self.safe_plot()
         if not self._file.closed:
             self._file.close()
         if self.wandb_run is not None:
-            self.wandb_run.finish()
+            try:
+                self.wandb_run.finish()
+            except Exception as e:  # noqa: BLE001
+                self._warn("wandb", f"wandb finish failed ({e})")
             self.wandb_run = None

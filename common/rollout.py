@@ -2,19 +2,23 @@
 GRPO groups, step in action chunks with per-env active masks, one batched policy call over all active envs per chunk.
 
 Per policy step the batch keeps what the updates need (observations as uint8, token ids, old log-probs, actions,
-rewards, dones); per episode `complete`, `finish_step` (env steps), `valid_steps` (policy steps), task names, group
-ids and, when asked, the agent-view video for the world-model reward.
+rewards, dones, and per-step `extras` such as the policy's pooled hidden state for a value head); per episode
+`complete`, `truncated`, `finish_step` (env steps), `valid_steps` (policy steps), the observation after the last step
+(`last_obs`, for bootstrapping a truncated episode), task names, group ids and, when asked, the agent-view video for
+the world-model reward. `flatten_steps` turns the valid policy steps into the rows an update iterates over.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
 from tqdm import tqdm
+
+from models.action_tokenizer import ACTION_DIM
 
 OBS_KEYS = ("agentview", "wrist", "state")
 
@@ -32,13 +36,17 @@ class RolloutBatch:
     finish_step: np.ndarray  # (B,) int: env steps taken (== max_steps when truncated)
     valid_steps: np.ndarray  # (B,) int: policy calls made (ceil(finish_step / chunk))
     invalid: np.ndarray  # (B,) bool: a simulator worker died; exclude from updates
-    actions: np.ndarray  # (B, T, chunk, 7) float32 executed actions
+    actions: np.ndarray  # (B, T, chunk, ACTION_DIM) float32 executed actions
     rewards: np.ndarray  # (B, T) float32 env reward summed over the chunk
     dones: np.ndarray  # (B, T) bool: the episode ended inside this policy step
     obs: Dict[str, np.ndarray] = field(default_factory=dict)  # key -> (B, T, ...) observation at each policy call
     tokens: Optional[np.ndarray] = None  # (B, T, chunk*7) int64 (token policies)
     old_log_probs: Optional[np.ndarray] = None  # (B, T, chunk*7) float32 (token policies)
-    noise: Optional[np.ndarray] = None  # (B, T, chunk, 7) float32 initial ODE noise (flow policies)
+    noise: Optional[np.ndarray] = None  # (B, T, chunk, ACTION_DIM) float32 initial ODE noise (flow policies)
+    extras: Dict[str, np.ndarray] = field(default_factory=dict)  # key -> (B, T, ...) per-step extras (hidden, values,
+                                                                 # prefix masks, ...): selected and flattened with the rest
+    truncated: Optional[np.ndarray] = None  # (B,) bool: cut at max_steps (not a terminal state: bootstrap it)
+    last_obs: Dict[str, np.ndarray] = field(default_factory=dict)  # key -> (B, ...) observation after the last step
     frames: Optional[List[np.ndarray]] = None  # B agent-view videos (T_i, H, W, 3) uint8, one frame per env step
     stats: Dict[str, float] = field(default_factory=dict)  # timing and counts of the collection
 
@@ -55,18 +63,101 @@ class RolloutBatch:
         return np.arange(self.num_steps)[None, :] < self.valid_steps[:, None]
 
     def select(self, rows: np.ndarray) -> "RolloutBatch":
-        """The episodes at `rows` (bool mask or indices), e.g. after the dynamic-sampling filter."""
+        """The episodes at `rows` (bool mask or indices), e.g. after the dynamic-sampling filter. Every per-episode
+        field is indexed (arrays, lists, and dicts of arrays), so new fields need no edit here."""
         rows = np.flatnonzero(rows) if np.asarray(rows).dtype == bool else np.asarray(rows, dtype=np.int64)
-        pick = lambda x: None if x is None else x[rows]  # noqa: E731
-        return RolloutBatch(
-            task_ids=self.task_ids[rows], trial_ids=self.trial_ids[rows], group_ids=self.group_ids[rows],
-            task_names=[self.task_names[i] for i in rows], instructions=[self.instructions[i] for i in rows],
-            complete=self.complete[rows], finish_step=self.finish_step[rows], valid_steps=self.valid_steps[rows],
-            invalid=self.invalid[rows], actions=self.actions[rows], rewards=self.rewards[rows], dones=self.dones[rows],
-            obs={k: v[rows] for k, v in self.obs.items()}, tokens=pick(self.tokens),
-            old_log_probs=pick(self.old_log_probs), noise=pick(self.noise),
-            frames=None if self.frames is None else [self.frames[i] for i in rows], stats=dict(self.stats),
-        )
+        return replace(self, **{f.name: _pick(getattr(self, f.name), rows) for f in fields(self) if f.name != "stats"},
+                       stats=dict(self.stats))
+
+    @staticmethod
+    def concat(batches: Sequence["RolloutBatch"]) -> "RolloutBatch":
+        """Episodes of several batches in one (e.g. policy rollouts + demonstrations), per-step arrays zero-padded to
+        the longest T. Fields missing (None) in any batch are dropped."""
+        T = max(b.num_steps for b in batches)
+        out: Dict[str, Any] = {}
+        for f in fields(RolloutBatch):
+            values = [getattr(b, f.name) for b in batches]
+            if f.name == "stats":
+                out[f.name] = {k: sum(float(v.get(k, 0.0)) for v in values) for k in values[0]}
+            elif any(v is None for v in values):
+                out[f.name] = None
+            elif isinstance(values[0], dict):
+                keys = set.intersection(*(set(v) for v in values))
+                per_step = f.name in ("obs", "extras")
+                out[f.name] = {k: np.concatenate([_pad_steps(v[k], T) if per_step else v[k] for v in values])
+                               for k in sorted(keys)}
+            elif isinstance(values[0], list):
+                out[f.name] = [x for v in values for x in v]
+            else:
+                per_step = f.name in STEP_FIELDS
+                out[f.name] = np.concatenate([_pad_steps(v, T) if per_step else v for v in values])
+        return RolloutBatch(**out)
+
+
+STEP_FIELDS = ("actions", "rewards", "dones", "tokens", "old_log_probs", "noise")  # (B, T, ...) arrays
+
+
+def _pick(x: Any, rows: np.ndarray) -> Any:
+    if x is None:
+        return None
+    if isinstance(x, dict):
+        return {k: v[rows] for k, v in x.items()}
+    if isinstance(x, list):
+        return [x[i] for i in rows]
+    return x[rows]
+
+
+def _pad_steps(x: np.ndarray, T: int) -> np.ndarray:
+    """Zero-pad axis 1 of a (B, T', ...) array to T."""
+    if x.shape[1] == T:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[1] = (0, T - x.shape[1])
+    return np.pad(x, pad)
+
+
+@dataclass
+class PolicySteps:
+    """The valid policy steps of a batch, one row each: episode `episode[i]` at policy step `t[i]`."""
+
+    episode: np.ndarray  # (N,) row of the RolloutBatch
+    t: np.ndarray  # (N,) policy step within the episode
+    obs: Dict[str, np.ndarray]  # key -> (N, ...)
+    instructions: List[str]  # (N,)
+    data: Dict[str, np.ndarray]  # every (B, T, ...) array of the batch and the caller's, flattened to (N, ...)
+
+    def __len__(self) -> int:
+        return len(self.episode)
+
+    def take(self, rows: Union[slice, Sequence[int], np.ndarray, torch.Tensor]) -> "PolicySteps":
+        """The rows `rows` (a slice, indices or an index tensor) as a smaller PolicySteps."""
+        if isinstance(rows, torch.Tensor):
+            rows = rows.cpu().numpy()
+        idx = np.arange(len(self))[rows]
+        return PolicySteps(self.episode[idx], self.t[idx], {k: v[idx] for k, v in self.obs.items()},
+                           [self.instructions[i] for i in idx], {k: v[idx] for k, v in self.data.items()})
+
+    def tensor(self, key: str, device: Union[str, torch.device] = "cpu") -> torch.Tensor:
+        """`data[key]` as a tensor on `device`."""
+        return torch.as_tensor(self.data[key], device=device)
+
+
+def flatten_steps(batch: RolloutBatch, **per_step: Union[np.ndarray, torch.Tensor]) -> PolicySteps:
+    """The valid policy steps of `batch` (its step_mask) as rows: observations, instructions, the batch's per-step
+    arrays (tokens, old_log_probs, noise, actions, rewards, dones, extras) and the caller's (B, T, ...) arrays
+    (advantages, masks, ...)."""
+    b_idx, t_idx = np.nonzero(batch.step_mask)
+    arrays: Dict[str, Any] = {k: getattr(batch, k) for k in STEP_FIELDS if getattr(batch, k) is not None}
+    arrays.update(batch.extras)
+    arrays.update(per_step)
+    data = {}
+    for k, v in arrays.items():
+        v = v.detach().cpu().numpy() if isinstance(v, torch.Tensor) else np.asarray(v)
+        if v.shape[:2] != batch.step_mask.shape:
+            raise ValueError(f"flatten_steps: {k} has shape {v.shape}; expected (B, T, ...) = {batch.step_mask.shape}")
+        data[k] = v[b_idx, t_idx]
+    return PolicySteps(b_idx, t_idx, {k: v[b_idx, t_idx] for k, v in batch.obs.items()},
+                       [batch.instructions[b] for b in b_idx], data)
 
 
 def make_prompts(task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int) -> np.ndarray:
@@ -84,12 +175,13 @@ def make_prompts(task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: i
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
                      keep_obs: bool = True, flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
-                     progress: bool = True, desc: str = "rollout") -> RolloutBatch:
+                     keep_hidden: bool = False, progress: bool = True, desc: str = "rollout") -> RolloutBatch:
     """Roll out every (task, trial) prompt `n_samples` times on `vec_env` (N envs at a time) with `policy`.
 
     Token policies are called as `policy.act(obs, instructions, temperature, greedy)`; flow policies (no `act`) as
     `policy.sample(obs, instructions, flow_steps, flow_noise_level)`. Each call returns a chunk of actions that is
     executed step by step; envs that finish stop being fed (their remaining steps are absorbed by the env).
+    `keep_hidden` (token policies) stores the policy's pooled hidden state of every step in `extras["hidden"]`.
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
@@ -100,7 +192,9 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     step_of = np.zeros(total, dtype=np.int64)  # policy calls made so far per episode
     frames: List[np.ndarray] = [np.zeros((0,), np.uint8)] * total
     complete = np.zeros(total, dtype=bool)
+    truncated = np.zeros(total, dtype=bool)
     invalid = np.zeros(total, dtype=bool)
+    last_obs: Dict[str, np.ndarray] = {}
     finish_step = np.zeros(total, dtype=np.int64)
     names: List[str] = [""] * total
     instructions: List[str] = [""] * total
@@ -131,7 +225,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             sub_instr = [desc_list[i] for i in idx]
             t0 = time.perf_counter()
             if is_token:
-                act, tokens, logp = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy)
+                out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden)
+                act, tokens, logp = out[:3]
                 tokens, logp = tokens.cpu().numpy(), logp.float().cpu().numpy()
             else:
                 sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level)
@@ -145,10 +240,12 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 call.update(sub)
             if is_token:
                 call.update(tokens=tokens, old_log_probs=logp)
+                if keep_hidden:
+                    call["hidden"] = out[3].float().cpu().numpy()
             else:
                 call["noise"] = noise
             calls.append(call)
-            full = np.zeros((n_env, chunk, 7), dtype=np.float32)
+            full = np.zeros((n_env, chunk, ACTION_DIM), dtype=np.float32)
             full[idx] = act
             reward = np.zeros(n_env, dtype=np.float32)
             ended = np.zeros(n_env, dtype=bool)
@@ -164,6 +261,12 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 if done.any():
                     for i in np.flatnonzero(done[:k]):
                         complete[ep[i]] = bool(info["success"][i])
+                        truncated[ep[i]] = bool(np.asarray(trunc)[i]) and not bool(np.asarray(term)[i])
+                        if keep_obs:
+                            for key in OBS_KEYS:
+                                if key not in last_obs:
+                                    last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
+                                last_obs[key][ep[i]] = obs[key][i]
                         if "invalid" in info:
                             invalid[ep[i]] = bool(np.asarray(info["invalid"])[i])
                     ended |= done
@@ -195,8 +298,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     batch = RolloutBatch(
         task_ids=prompts[:, 0].copy(), trial_ids=prompts[:, 1].copy(), group_ids=prompts[:, 2].copy(),
         task_names=names, instructions=instructions, complete=complete, finish_step=finish_step,
-        valid_steps=valid_steps, invalid=invalid,
-        actions=gather("actions", (chunk, 7), np.float32),
+        valid_steps=valid_steps, invalid=invalid, truncated=truncated, last_obs=last_obs,
+        actions=gather("actions", (chunk, ACTION_DIM), np.float32),
         rewards=gather("rewards", (), np.float32),
         dones=gather("dones", (), bool),
         frames=frames if keep_frames else None,
@@ -207,10 +310,12 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             first = calls[0][key]
             batch.obs[key] = gather(key, first.shape[1:], first.dtype)
     if is_token:
-        batch.tokens = gather("tokens", (chunk * 7,), np.int64)
-        batch.old_log_probs = gather("old_log_probs", (chunk * 7,), np.float32)
+        batch.tokens = gather("tokens", (chunk * ACTION_DIM,), np.int64)
+        batch.old_log_probs = gather("old_log_probs", (chunk * ACTION_DIM,), np.float32)
+        if keep_hidden and calls:
+            batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
     else:
-        batch.noise = gather("noise", (chunk, 7), np.float32)
+        batch.noise = gather("noise", (chunk, ACTION_DIM), np.float32)
     return batch
 
 

@@ -1,49 +1,76 @@
-"""pi0-style flow policy: the same observation/instruction prefix (run once through the LM) and a small action expert
-(transformer decoder: self-attention over the chunk, cross-attention to the prefix) predicting the velocity field.
+"""pi0 flow policy: a thin wrapper around transformers' `PI0ForConditionalGeneration` (PaliGemma prefix + Gemma
+action expert) that speaks this repo's observation dicts, instruction lists and normalised 7-D action chunks.
 
-Convention (spec section 4): t = 0 clean, t = 1 noise, x_t = (1 - t) a + t eps, target u = eps - a. Actions live in
-the ActionTokenizer's normalised space ([-1, 1] per dim). Sampling integrates Euler from t = 1 to 0:
+Convention (spec section 4, and PI0's own): t = 0 clean, t = 1 noise, x_t = (1 - t) a + t eps, target u = eps - a.
+Actions live in the ActionTokenizer's normalised space ([-1, 1] per dim). Sampling integrates Euler from t = 1 to 0:
 x <- x - v / N, plus, with noise_level s > 0, s * sqrt(1/N) * z after every step but the last (exploration).
-Trainable parameters: as the token policy; with LoRA the projector, state projection, prefix->expert
-projection and the whole action expert train.
+
+Mapping onto PI0:
+  cameras      agentview (+ wrist with use_wrist) -> pixel_values (B, V, 3, S, S) in [-1, 1] (PI0Processor's
+               normalisation), resized to the vision tower's size S when it differs from cfg.image_size.
+  instruction  PI0Processor's prompt "<image> x n_img_tokens x V, BOS, text, newline", right-padded; the byte tokenizer
+               (tiny) or the checkpoint's own tokenizer.
+  state        (B, 8) raw, zero-padded to max_state_dim (PI0's state token lives in the expert's suffix).
+  actions      (B, chunk, 7) normalised, zero-padded to max_action_dim: the padded dims of x_t are always 0 (training
+               and sampling alike) and only the first 7 output dims are used; PI0's chunk_size is set to action_chunk.
+The prefix (images + prompt through the PaliGemma LM) is run once and its KV cache reused: a velocity call runs only
+the action expert over [state, x_t] (what an ODE step and a FlowSAR update step need). The training loss goes through
+PI0's own forward (prefix + expert in one call), the same computation.
+
+Tiers: `pretrained_path` = a pi0 checkpoint in transformers' format, loaded with `from_pretrained` (LIBERO tier);
+without it a tiny PI0Config (SigLIP + Gemma of width hidden_size, depth num_layers; expert width expert_dim) is built
+from the fields below (CPU tier). With LoRA: rank-r adapters on the attention and MLP projections of the PaliGemma LM
+and the action expert (+ vision tower attention with lora_vision); the action/time/state embeddings and the action
+output projection train fully (peft modules_to_save).
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass
-from typing import Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditionalGeneration,
+                          SiglipVisionConfig)
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
-from models.vla_backbone import (Obs, PrefixEncoder, autocast, load_policy, reference_context, replace_lora,
-                                 save_checkpoint, unwrap, wrap_lora)
+from models.text_tokenizer import load_text_tokenizer
+from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
 
-TRAINABLE_WITH_LORA = ["projector", "state_proj", "memory_proj", "expert"]
+PRESETS = ("tiny", "pi0")
+LORA_TARGETS = r".*\.(language_model|dit)\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|" \
+               r"mlp\.(gate_proj|up_proj|down_proj))"
+LORA_VISION_TARGETS = r".*\.vision_tower\..*self_attn\.(q_proj|k_proj|v_proj|out_proj)"
+TRAINABLE_WITH_LORA = ["embed_action_time", "action_out_proj"]  # PI0's action/time/state embeddings and output
+PI0_CONFIG_DIR = "pi0"  # inside a saved policy folder: the PI0Config (architecture), to rebuild without download
 
 
 @dataclass
 class FlowPolicyConfig:
-    preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
-    image_size: int = 64  # square camera images (px); multiple of 16
-    action_chunk: int = 8  # actions per policy call
+    preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
+    pretrained_path: Optional[str] = None  # pi0 checkpoint in transformers' format (dir or hub id): from_pretrained
+    tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer
+    image_size: int = 64  # square camera images (px) in the observations; multiple of 16
+    action_chunk: int = 8  # actions per policy call (PI0's chunk_size)
     n_bins: int = 256  # only for the shared ActionTokenizer (its statistics normalise the actions)
-    use_wrist: bool = True
-    vision_path: Optional[str] = None  # SigLIP checkpoint (hub id or dir); None = random init
-    backbone_path: Optional[str] = None  # LM checkpoint + tokenizer; None = random init, byte tokenizer
-    hidden_size: int = 128  # tiny preset LM width
-    num_layers: int = 2  # tiny preset LM depth
-    num_heads: int = 4  # tiny preset LM attention heads
-    max_text_len: int = 48
-    expert_dim: int = 128  # action expert width
-    expert_layers: int = 2  # action expert decoder layers
-    expert_heads: int = 4
+    use_wrist: bool = True  # wrist camera as PI0's second camera
+    hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
+    num_layers: int = 2  # tiny: depth of the LM, the action expert and the SigLIP tower
+    num_heads: int = 2  # tiny: query heads (LM and expert; one shared key/value head, as pi0)
+    expert_dim: int = 64  # tiny: action expert (Gemma) width
+    expert_layers: Optional[int] = None  # PI0's expert attends to the LM layer by layer: must equal num_layers
+    expert_heads: Optional[int] = None  # must equal num_heads (the expert shares the LM's head_dim and KV heads)
+    max_text_len: int = 48  # instruction tokens (BOS + text + newline), truncated beyond
     num_steps: int = 10  # default Euler steps for sample()
     time_sampling: str = "beta"  # training t: beta (pi0: t = 0.999 * Beta(1.5, 1) + 0.001, favours noisy t) | uniform
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
+    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_vision: bool = False
@@ -51,11 +78,11 @@ class FlowPolicyConfig:
 
 
 class Prefix(NamedTuple):
-    """Cached prefix: LM hidden states projected to the expert width (B, P, E), key validity (B, P) bool, and each
-    expert layer's cross-attention keys/values of that memory (so an ODE step runs only the action tokens)."""
-    memory: torch.Tensor
-    valid: torch.Tensor
-    kv: Tuple[Tuple[torch.Tensor, torch.Tensor], ...]
+    """Cached prefix: PI0's PaliGemma KV cache of [images, prompt] (never mutated: each velocity call works on a
+    shallow copy), the prompt's key validity (B, P) long (0 = padding) and the padded state (B, max_state_dim)."""
+    past_key_values: Any
+    attention_mask: torch.Tensor
+    state: torch.Tensor
 
 
 class FlowSample(NamedTuple):
@@ -64,118 +91,136 @@ class FlowSample(NamedTuple):
     noise: torch.Tensor  # (B, chunk, 7) the initial noise x_1
 
 
-def time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sinusoidal embedding (B,) -> (B, dim) with periods from 4e-3 to 4 (pi0's choice for t in [0, 1])."""
-    half = dim // 2
-    periods = 4e-3 * (4.0 / 4e-3) ** torch.linspace(0, 1, half, device=t.device)
-    ang = 2 * math.pi * t[:, None] / periods[None]
-    return torch.cat([ang.sin(), ang.cos()], dim=-1)
+def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
+    """PI0Config for the CPU tier: SigLIP (patch 16 at cfg.image_size) + Gemma LM of width hidden_size, Gemma expert
+    of width expert_dim, num_layers each, num_heads query heads over one KV head; image token = last vocab id."""
+    h, heads = cfg.hidden_size, cfg.num_heads
+    if h % heads or (h // heads) % 2:
+        raise ValueError(f"hidden_size ({h}) must be divisible by num_heads ({heads}) with an even head_dim")
+    if cfg.expert_dim % 2:
+        raise ValueError(f"expert_dim must be even, got {cfg.expert_dim}")
+    text = GemmaConfig(vocab_size=vocab_size + 1, hidden_size=h, intermediate_size=2 * h,
+                       num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=1,
+                       head_dim=h // heads, max_position_embeddings=1024)
+    vision = SiglipVisionConfig(hidden_size=h, intermediate_size=2 * h, num_hidden_layers=cfg.num_layers,
+                                num_attention_heads=heads, image_size=cfg.image_size, patch_size=16,
+                                vision_use_head=False)
+    vlm = PaliGemmaConfig(text_config=text.to_dict(), vision_config=vision.to_dict(), projection_dim=h,
+                          image_token_id=vocab_size)
+    dit = GemmaConfig(hidden_size=cfg.expert_dim, intermediate_size=2 * cfg.expert_dim,
+                      num_hidden_layers=cfg.num_layers, num_attention_heads=heads, num_key_value_heads=1,
+                      head_dim=h // heads, max_position_embeddings=1024)
+    return PI0Config(vlm_config=vlm.to_dict(), dit_config=dit.to_dict(), chunk_size=cfg.action_chunk,
+                     max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, num_inference_steps=cfg.num_steps)
 
 
-class ExpertBlock(nn.Module):
-    """Pre-norm block: self-attention over the chunk, cross-attention to the prefix memory, GELU MLP."""
-
-    def __init__(self, dim: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.norm1, self.qkv, self.out1 = nn.LayerNorm(dim), nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.norm2, self.q, self.kv, self.out2 = nn.LayerNorm(dim), nn.Linear(dim, dim), nn.Linear(dim, 2 * dim), \
-            nn.Linear(dim, dim)
-        self.norm3 = nn.LayerNorm(dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
-
-    def split(self, x: torch.Tensor) -> torch.Tensor:
-        return x.unflatten(-1, (self.heads, -1)).transpose(1, 2)  # (B, L, D) -> (B, H, L, D/H)
-
-    def memory_kv(self, memory: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        k, v = self.kv(memory).chunk(2, dim=-1)
-        return self.split(k), self.split(v)
-
-    def forward(self, h: torch.Tensor, kv: Tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
-        q, k, v = (self.split(x) for x in self.qkv(self.norm1(h)).chunk(3, dim=-1))
-        h = h + self.out1(F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(2))
-        q = self.split(self.q(self.norm2(h)))
-        h = h + self.out2(F.scaled_dot_product_attention(q, *kv, attn_mask=mask).transpose(1, 2).flatten(2))
-        return h + self.mlp(self.norm3(h))
-
-
-class ActionExpert(nn.Module):
-    """v(x_t, t, prefix): action + time + position embeddings -> ExpertBlocks over the prefix -> (B, chunk, 7)."""
-
-    def __init__(self, chunk: int, dim: int, layers: int, heads: int):
-        super().__init__()
-        if dim % heads or dim % 2:
-            raise ValueError(f"expert_dim ({dim}) must be even and divisible by expert_heads ({heads})")
-        self.dim = dim
-        self.action_in = nn.Linear(ACTION_DIM, dim)
-        self.time_mlp = nn.Sequential(nn.Linear(dim, dim), nn.SiLU(), nn.Linear(dim, dim))
-        self.pos = nn.Embedding(chunk, dim)
-        nn.init.normal_(self.pos.weight, std=0.02)
-        self.blocks = nn.ModuleList(ExpertBlock(dim, heads) for _ in range(layers))
-        self.norm = nn.LayerNorm(dim)
-        self.action_out = nn.Linear(dim, ACTION_DIM)
-
-    def memory_kv(self, memory: torch.Tensor) -> Tuple[Tuple[torch.Tensor, torch.Tensor], ...]:
-        return tuple(block.memory_kv(memory) for block in self.blocks)
-
-    def forward(self, x_t: torch.Tensor, t: torch.Tensor, prefix: Prefix) -> torch.Tensor:
-        h = self.action_in(x_t) + self.pos.weight[None] + self.time_mlp(time_embedding(t, self.dim))[:, None]
-        mask = prefix.valid[:, None, None, :]  # (B, 1, 1, P): padded instruction tokens are not attended
-        for block, kv in zip(self.blocks, prefix.kv):
-            h = block(h, kv, mask)
-        return self.action_out(self.norm(h))
-
-
-class FlowCore(nn.Module):
-    def __init__(self, cfg: FlowPolicyConfig, lm_config=None, vision_config=None, tokenizer_dir=None):
-        super().__init__()
-        self.encoder = PrefixEncoder(cfg, lm_config, vision_config, tokenizer_dir)
-        self.memory_proj = nn.Linear(self.encoder.hidden_size, cfg.expert_dim)  # prefix -> expert width
-        self.expert = ActionExpert(cfg.action_chunk, cfg.expert_dim, cfg.expert_layers, cfg.expert_heads)
-
-    def prefix(self, obs: Obs, instructions: Optional[Sequence[str]]) -> Prefix:
-        embeds, valid = self.encoder.embed_prefix(obs, instructions)
-        hidden = self.encoder.run(embeds, valid, suffix_len=0)
-        memory = self.memory_proj(hidden).float()
-        return Prefix(memory, valid, self.expert.memory_kv(memory))
+def _fresh_cache(cache):
+    """Shallow copy of a DynamicCache: the expert appends its suffix keys/values to the copy, not to the prefix."""
+    out = copy.copy(cache)
+    out.layers = [copy.copy(layer) for layer in cache.layers]
+    return out
 
 
 class FlowPolicy(nn.Module):
-    """prefix / velocity / sample / flow_matching_loss / save / load / reference."""
+    """prefix / velocity / sample / flow_matching_loss / save / load / reference around PI0ForConditionalGeneration."""
 
     def __init__(self, cfg: Optional[FlowPolicyConfig] = None, action_tokenizer: Optional[ActionTokenizer] = None,
-                 _hf=(None, None, None)):
+                 _saved: Optional[Tuple[PI0Config, str]] = None):
         super().__init__()
         self.cfg = cfg = cfg if cfg is not None else FlowPolicyConfig()
         if cfg.action_chunk < 1:
             raise ValueError(f"action_chunk must be >= 1, got {cfg.action_chunk}")
         if cfg.time_sampling not in ("beta", "uniform"):
             raise ValueError(f"time_sampling must be 'beta' or 'uniform', got {cfg.time_sampling!r}")
+        if cfg.preset not in PRESETS:
+            raise ValueError(f"preset must be one of {PRESETS}, got {cfg.preset!r}")
+        if cfg.image_size % 16 != 0 or cfg.image_size <= 0:
+            raise ValueError(f"image_size must be a positive multiple of 16, got {cfg.image_size}")
+        for name, want in (("expert_layers", cfg.num_layers), ("expert_heads", cfg.num_heads)):
+            if getattr(cfg, name) not in (None, want):
+                raise ValueError(f"{name}={getattr(cfg, name)} but PI0's action expert must match the LM "
+                                 f"({'num_layers' if name == 'expert_layers' else 'num_heads'}={want}); leave it None")
         self.action_tokenizer = action_tokenizer or ActionTokenizer(n_bins=cfg.n_bins)
-        core = FlowCore(cfg, *_hf)
-        self.net = wrap_lora(core, cfg, core.encoder.use_siglip, TRAINABLE_WITH_LORA) if cfg.lora_rank > 0 else core
-        self.hidden_size = core.encoder.hidden_size
+        # architecture + weights: saved policy (load) > pretrained checkpoint > tiny / pi0 config (random init)
+        if _saved is not None:
+            pi0_cfg, tok_dir = _saved
+            self.text_tokenizer = load_text_tokenizer(tok_dir, cfg.max_text_len)
+            from transformers.initialization import no_init_weights
+
+            with no_init_weights():  # every weight is overwritten by load()
+                model = PI0ForConditionalGeneration(pi0_cfg)
+        elif cfg.pretrained_path is not None:
+            self.text_tokenizer = load_text_tokenizer(cfg.tokenizer_path or cfg.pretrained_path, cfg.max_text_len)
+            model = PI0ForConditionalGeneration.from_pretrained(cfg.pretrained_path, dtype=torch.float32)
+        else:
+            self.text_tokenizer = load_text_tokenizer(cfg.tokenizer_path, cfg.max_text_len)
+            pi0_cfg = tiny_pi0_config(cfg, self.text_tokenizer.vocab_size) if cfg.preset == "tiny" else PI0Config()
+            model = PI0ForConditionalGeneration(pi0_cfg)
+        model.config.chunk_size = cfg.action_chunk  # the expert's suffix is [state, action_chunk actions]
+        self._check_model(model.config)
+        self.net = self._wrap_lora(model) if cfg.lora_rank > 0 else model
         self.action_chunk = cfg.action_chunk
 
+    def _check_model(self, pc: PI0Config) -> None:
+        vlm = pc.vlm_config
+        if pc.max_action_dim < ACTION_DIM or pc.max_state_dim < STATE_DIM:
+            raise ValueError(f"PI0 max_action_dim/max_state_dim ({pc.max_action_dim}, {pc.max_state_dim}) must be at "
+                             f"least ({ACTION_DIM}, {STATE_DIM})")
+        vocab = vlm.text_config.vocab_size
+        if self.text_tokenizer.vocab_size > max(vocab, vlm.image_token_id + 1):
+            raise ValueError(f"instruction tokenizer vocab {self.text_tokenizer.vocab_size} exceeds PI0's "
+                             f"{vocab}: wrong tokenizer for this checkpoint (set tokenizer_path)")
+        vis = vlm.vision_config
+        self.vision_size = vis.image_size
+        self.image_tokens = (vis.image_size // vis.patch_size) ** 2  # per camera
+
+    def _wrap_lora(self, model: nn.Module) -> nn.Module:
+        from peft import LoraConfig, get_peft_model
+
+        target = f"({LORA_TARGETS})|({LORA_VISION_TARGETS})" if self.cfg.lora_vision else LORA_TARGETS
+        lcfg = LoraConfig(r=self.cfg.lora_rank, lora_alpha=self.cfg.lora_alpha, lora_dropout=self.cfg.lora_dropout,
+                          target_modules=target, modules_to_save=list(TRAINABLE_WITH_LORA))
+        return get_peft_model(model, lcfg)
+
     @property
-    def core(self) -> FlowCore:
+    def core(self) -> PI0ForConditionalGeneration:
+        """The PI0 model (LoRA layers injected in place when there are any)."""
         return unwrap(self.net)
 
     @property
     def device(self) -> torch.device:
-        return self.core.encoder.device
+        return self.core.action_out_proj.weight.device
 
-    def prefix(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> Prefix:
-        """Run the observation/instruction prefix once; pass the result to velocity()/sample() to reuse it."""
-        with autocast(self.device, self.cfg.bf16):
-            return self.core.prefix(obs, instructions)
+    @property
+    def pi0_config(self) -> PI0Config:
+        return self.core.config
 
-    def velocity(self, obs: Optional[Obs], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
-                 t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None) -> torch.Tensor:
-        """v(x_t, t | obs, instruction), (B, chunk, 7) float32, with gradients; `t` a float or (B,) tensor."""
-        if prefix is None:
-            prefix = self.prefix(obs, instructions)
-        b = prefix.memory.shape[0]
+    # ------------------------------------------------------------------ inputs
+    def model_inputs(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> Dict[str, torch.Tensor]:
+        """obs + instructions -> PI0's keyword inputs: input_ids / attention_mask (B, L), pixel_values
+        (B, V, 3, S, S), pixel_attention_mask (B, V) bool, state (B, max_state_dim)."""
+        agent, wrist, state, instructions = check_obs(obs, instructions, self.cfg.image_size, self.cfg.use_wrist)
+        dev, b = self.device, agent.shape[0]
+        views = [agent, wrist] if self.cfg.use_wrist else [agent]
+        pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
+        if self.vision_size != self.cfg.image_size:
+            pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size), mode="bilinear",
+                                   align_corners=False, antialias=True).clamp_(-1, 1).unflatten(0, (b, len(views)))
+        ids, mask = self.text_tokenizer([s + "\n" for s in instructions])  # BOS + text + "\n" (PI0Processor)
+        image_id = self.pi0_config.vlm_config.image_token_id
+        if bool((ids == image_id).any()):
+            raise ValueError(f"an instruction tokenised to the image token id {image_id}")
+        n_img = self.image_tokens * len(views)
+        input_ids = torch.cat([torch.full((b, n_img), image_id, dtype=torch.long), ids], dim=1).to(dev)
+        attention_mask = torch.cat([torch.ones(b, n_img, dtype=torch.long), mask.long()], dim=1).to(dev)
+        st = F.pad(torch.as_tensor(state, dtype=torch.float32, device=dev), (0, self.pi0_config.max_state_dim - STATE_DIM))
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixels,
+                "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st}
+
+    def _pad_actions(self, x: torch.Tensor) -> torch.Tensor:
+        return F.pad(x, (0, self.pi0_config.max_action_dim - ACTION_DIM))
+
+    def _check_xt(self, x_t, t, b: int) -> Tuple[torch.Tensor, torch.Tensor]:
         x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
         if tuple(x_t.shape) != (b, self.action_chunk, ACTION_DIM):
             raise ValueError(f"x_t has shape {tuple(x_t.shape)}; expected ({b}, {self.action_chunk}, 7)")
@@ -183,8 +228,32 @@ class FlowPolicy(nn.Module):
         t = t.expand(b) if t.ndim == 0 else t
         if tuple(t.shape) != (b,):
             raise ValueError(f"t has shape {tuple(t.shape)}; expected a float or ({b},)")
+        return x_t, t
+
+    # ------------------------------------------------------------------ flow
+    def prefix(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> Prefix:
+        """Run [images, prompt] through PaliGemma once (as PI0's sample_actions does); pass the result to
+        velocity()/sample() to reuse it. Gradients flow through it when enabled."""
+        inputs = self.model_inputs(obs, instructions)
+        mask = inputs["attention_mask"]
+        model = self.core.model
         with autocast(self.device, self.cfg.bf16):
-            return self.core.expert(x_t, t, prefix).float()
+            embeds = model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
+            cache = model.vlm(inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
+                              token_type_ids=torch.zeros_like(mask), use_cache=True).past_key_values
+        return Prefix(cache, mask, inputs["state"])
+
+    def velocity(self, obs: Optional[Obs], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
+                 t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None) -> torch.Tensor:
+        """v(x_t, t | obs, instruction), (B, chunk, 7) float32, with gradients; `t` a float or (B,) tensor. With a
+        `prefix` only the action expert runs (PI0's forward on the cached prefix)."""
+        if prefix is None:
+            prefix = self.prefix(obs, instructions)
+        x_t, t = self._check_xt(x_t, t, prefix.state.shape[0])
+        with autocast(self.device, self.cfg.bf16):
+            out = self.core(state=prefix.state, noise=self._pad_actions(x_t), timestep=t,
+                            attention_mask=prefix.attention_mask, past_key_values=_fresh_cache(prefix.past_key_values))
+        return out.logits[..., :ACTION_DIM].float()
 
     @torch.no_grad()
     def sample(self, obs: Obs, instructions: Optional[Sequence[str]] = None, num_steps: Optional[int] = None,
@@ -197,8 +266,7 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"need num_steps >= 1 and noise_level >= 0, got {num_steps}, {noise_level}")
         if prefix is None:
             prefix = self.prefix(obs, instructions)
-        b = prefix.memory.shape[0]
-        shape = (b, self.action_chunk, ACTION_DIM)
+        shape = (prefix.state.shape[0], self.action_chunk, ACTION_DIM)
         x = torch.randn(shape, device=self.device) if noise is None else noise.to(self.device, torch.float32)
         if tuple(x.shape) != shape:
             raise ValueError(f"noise has shape {tuple(x.shape)}; expected {shape}")
@@ -214,38 +282,76 @@ class FlowPolicy(nn.Module):
         """Env actions (B, chunk, 7) -> normalised float32 tensor on the policy's device."""
         return self.action_tokenizer.normalize(actions).to(self.device)
 
+    def sample_time(self, b: int) -> torch.Tensor:
+        """Training times (B,): pi0's scale * Beta(alpha, beta) + offset (PI0Config's values) or U(0, 1)."""
+        if self.cfg.time_sampling == "uniform":
+            return torch.rand(b, device=self.device)
+        pc = self.pi0_config
+        beta = torch.distributions.Beta(float(pc.time_sampling_beta_alpha), float(pc.time_sampling_beta_beta))
+        return (pc.time_sampling_scale * beta.sample((b,)) + pc.time_sampling_offset).to(self.device)
+
     def flow_matching_loss(self, obs: Obs, instructions: Optional[Sequence[str]], actions,
                            t: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """SFT loss mean((v(x_t, t) - (eps - a))^2) on demo actions (B, chunk, 7) -> (loss, {"sft/flow_mse"})."""
-        prefix = self.prefix(obs, instructions)
-        b = prefix.memory.shape[0]
+        """SFT loss mean((v(x_t, t) - (eps - a))^2) over the 7 action dims of demo actions (B, chunk, 7), one PI0
+        forward (prefix + expert) -> (loss, {"sft/flow_mse"})."""
+        inputs = self.model_inputs(obs, instructions)
+        b = inputs["state"].shape[0]
         if tuple(actions.shape) != (b, self.action_chunk, ACTION_DIM):
             raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {self.action_chunk}, 7)")
         a = self.normalize_actions(actions)
         eps = torch.randn_like(a) if noise is None else noise.to(a)
-        if t is None:
-            if self.cfg.time_sampling == "beta":
-                t = 0.999 * torch.distributions.Beta(1.5, 1.0).sample((b,)).to(a.device) + 0.001
-            else:
-                t = torch.rand(b, device=a.device)
-        t = t.to(a)
+        t = self.sample_time(b) if t is None else t.to(a)
         x_t = (1 - t)[:, None, None] * a + t[:, None, None] * eps
-        loss = F.mse_loss(self.velocity(None, None, x_t, t, prefix), eps - a)
+        with autocast(self.device, self.cfg.bf16):
+            out = self.core(noise=self._pad_actions(x_t), timestep=t, **inputs)
+        loss = F.mse_loss(out.logits[..., :ACTION_DIM].float(), eps - a)
         return loss, {"sft/flow_mse": loss.item()}
 
+    # ------------------------------------------------------------------ LoRA, checkpoints
     def reference(self):
         """Context manager running the frozen pre-LoRA model (peft `disable_adapter()`); ValueError without LoRA."""
         return reference_context(self.net)
 
+    def set_lora_rank(self, lora_rank: int) -> None:
+        """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none)."""
+        model = merge_lora(self.net)
+        model.requires_grad_(True)
+        self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
+        self.net = self._wrap_lora(model) if lora_rank > 0 else model
+        self.train(self.training)  # peft leaves new modules in train mode
+
     def save(self, path: str) -> None:
-        save_checkpoint(path, self.net, self.cfg, self.core.encoder, self.action_tokenizer)
+        """config.json (this FlowPolicyConfig + "policy_type": "flow"), model.safetensors (all weights, LoRA
+        structure kept), pi0/config.json (the PI0Config), action_stats.json, tokenizer/."""
+        from safetensors.torch import save_model
+
+        os.makedirs(path, exist_ok=True)
+        save_model(self.net, os.path.join(path, "model.safetensors"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump({"policy_type": "flow", **dataclasses.asdict(self.cfg)}, f, indent=2)
+        self.pi0_config.save_pretrained(os.path.join(path, PI0_CONFIG_DIR))
+        self.action_tokenizer.save(os.path.join(path, "action_stats.json"))
+        self.text_tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
 
     @classmethod
     def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "FlowPolicy":
-        """Rebuild from `save` (no download); `lora_rank` as in TokenPolicy.load."""
-        return load_policy(cls, FlowPolicyConfig, path, lora_rank, device)
+        """Rebuild from `save` (no download); `lora_rank` not None and different from the saved rank merges the saved
+        LoRA and adds fresh LoRA of that rank (0 = plain model)."""
+        from safetensors.torch import load_model
 
-    def set_lora_rank(self, lora_rank: int) -> None:
-        """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none)."""
-        replace_lora(self, lora_rank, TRAINABLE_WITH_LORA)
+        with open(os.path.join(path, "config.json")) as f:
+            cfg_dict = json.load(f)
+        if cfg_dict.pop("policy_type", None) != "flow":
+            raise ValueError(f"{path}/config.json is not a flow policy (no \"policy_type\": \"flow\")")
+        pi0_cfg = PI0Config.from_pretrained(os.path.join(path, PI0_CONFIG_DIR))
+        policy = cls(FlowPolicyConfig(**cfg_dict), ActionTokenizer.load(path),
+                     _saved=(pi0_cfg, os.path.join(path, "tokenizer")))
+        load_model(policy.net, os.path.join(path, "model.safetensors"), strict=True)
+        policy.to(device)
+        if lora_rank is not None and lora_rank != policy.cfg.lora_rank:
+            policy.set_lora_rank(lora_rank)
+        return policy
+
+
+__all__ = ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "tiny_pi0_config", "PRESETS"]

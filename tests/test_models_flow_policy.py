@@ -1,16 +1,39 @@
-"""Flow policy: exact Euler integration on an analytic velocity field, a short run trained to a constant action,
-prefix caching, the flow-matching loss by hand, LoRA reference, save/load and input validation."""
+"""Flow policy (a wrapper around transformers' PI0ForConditionalGeneration): exact Euler integration on an analytic
+velocity field, a short run trained to a constant action, prefix caching (and agreement with PI0's own sample_actions
+and loss), the flow-matching loss by hand, LoRA reference, save/load, loading a pi0 checkpoint through
+`pretrained_path`, and input validation."""
+import json
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import PI0ForConditionalGeneration
 
 from models.action_tokenizer import ActionTokenizer
-from models.flow_policy import FlowPolicy, FlowPolicyConfig, time_embedding
+from models.flow_policy import FlowPolicy, FlowPolicyConfig, tiny_pi0_config
+from models.text_tokenizer import ByteTokenizer
 from tests.test_models_token_policy import INSTR, make_obs
 
-SMALL = dict(hidden_size=64, num_layers=1, num_heads=2, action_chunk=2, image_size=32, expert_dim=64,
-             expert_layers=1, expert_heads=2)
+SMALL = dict(hidden_size=32, num_layers=1, num_heads=2, expert_dim=32, action_chunk=2, image_size=32)
+
+
+def pi0_inputs(obs, instructions, image_tokens, image_id=259, state_dim=8, views=("agentview", "wrist")):
+    """PI0Processor's layout built by hand, independently of FlowPolicy: image tokens per camera, BOS, UTF-8 bytes,
+    newline, right padding; pixels in [-1, 1]; state zero-padded."""
+    rows = [[257] + list((s + "\n").encode()) for s in instructions]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), 256)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)] = torch.tensor(r), 1
+    n_img = image_tokens * len(views)
+    b = len(rows)
+    pixels = torch.stack([torch.from_numpy(obs[v]).permute(0, 3, 1, 2).float() / 127.5 - 1 for v in views], 1)
+    state = F.pad(torch.from_numpy(obs["state"]), (0, state_dim - 8))
+    return dict(input_ids=torch.cat([torch.full((b, n_img), image_id), ids], 1),
+                attention_mask=torch.cat([torch.ones(b, n_img, dtype=torch.long), mask], 1), pixel_values=pixels,
+                pixel_attention_mask=torch.ones(b, len(views), dtype=torch.bool), state=state)
 
 
 def test_euler_is_exact_for_the_straight_path_velocity():
@@ -19,7 +42,14 @@ def test_euler_is_exact_for_the_straight_path_velocity():
     torch.manual_seed(0)
     policy = FlowPolicy(FlowPolicyConfig(**SMALL)).eval()
     target = torch.tensor([0.3, -0.2, 0.1, 0.0, 0.5, -0.4, 0.9]).expand(3, 2, 7)
-    policy.core.expert.forward = lambda x, t, prefix: (x - target) / t[:, None, None]
+    calls = []
+
+    def field(obs, instructions, x, t, prefix=None):
+        calls.append(prefix)
+        t = torch.as_tensor(t, dtype=torch.float32).expand(3)
+        return (x - target) / t[:, None, None]
+
+    policy.velocity = field
     obs, noise = make_obs(3, 32), torch.randn(3, 2, 7)
     one = policy.sample(obs, INSTR[:3], num_steps=1, noise=noise)
     ten = policy.sample(obs, INSTR[:3], num_steps=10, noise=noise)
@@ -28,11 +58,11 @@ def test_euler_is_exact_for_the_straight_path_velocity():
     assert torch.equal(one.noise, noise)
     np.testing.assert_allclose(one.actions[..., :6], target[..., :6].numpy(), atol=1e-6)  # identity stats
     assert np.all(one.actions[..., 6] == 1.0)  # gripper 0.9 > 0 -> close
+    assert len(calls) == 11 and all(p is calls[1] for p in calls[1:])  # one prefix per sample(), reused per step
 
 
 def test_trained_to_a_constant_action_one_step_matches_ten_steps():
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
     policy = FlowPolicy(FlowPolicyConfig(**SMALL))
     chunk = np.array([[0.3, -0.2, 0.1, 0.0, 0.5, -0.4, 1.0]] * 2, np.float32)
     opt = torch.optim.AdamW(policy.parameters(), lr=3e-3)
@@ -48,7 +78,6 @@ def test_trained_to_a_constant_action_one_step_matches_ten_steps():
     one = policy.sample(obs, [INSTR[0]] * 8, num_steps=1, noise=noise)
     ten = policy.sample(obs, [INSTR[0]] * 8, num_steps=10, noise=noise)
     # v(x, 1) must be x - a (identity minus a constant): one step is as good as ten once that is learned.
-    # Measured after 300 steps: mean |error| ~0.09 (1 step) and ~0.03 (10 steps), from ~0.8 for pure noise.
     assert (one.x0 - torch.from_numpy(chunk)).abs().mean() < 0.15
     assert (ten.x0 - torch.from_numpy(chunk)).abs().mean() < 0.1
     assert (one.x0 - ten.x0).abs().mean() < 0.15
@@ -66,14 +95,27 @@ def test_prefix_cache_gives_the_same_samples_and_velocities():
     cached = policy.sample(obs, INSTR, num_steps=5, noise=noise)
     fresh = policy.sample(obs, INSTR, num_steps=5, noise=noise, reuse_prefix=False)
     torch.testing.assert_close(cached.x0, fresh.x0, atol=1e-6, rtol=0)
+    # ... and PI0's own sample_actions (max_action_dim = 7 in the tiny config: no padding) gives the same chunk
+    ref = policy.core.sample_actions(noise=noise, num_steps=5, **pi0_inputs(obs, INSTR, policy.image_tokens))
+    torch.testing.assert_close(cached.x0, ref, atol=1e-5, rtol=0)
     prefix = policy.prefix(obs, INSTR)
+    length = prefix.past_key_values.get_seq_length()
     x_t, t = torch.randn(4, 2, 7), torch.tensor([0.1, 0.5, 0.9, 1.0])
     v1 = policy.velocity(obs, INSTR, x_t, t)
     v2 = policy.velocity(None, None, x_t, t, prefix=prefix)
+    v3 = policy.velocity(None, None, x_t, t, prefix=prefix)
+    assert prefix.past_key_values.get_seq_length() == length  # velocity never grows the cached prefix
     torch.testing.assert_close(v1, v2)
+    assert torch.equal(v2, v3)
     assert v1.shape == (4, 2, 7) and v1.requires_grad
     torch.testing.assert_close(policy.velocity(None, None, x_t, 0.5, prefix), policy.velocity(
         None, None, x_t, torch.full((4,), 0.5), prefix))
+    # instruction padding does not change a row's velocity (row 2 alone vs batched with longer instructions)
+    alone = policy.velocity({k: v[2:3] for k, v in obs.items()}, INSTR[2:3], x_t[2:3], t[2:3])
+    torch.testing.assert_close(alone, v1[2:3], atol=1e-5, rtol=0)
+    # gradients reach the prefix through the cache (a FlowSAR step may train the whole model)
+    policy.velocity(None, None, x_t, t, policy.prefix(obs, INSTR)).sum().backward()
+    assert policy.core.model.vlm.multi_modal_projector.linear.weight.grad.abs().sum() > 0
 
 
 def test_flow_matching_loss_by_hand():
@@ -90,14 +132,12 @@ def test_flow_matching_loss_by_hand():
     v = policy.velocity(obs, INSTR[:2], torch.cat(x_t), t)
     torch.testing.assert_close(loss, F.mse_loss(v, eps - a))
     assert metrics["sft/flow_mse"] == pytest.approx(loss.item())
-
-
-def test_time_embedding_values():
-    emb = time_embedding(torch.tensor([0.0, 1.0]), 8)
-    assert emb.shape == (2, 8)
-    torch.testing.assert_close(emb[0], torch.tensor([0.0] * 4 + [1.0] * 4))
-    # the longest period is 4: sin(2 pi * 1 / 4) = 1
-    assert emb[1, 3].item() == pytest.approx(1.0, abs=1e-6)
+    # PI0's own training loss (actions given as labels) is the same number
+    ref = policy.core(actions=a, noise=eps, timestep=t, **pi0_inputs(obs, INSTR[:2], policy.image_tokens)).loss
+    torch.testing.assert_close(loss, ref, atol=1e-6, rtol=1e-5)
+    # default times follow pi0's Beta(1.5, 1) scaled to [0.001, 1]
+    times = policy.sample_time(4000)
+    assert times.min() >= 0.001 and times.max() <= 1.0 and abs(times.mean().item() - (0.999 * 0.6 + 0.001)) < 0.02
 
 
 def test_lora_reference_and_save_load(tmp_path):
@@ -108,7 +148,9 @@ def test_lora_reference_and_save_load(tmp_path):
     policy.set_lora_rank(4)
     trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
     assert all(("lora_" in n) or (".modules_to_save." in n) for n in trainable)
-    assert any("expert.modules_to_save" in n for n in trainable)
+    assert any("action_out_proj.modules_to_save" in n for n in trainable)
+    assert any(".dit.layers.0.mlp.up_proj.lora_A" in n for n in trainable)
+    assert any(".language_model.layers.0.self_attn.q_proj.lora_A" in n for n in trainable)
     opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], lr=1e-2)
     for _ in range(3):
         loss, _ = policy.flow_matching_loss(obs, INSTR[:2], np.zeros((2, 2, 7), np.float32))
@@ -120,11 +162,46 @@ def test_lora_reference_and_save_load(tmp_path):
     with policy.reference():
         assert torch.equal(policy.sample(obs, INSTR[:2], num_steps=3, noise=noise).x0, base)
     policy.save(str(tmp_path))
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["policy_type"] == "flow" and (tmp_path / "model.safetensors").is_file()
     back = FlowPolicy.load(str(tmp_path)).eval()
     assert back.cfg == policy.cfg
     assert torch.equal(back.sample(obs, INSTR[:2], num_steps=3, noise=noise).x0, moved)
     with back.reference():
         assert torch.equal(back.sample(obs, INSTR[:2], num_steps=3, noise=noise).x0, base)
+    merged = FlowPolicy.load(str(tmp_path), lora_rank=0).eval()  # LoRA folded into the weights
+    assert merged.cfg.lora_rank == 0
+    torch.testing.assert_close(merged.sample(obs, INSTR[:2], num_steps=3, noise=noise).x0, moved, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="needs LoRA"):
+        merged.reference()
+
+
+def test_loads_a_pi0_checkpoint_through_pretrained_path(tmp_path):
+    """A random tiny PI0ForConditionalGeneration saved with save_pretrained (+ its tokenizer) and loaded through
+    FlowPolicyConfig(pretrained_path=...) -- the LIBERO code path -- gives the saved model's outputs; its 32-dim
+    state/action padding (pi0's) is applied."""
+    torch.manual_seed(0)
+    pi0_cfg = tiny_pi0_config(FlowPolicyConfig(**SMALL), ByteTokenizer.vocab_size)
+    pi0_cfg.max_state_dim = pi0_cfg.max_action_dim = 32
+    model = PI0ForConditionalGeneration(pi0_cfg).eval()
+    model.save_pretrained(str(tmp_path))
+    ByteTokenizer().save_pretrained(str(tmp_path))
+    policy = FlowPolicy(FlowPolicyConfig(pretrained_path=str(tmp_path), action_chunk=2, image_size=32)).eval()
+    assert policy.pi0_config.max_action_dim == 32 and policy.core.action_out_proj.out_features == 32
+    for name, p in model.state_dict().items():
+        assert torch.equal(policy.core.state_dict()[name], p), name
+    obs, x_t, t = make_obs(3, 32), torch.randn(3, 2, 7), torch.tensor([0.2, 0.6, 1.0])
+    inputs = pi0_inputs(obs, INSTR[:3], policy.image_tokens, state_dim=32)
+    with torch.no_grad():
+        ref = model(noise=F.pad(x_t, (0, 25)), timestep=t, **inputs).logits  # padded action dims are 0
+        v = policy.velocity(obs, INSTR[:3], x_t, t)
+        one = policy.sample(obs, INSTR[:3], num_steps=1, noise=x_t)
+        ref_one = model.sample_actions(noise=F.pad(x_t, (0, 25)), num_steps=1, **inputs)
+    torch.testing.assert_close(v, ref[..., :7], atol=1e-5, rtol=0)
+    torch.testing.assert_close(one.x0, ref_one[..., :7], atol=1e-5, rtol=0)
+    policy.save(str(tmp_path / "policy"))  # a policy built from a checkpoint reloads without it
+    back = FlowPolicy.load(str(tmp_path / "policy")).eval()
+    assert torch.equal(back.sample(obs, INSTR[:3], num_steps=1, noise=x_t).x0, one.x0)
 
 
 def test_bad_inputs():
@@ -136,9 +213,17 @@ def test_bad_inputs():
         policy.velocity(obs, INSTR[:2], torch.zeros(2, 2, 7), torch.ones(3))
     with pytest.raises(ValueError, match="num_steps >= 1"):
         policy.sample(obs, INSTR[:2], num_steps=0)
+    with pytest.raises(ValueError, match=r"noise has shape \(2, 2, 6\); expected \(2, 2, 7\)"):
+        policy.sample(obs, INSTR[:2], noise=torch.zeros(2, 2, 6))
     with pytest.raises(ValueError, match=r"len\(instructions\)=1 but agentview has batch size 2"):
         policy.sample(obs, INSTR[:1])
+    with pytest.raises(ValueError, match=r"obs\['agentview'\] has shape \(2, 32, 32, 3\); expected \(B, 64, 64, 3\)"):
+        FlowPolicy(FlowPolicyConfig(**{**SMALL, "image_size": 64})).sample(obs, INSTR[:2])
     with pytest.raises(ValueError, match=r"actions have shape \(2, 8, 7\); expected \(2, 2, 7\)"):
         policy.flow_matching_loss(obs, INSTR[:2], np.zeros((2, 8, 7), np.float32))
     with pytest.raises(ValueError, match="time_sampling"):
         FlowPolicy(FlowPolicyConfig(**SMALL, time_sampling="logit"))
+    with pytest.raises(ValueError, match="expert_layers=2 but PI0's action expert must match the LM"):
+        FlowPolicy(FlowPolicyConfig(**SMALL, expert_layers=2))
+    with pytest.raises(ValueError, match="preset"):
+        FlowPolicy(FlowPolicyConfig(**{**SMALL, "preset": "minivla"}))

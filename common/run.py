@@ -1,0 +1,412 @@
+"""Run plumbing shared by every RL script, so a script holds only its algorithm:
+
+    with start_run(cfg, "srpo") as run:                    # accelerator, threads, seeds, run folder, logger, envs
+        policy = ...                                        # from run.resume_path + "/policy" when resuming
+        run.attach(policy, {"actor": opt}, {"actor": sched}, eval_kwargs=dict(temperature=...))  # restores state
+        for iteration in run.iterations():
+            metrics = run.begin_iteration(iteration)        # evaluation before the first iteration
+            ...rollout, advantages, update...
+            run.end_iteration(iteration, metrics, console_keys)  # evaluation, metrics.jsonl/PNG/wandb, checkpoint
+
+Resume continues the same run: every random stream (python, numpy, torch, the prompt sampler, the environments) is
+saved per process and restored, and metrics rows past the checkpoint are dropped. Ctrl-C / SIGTERM stop at once,
+save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
+                               read_rng_state, save_checkpoint)
+from common.config import ROOT, ConfigError, default_run_prefix, resolve_run_dir, save_config
+from common.evaluation import eval_trials, evaluate_policy
+from common.logging import Logger, format_line
+from common.rollout import RolloutBatch
+
+INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+
+
+def requested_processes() -> Optional[int]:
+    """--num_processes N of the `accelerate launch` that started this process (None when not launched so)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")
+    except OSError:
+        return None
+    if "launch" not in argv:
+        return None
+    for i, a in enumerate(argv):
+        if a == "--num_processes" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            return int(argv[i + 1])
+        if a.startswith("--num_processes="):
+            return int(a.split("=", 1)[1]) if a.split("=", 1)[1].isdigit() else None
+    return None
+
+
+def make_accelerator():
+    """An Accelerator (CPU when no GPU), refusing in one line a launch that asked for N processes but started one."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    asked = requested_processes()
+    if asked is not None and asked > 1 and accelerator.num_processes == 1:
+        raise ConfigError(f"accelerate launch asked for {asked} processes but started 1 (without a multi-process "
+                          f"accelerate config it runs one): use `accelerate launch --multi_gpu --num_processes {asked} "
+                          f"...` (works on CPU machines too)")
+    if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
+        world = accelerator.num_processes
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world))
+    return accelerator
+
+
+def env_rng(vec_env) -> Optional[np.random.Generator]:
+    """The environments' own random generator (tabletop: expert noise), when they have one we can save."""
+    return getattr(getattr(vec_env, "core", None), "rng", None)
+
+
+def average_gradients(accelerator, params: Sequence[torch.nn.Parameter]) -> None:
+    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros)."""
+    if accelerator.num_processes == 1:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), reduction="mean")
+    offset = 0
+    for p, g in zip(params, grads):
+        p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
+        offset += g.numel()
+
+
+def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Callable[[List], List]
+                ) -> Iterator[torch.Tensor]:
+    """Shuffled index sets of this process's `num_local` samples, `epochs` times; every process gets the same number
+    of mini-batches (the largest share decides; a process that runs out yields empty ones, contributing zeros)."""
+    steps = max(1, math.ceil(max(gather([num_local])) / mini_batch_size))
+    for _ in range(epochs):
+        perm = torch.randperm(num_local)
+        for k in range(steps):
+            yield perm[k * mini_batch_size:(k + 1) * mini_batch_size]
+
+
+class Run:
+    """Everything a training script needs around its algorithm; see the module docstring."""
+
+    def __init__(self, cfg: Any, script: str):
+        self.cfg, self.script = cfg, script
+        self.accelerator = make_accelerator()
+        acc = self.accelerator
+        self.is_main, self.rank, self.world, self.device = (acc.is_main_process, acc.process_index,
+                                                            acc.num_processes, acc.device)
+        random.seed(cfg.seed + self.rank)
+        np.random.seed(cfg.seed + self.rank)
+        torch.manual_seed(cfg.seed + self.rank)
+        self.prompt_rng = np.random.default_rng([cfg.seed, self.rank])
+        prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
+        self.run_name, self.run_dir = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=bool(cfg.resume))
+        self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        if cfg.resume and self.resume_path is None:
+            raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
+                              f"without --resume")
+        self.start_iteration = 0
+        self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
+        self.logger: Optional[Logger] = None
+        self.envs = None
+        self._tracked: Optional[Dict[str, Any]] = None
+        self._snapshot: Optional[Dict[str, Any]] = None
+        self._saved_iteration = 0
+        self._old_handler = None
+
+    # ---- start
+    def gather(self, items: List) -> List:
+        """accelerate's gather_object: the concatenation of every process's list."""
+        if self.world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return gather_object(list(items))
+
+    def make_envs(self):
+        """The vector env of `cfg.env`, seeded per process (kept in the checkpoint's RNG states)."""
+        import envs
+
+        self.envs = envs.make_vector_env(self.cfg.env, seed=self.cfg.seed + self.rank)
+        return self.envs
+
+    def attach(self, policy, optimizers: Dict[str, torch.optim.Optimizer], schedulers: Optional[Dict[str, Any]] = None,
+               modules: Optional[Dict[str, torch.nn.Module]] = None, eval_kwargs: Optional[Dict[str, Any]] = None,
+               banner: str = "") -> None:
+        """Track what checkpoints hold; on resume restore it (and every random stream) from the checkpoint. Then
+        write config.yaml (new runs only), open the logger and print the banner."""
+        self._tracked = dict(policy=policy, optimizers=optimizers, schedulers=schedulers or {}, modules=modules or {})
+        if self.envs is None:
+            self.make_envs()
+        self.eval_kwargs = eval_kwargs or {}
+        if self.resume_path is not None:
+            self.start_iteration, extra = load_training_state(self.resume_path, optimizers, schedulers, modules,
+                                                              rank=self.rank)
+            rng = read_rng_state(self.resume_path, self.rank)
+            if "prompt" in rng:
+                self.prompt_rng.bit_generator.state = rng["prompt"]
+            if "env" in rng and env_rng(self.envs) is not None:
+                env_rng(self.envs).bit_generator.state = rng["env"]
+            self.state.update(extra.get("state", {}))
+            self._saved_iteration = self.start_iteration
+        if self.is_main:
+            os.makedirs(self.run_dir, exist_ok=True)
+            config_path = os.path.join(self.run_dir, "config.yaml")
+            if self.resume_path is None:  # a resumed run keeps the config it was started with
+                save_config(self.cfg, config_path)
+            self.logger = Logger(self.run_dir, self.run_name, self.cfg, self.cfg.log,
+                                 resume_iteration=self.start_iteration if self.resume_path else None)
+            params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+            print(f"[{self.script}] run {self.run_dir} | {params:,} trainable params | device {self.device} "
+                  f"x{self.world} | tasks {list(self.cfg.env.task_ids)}{banner}"
+                  + (f" | resumed at iteration {self.start_iteration}" if self.resume_path else ""), flush=True)
+
+    def iterations(self) -> range:
+        return range(self.start_iteration, self.cfg.train.iterations)
+
+    # ---- evaluation
+    def evaluate(self, iteration: int) -> Dict[str, float]:
+        """`common.evaluation.evaluate_policy` on the eval trials of every training task (time/eval added)."""
+        import envs
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        trials = eval_trials(envs.num_trials(cfg.env), cfg.eval.trials_per_task, cfg.eval.trial_start,
+                             cfg.rollout.train_trials)
+        metrics, _ = evaluate_policy(self.envs, self._tracked["policy"], cfg.env.task_ids, trials,
+                                     samples_per_trial=cfg.eval.samples_per_trial, rank=self.rank, world=self.world,
+                                     gather=self.gather, progress=self.is_main, desc=f"eval {iteration}",
+                                     **self.eval_kwargs)
+        metrics["time/eval"] = time.perf_counter() - t0
+        return metrics
+
+    def begin_iteration(self, iteration: int) -> Dict[str, float]:
+        """The iteration's metrics dict, with the evaluation of the starting policy before a new run's first one."""
+        if self.cfg.eval.every > 0 and iteration == self.start_iteration == 0:
+            return {k: v for k, v in self.evaluate(0).items() if k != "time/eval"}
+        return {}
+
+    def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
+        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`."""
+        steps = sum(self.gather([batch.stats["rollout/env_steps"]]))
+        self.state["env_steps"] += steps
+        metrics["rollout/env_steps"] = steps
+        metrics["charts/env_steps"] = self.state["env_steps"]  # the x-axis of sample-efficiency plots
+        metrics["charts/SPS"] = steps / max(seconds, 1e-9)
+
+    # ---- end of iteration
+    def _rng_states(self) -> List[Dict[str, Any]]:
+        state = capture_rng_state()
+        state["prompt"] = self.prompt_rng.bit_generator.state
+        if env_rng(self.envs) is not None:
+            state["env"] = env_rng(self.envs).bit_generator.state
+        return self.gather([state])
+
+    def end_iteration(self, iteration: int, metrics: Dict[str, float], console_keys: Sequence[str],
+                      last: Optional[bool] = None) -> None:
+        """Evaluation when due, one metrics row + console line, checkpoint when due (or an in-memory snapshot that an
+        interrupt turns into one). `last` (default: the final iteration of train.iterations) forces both, e.g. when a
+        script stops on an env-step budget."""
+        cfg, done = self.cfg, iteration + 1
+        last = done == cfg.train.iterations if last is None else last
+        if cfg.eval.every > 0 and (done % cfg.eval.every == 0 or last):
+            metrics.update(self.evaluate(done))
+        rng_states = self._rng_states()
+        if self.is_main:
+            self.logger.log(metrics, done)
+            print(format_line(done, metrics, console_keys), flush=True)
+            if done % cfg.log.checkpoint_every == 0 or last:
+                self.save(done, rng_states)
+                self._snapshot = None
+            else:
+                self._snapshot = self._take_snapshot(done, rng_states)
+        self.accelerator.wait_for_everyone()
+
+    def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
+        t = self._tracked
+        path = save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"], t["modules"],
+                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
+                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        self._saved_iteration = iteration
+        return path
+
+    def _take_snapshot(self, iteration: int, rng_states: List[Dict[str, Any]]) -> Dict[str, Any]:
+        """What a checkpoint of this iteration would hold, in memory: trainable weights, buffers, optimizer and
+        scheduler states, extra modules, RNG states (frozen weights cannot change, so they are not copied)."""
+        t = self._tracked
+        modules = {"policy": t["policy"], **t["modules"]}
+        return {
+            "iteration": iteration, "rng": rng_states, "state": copy.deepcopy(self.state),
+            "params": {m: {n: p.detach().cpu().clone() for n, p in mod.named_parameters() if p.requires_grad}
+                       for m, mod in modules.items()},
+            "buffers": {m: {n: b.detach().cpu().clone() for n, b in mod.named_buffers()} for m, mod in modules.items()},
+            "optimizers": {k: copy.deepcopy(o.state_dict()) for k, o in t["optimizers"].items()},
+            "schedulers": {k: copy.deepcopy(s.state_dict()) for k, s in t["schedulers"].items()},
+        }
+
+    def _restore_snapshot(self, snap: Dict[str, Any]) -> None:
+        t = self._tracked
+        modules = {"policy": t["policy"], **t["modules"]}
+        with torch.no_grad():
+            for m, mod in modules.items():
+                named = dict(mod.named_parameters())
+                named.update(dict(mod.named_buffers()))
+                for n, value in {**snap["params"][m], **snap["buffers"][m]}.items():
+                    named[n].copy_(value)
+        for k, o in t["optimizers"].items():
+            o.load_state_dict(snap["optimizers"][k])
+        for k, s in t["schedulers"].items():
+            s.load_state_dict(snap["schedulers"][k])
+        self.state = snap["state"]
+
+    # ---- interrupts and the end
+    def __enter__(self) -> "Run":
+        def on_sigterm(signum, frame):  # SIGTERM (a cluster's scheduler, `kill`) stops like Ctrl-C
+            raise KeyboardInterrupt
+
+        try:
+            self._old_handler = signal.signal(signal.SIGTERM, on_sigterm)
+        except ValueError:  # not the main thread
+            self._old_handler = None
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._old_handler is not None:
+            signal.signal(signal.SIGTERM, self._old_handler)
+        if exc_type is KeyboardInterrupt:
+            self._on_interrupt()
+        if self.logger is not None:
+            self.logger.close()
+        if self.envs is not None:
+            try:
+                self.envs.close()
+            except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
+                pass
+        if exc_type is KeyboardInterrupt:
+            raise SystemExit(INTERRUPTED)
+        if exc_type is not None and issubclass(exc_type, ConfigError):  # a bad input found at start: one line
+            raise SystemExit(f"error: {exc}") from None
+        if exc_type is None and self.is_main:
+            print(f"[{self.script}] done: {self.run_dir} (metrics.jsonl, config.yaml, checkpoints/), plots in "
+                  f"{os.path.join(self.cfg.log.plots_dir, self.run_name)}", flush=True)
+        return False
+
+    def _on_interrupt(self) -> None:
+        if not self.is_main:
+            return
+        snap = self._snapshot
+        try:
+            if snap is not None and snap["iteration"] > self._saved_iteration:
+                self._restore_snapshot(snap)
+                self.save(snap["iteration"], snap["rng"])
+        except (CheckpointError, OSError) as e:
+            print(f"\n[{self.script}] interrupted; could not save iteration {snap['iteration']}: {e}", flush=True)
+            return
+        if self._saved_iteration > 0:
+            print(f"\n[{self.script}] interrupted: iterations 1..{self._saved_iteration} are saved in "
+                  f"{self.run_dir}/checkpoints; continue with: python {self.script_file()} --resume {self.run_dir}",
+                  flush=True)
+        else:
+            print(f"\n[{self.script}] interrupted before the first iteration finished: nothing to save", flush=True)
+
+    def script_file(self) -> str:
+        return os.path.basename(sys.argv[0]) or f"train_{self.script}.py"
+
+
+def start_run(cfg: Any, script: str) -> Run:
+    """Accelerator, seeds and the run folder (new or resumed); use as `with start_run(...) as run:`."""
+    try:
+        run = Run(cfg, script)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    return run
+
+
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")  # the RL run's own policy keys
+
+
+def sft_command(cfg: Any, path: str, policy_type: str) -> List[str]:
+    """The train_sft.py command line that makes the SFT start `path` for this config (init.sft_args appended)."""
+    ids = [str(t) for t in cfg.env.task_ids]
+    return [sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-ids", *ids, f"policy.type={policy_type}",
+            f"env.suite={cfg.env.suite}", f"env.image_size={cfg.env.image_size}",
+            f"env.action_chunk={cfg.env.action_chunk}", f"sft.output_path={path}", f"log.output_dir={cfg.log.output_dir}",
+            f"log.plots_dir={cfg.log.plots_dir}", f"log.wandb={str(cfg.log.wandb).lower()}", *cfg.init.sft_args]
+
+
+def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
+    """The policy RL starts from, on the run's device: the resumed checkpoint's; a fresh one (init.mode=scratch); or
+    the SFT checkpoint (auto_sft trains it first on the main process) with its LoRA merged into the base and fresh
+    LoRA of policy.lora_rank on top, so the KL reference (adapters off) is exactly the policy RL started from.
+    Architecture keys come from the checkpoint (one line names those that differ from the YAML) and `cfg.policy` /
+    `cfg.env.image_size|action_chunk` are set to what runs, so the saved config is what ran."""
+    import envs
+    from models.saved import policy_type as saved_type
+
+    cfg = run.cfg
+    if run.resume_path is not None:
+        return policy_cls.load(os.path.join(run.resume_path, "policy"), device=str(run.device))
+    if cfg.init.mode == "scratch":
+        cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
+        torch.manual_seed(cfg.seed)
+        return policy_cls(cfg.policy).to(run.device)
+    tasks = "-".join(str(t) for t in cfg.env.task_ids)
+    path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if policy_type == 'token' else 'sft_flow'}_"
+                                                        f"{cfg.env.suite}_task{tasks}")
+    if not os.path.isdir(path):
+        cmd = sft_command(cfg, path, policy_type)
+        shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
+        if cfg.init.mode != "auto_sft":
+            raise ConfigError(f"no SFT checkpoint at {path}: RL starts from a supervised policy; make it with `{shown}`, "
+                              f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one")
+        if run.is_main:
+            print(f"[init] no SFT checkpoint at {path}; running: {shown}", flush=True)
+            if subprocess.run(cmd).returncode != 0:
+                raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
+    run.accelerator.wait_for_everyone()
+    try:
+        found = saved_type(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"init.path {path}: not a saved policy ({e}); point init.path at a train_sft.py output") from None
+    if found != policy_type:
+        raise ConfigError(f"init.path {path} holds a {found} policy; this script trains a {policy_type} policy: train "
+                          f"one with `python train_sft.py policy.type={policy_type} ...` and point init.path at it")
+    stale = envs.stale_suite_message(path, cfg.env.suite)
+    if stale and run.is_main:
+        print(f"[init] warning: {stale}", flush=True)
+    policy = policy_cls.load(path, device=str(run.device))
+    differ = [f"policy.{k}" for k in policy_keys_from_checkpoint(cfg.policy, policy.cfg, LORA_KEYS)]
+    differ += [f"env.{k}" for k in ("image_size", "action_chunk") if getattr(cfg.env, k) != getattr(policy.cfg, k)]
+    if differ and run.is_main:
+        print(f"[init] taken from the checkpoint {path} (its architecture), not the config: {', '.join(differ)}",
+              flush=True)
+    policy.cfg = dataclasses.replace(policy.cfg, **{k: getattr(cfg.policy, k) for k in LORA_KEYS
+                                                    if hasattr(policy.cfg, k)})
+    policy.set_lora_rank(cfg.policy.lora_rank)  # merge the SFT's LoRA, fresh adapters on top (or none: full FT)
+    cfg.policy = policy.cfg
+    cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.cfg.action_chunk
+    return policy.to(run.device)
+
+
+def policy_keys_from_checkpoint(yaml_policy: Any, loaded_policy: Any, kept: Sequence[str]) -> List[str]:
+    """Names of `policy.*` keys whose YAML value differs from the loaded checkpoint's (the checkpoint wins); keys in
+    `kept` (LoRA, precision) are the run's own and are not compared."""
+    return [f.name for f in dataclasses.fields(yaml_policy) if f.name not in kept
+            and getattr(yaml_policy, f.name) != getattr(loaded_policy, f.name, None)]
+
+
+__all__ = ["Run", "start_run", "average_gradients", "minibatches", "make_accelerator", "INTERRUPTED",
+           "policy_keys_from_checkpoint", "initial_policy", "sft_command"]
