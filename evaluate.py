@@ -4,7 +4,9 @@ a PNG bar chart, and a GIF of success and failure episodes side by side.
     python evaluate.py --checkpoint checkpoints/sft_tabletop_task0 --task-ids 0 1 --trials 50 --sampled
 
 `--checkpoint` may be a policy folder (what `policy.save` writes), a training checkpoint `.../iter_XXXXXX` (uses its
-`policy/`), or a run folder (uses `best/`, else `last/`). Outputs go to `plots/eval__<checkpoint name>/`.
+`policy/`, checked against its manifest), an SFT run folder (uses `best/`, else `last/`) or an RL run folder (uses its
+newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Success is measured by
+`common.evaluation.evaluate_policy`, the same function the training scripts log `val/*` with.
 """
 from __future__ import annotations
 
@@ -20,40 +22,8 @@ import torch
 import yaml
 
 from common.config import EnvConfig
-from common.rollout import collect_rollouts
-
-TRAIN_CONFIG = "train_config.yaml"  # the training run's resolved config, saved beside an exported policy
-
-
-def resolve_policy_dir(path: str) -> str:
-    """The folder holding `config.json` + `model.safetensors` for a policy, run or training-checkpoint path."""
-    for candidate in (path, os.path.join(path, "policy"), os.path.join(path, "best"), os.path.join(path, "last")):
-        if os.path.isfile(os.path.join(candidate, "config.json")) and os.path.isfile(
-                os.path.join(candidate, "model.safetensors")):
-            return candidate
-    raise FileNotFoundError(f"no saved policy at {path} (expected config.json + model.safetensors there or in its "
-                            f"policy/, best/ or last/ subfolder); train one with `python train_sft.py` first")
-
-
-def policy_type(policy_dir: str) -> str:
-    """'flow' or 'token', from the keys of the saved policy config."""
-    with open(os.path.join(policy_dir, "config.json")) as f:
-        cfg = json.load(f)
-    return "flow" if "expert_dim" in cfg else "token"
-
-
-def load_policy(path: str, device: str = "cpu", lora_rank: Optional[int] = None):
-    """TokenPolicy or FlowPolicy from any checkpoint path `resolve_policy_dir` accepts, in eval mode."""
-    policy_dir = resolve_policy_dir(path)
-    if policy_type(policy_dir) == "flow":
-        from models.flow_policy import FlowPolicy
-
-        policy = FlowPolicy.load(policy_dir, lora_rank=lora_rank, device=device)
-    else:
-        from models.token_policy import TokenPolicy
-
-        policy = TokenPolicy.load(policy_dir, lora_rank=lora_rank, device=device)
-    return policy.eval()
+from common.evaluation import evaluate_policy
+from models.saved import TRAIN_CONFIG, PolicyLoadError, load_saved_policy, policy_type, resolve_policy_dir
 
 
 def saved_env_config(path: str) -> Optional[EnvConfig]:
@@ -68,31 +38,6 @@ def saved_env_config(path: str) -> Optional[EnvConfig]:
                 known = EnvConfig.__dataclass_fields__
                 return EnvConfig(**{k: v for k, v in env.items() if k in known})
     return None
-
-
-def evaluate_policy(policy, env_cfg: EnvConfig, task_ids: Sequence[int], trial_ids: Sequence[int],
-                    greedy: bool = True, temperature: float = 1.0, keep_frames: bool = False, vec_env=None,
-                    progress: bool = False) -> Dict[str, Any]:
-    """Run every (task, trial) once -> {"success_rate", "per_task": {task: rate}, "batch": RolloutBatch}."""
-    import envs
-
-    tasks = [int(t) for t in task_ids for _ in trial_ids]
-    trials = [int(j) for _ in task_ids for j in trial_ids]
-    own_env = vec_env is None
-    if own_env:
-        vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(tasks)))
-    was_training = policy.training
-    policy.eval()
-    try:
-        batch = collect_rollouts(vec_env, policy, tasks, trials, n_samples=1, temperature=temperature, greedy=greedy,
-                                 keep_frames=keep_frames, keep_obs=False, progress=progress,
-                                 desc="eval greedy" if greedy else "eval sampled")
-    finally:
-        policy.train(was_training)
-        if own_env:
-            vec_env.close()
-    per_task = {int(t): float(batch.complete[batch.task_ids == t].mean()) for t in task_ids}
-    return {"success_rate": float(batch.complete.mean()), "per_task": per_task, "batch": batch}
 
 
 def _bordered(frames: np.ndarray, color, scale: int) -> np.ndarray:
@@ -166,6 +111,14 @@ def format_table(results: Dict[str, Any]) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    """Parse the command line and evaluate; every bad input exits with one line (`error: ...`)."""
+    try:
+        return _main(argv)
+    except (PolicyLoadError, ValueError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
@@ -189,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
-    policy = load_policy(args.checkpoint, device=device)
+    policy = load_saved_policy(args.checkpoint, device=device)
     env_cfg = saved_env_config(args.checkpoint) or EnvConfig()
     if args.suite:
         env_cfg.suite = args.suite
@@ -211,13 +164,14 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(task_ids) * len(trial_ids)))
 
     t0 = time.time()
-    runs = {"greedy": evaluate_policy(policy, env_cfg, task_ids, trial_ids, greedy=True, keep_frames=args.gifs > 0,
-                                      vec_env=vec_env, progress=True)}
-    if args.sampled:
-        runs["sampled"] = evaluate_policy(policy, env_cfg, task_ids, trial_ids, greedy=False,
-                                          temperature=args.temperature, vec_env=vec_env, progress=True)
-    vec_env.close()
+    try:
+        metrics, batches = evaluate_policy(vec_env, policy, task_ids, trial_ids, samples_per_trial=int(args.sampled),
+                                           temperature=args.temperature, keep_frames=args.gifs > 0, progress=True)
+    finally:
+        vec_env.close()
     elapsed = time.time() - t0
+    runs = {mode: {"batch": b, "success_rate": metrics[f"val/{'success' if mode == 'greedy' else 'sampled_success'}"
+                                                        f"_rate"]} for mode, b in batches.items()}
 
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
     out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")
@@ -231,7 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         row: Dict[str, Any] = {"task_id": int(t), "name": str(names[t]["description"])}
         for mode, run in runs.items():
             b = run["batch"]
-            row[mode] = run["per_task"][int(t)]
+            row[mode] = float(b.complete[b.task_ids == t].mean())
             row[f"{mode}_episodes"] = {"trial_ids": b.trial_ids[b.task_ids == t].tolist(),
                                        "success": b.complete[b.task_ids == t].tolist(),
                                        "steps": b.finish_step[b.task_ids == t].tolist()}

@@ -1,5 +1,347 @@
-"""train_gae_ppo.py — not yet implemented (see the open issues); exits non-zero so no run pretends to train."""
-import sys
+"""GAE-PPO: PPO with a learned value head and GAE advantages on the VLA (seed 003), one file.
+
+Each iteration: rollout (episodes from (task, trial) prompts on the practice trials, the policy's pooled hidden state
+kept at every policy step) -> values V(s_t) from the value head, and V(s_last) for episodes cut at max_steps ->
+GAE over policy steps (a truncated episode bootstraps, a terminated one does not) -> PPO epochs: clipped policy loss
++ value_loss_coef * value loss - entropy bonus, two AdamW optimizers (actor, critic) with their own gradient clipping
+-> evaluation on held-out trials, logging, checkpoints. `algorithm.use_gae=false` is seed 003's value-free baseline
+(normalised discounted reward-to-go, no value head).
+
+    python train_gae_ppo.py --task-id 0                      # embedded tabletop suite, tiny policy, CPU is fine
+    python train_gae_ppo.py --task-id 0 --timesteps 100000 --actor-lr 1e-4 --critic-lr 1e-3
+    python train_gae_ppo.py --config configs/gae_ppo_libero.yaml --task-id 0 --gpu 0
+    accelerate launch --multi_gpu --num_processes 2 train_gae_ppo.py --task-ids 0 1   # N processes (CPU or GPUs)
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from common.advantages import compute_gae
+from common.config import (RESUMABLE, ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config,
+                           parse_cli)
+from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
+from common.rollout import collect_rollouts, flatten_steps, success_by_task
+from common.run import average_gradients, initial_policy, minibatches, start_run
+from envs import num_trials
+from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
+
+
+@dataclass
+class RolloutConfig:
+    episodes_per_iteration: int = 64  # episodes per iteration and process, each from a random practice (task, trial)
+    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same
+    train_trials: int = 10  # trials 0..train_trials-1 are practised; the rest are held out for evaluation
+
+
+@dataclass
+class RewardConfig:
+    step_penalty: float = 0.0  # optional shaping: minus this per env step (0 = the env's sparse success reward only)
+
+
+@dataclass
+class AlgorithmConfig:
+    use_gae: bool = True  # false = seed 003's value-free baseline: discounted reward-to-go, no value head
+    gamma: float = 0.99  # discount per policy step (one action chunk)
+    gae_lambda: float = 0.95
+    normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (per process)
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.2
+    clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1; a huge value switches it off)
+    loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens
+    entropy_coeff: float = 0.0
+    value_loss_coef: float = 0.5  # total = policy + value_loss_coef * value - entropy_coeff * entropy
+    cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = plain MSE
+    freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
+                                         # head only)
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 60  # at most this many iterations
+    total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
+    actor_lr: float = 1e-5  # seed 003 (LoRA on a 7B VLA); the tiny policy's value is in configs/gae_ppo.yaml
+    critic_lr: float = 3e-4
+    lr_warmup_steps: int = 0  # linear actor-lr warmup over the first N actor steps
+    weight_decay: float = 0.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 64  # policy steps per optimizer step
+    ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
+    actor_max_grad_norm: float = 1.0
+    critic_max_grad_norm: float = 1.0
+    critic_warmup_iterations: int = 0  # first N iterations train the value head only (the actor does not move)
+
+
+@dataclass
+class Config:
+    seed: int = 1
+    resume: Optional[str] = None  # --resume: "auto" or a run folder
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch; LoRA keys
+    value_head: ValueHeadConfig = field(default_factory=lambda: ValueHeadConfig(hidden_dims=[256, 128]))
+    init: InitConfig = field(default_factory=InitConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def check_config(cfg: Config) -> None:
+    """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
+    check_run_config(cfg)
+    t, a = cfg.train, cfg.algorithm
+    if t.total_timesteps is not None and t.total_timesteps < 1:
+        raise ConfigError(f"train.total_timesteps={t.total_timesteps} (--timesteps): must be >= 1 env step "
+                          f"(leave it null to stop on train.iterations only)")
+    if not t.actor_lr >= 0 or not t.critic_lr >= 0:
+        raise ConfigError(f"train.actor_lr={t.actor_lr}, train.critic_lr={t.critic_lr} (--actor-lr/--critic-lr): "
+                          f"learning rates must be >= 0")
+    if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
+        raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
+                          f"with layers of size >= 1 (seed 003: [1024, 512]), or set algorithm.use_gae=false")
+    if not (0 <= a.gamma <= 1 and 0 <= a.gae_lambda <= 1):
+        raise ConfigError(f"algorithm.gamma={a.gamma}, algorithm.gae_lambda={a.gae_lambda}: both must lie in [0, 1]")
+    if a.clip_ratio_c <= 1 or a.loss_agg_mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 and algorithm.loss_agg_mode="
+                          f"{a.loss_agg_mode!r} one of {', '.join(LOSS_AGG_MODES)}")
+    if t.critic_warmup_iterations > 0 and not a.use_gae:
+        raise ConfigError(f"train.critic_warmup_iterations={t.critic_warmup_iterations} needs a critic: set "
+                          f"algorithm.use_gae=true or critic_warmup_iterations=0")
+    if cfg.rollout.episodes_per_iteration < 1 or not cfg.rollout.temperature > 0:
+        raise ConfigError(f"rollout.episodes_per_iteration={cfg.rollout.episodes_per_iteration} must be >= 1 and "
+                          f"rollout.temperature={cfg.rollout.temperature} > 0")
+    if t.ppo_epochs < 1 or t.ppo_micro_batch_size < 1 or t.ppo_mini_batch_size % t.ppo_micro_batch_size:
+        raise ConfigError(f"train.ppo_epochs ({t.ppo_epochs}) and train.ppo_micro_batch_size "
+                          f"({t.ppo_micro_batch_size}) must be >= 1 and train.ppo_mini_batch_size "
+                          f"({t.ppo_mini_batch_size}) a multiple of the micro-batch size")
+    if not 0 < cfg.rollout.train_trials < num_trials(cfg.env):
+        raise ConfigError(f"rollout.train_trials={cfg.rollout.train_trials} must leave held-out trials: the suite has "
+                          f"{num_trials(cfg.env)} trials per task")
+
+
+def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, step_mask: np.ndarray,
+                   truncated: np.ndarray, last_values: np.ndarray, gamma: float, gae_lambda: float,
+                   normalize: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """`compute_gae` over the valid policy steps of B episodes padded to T: (B, T) rewards, values, dones (true at an
+    episode's last step, whether it terminated or was truncated) and step_mask; (B,) truncated and last_values
+    V(s_last), the value of the observation after a truncated episode's last step.
+
+    The episodes' valid steps are laid end to end (a done closes each one). A truncated episode is not terminal: its
+    last reward gets + gamma * V(s_last), which is exactly delta = r + gamma * V(s_last) - V; a terminated one adds
+    nothing. Returns (advantages, returns = A + V before normalisation), (B, T), zero past each episode's end;
+    `normalize` standardises the advantages over the valid steps only."""
+    b, t = np.nonzero(step_mask)
+    bootstrap = np.where(truncated[b] & dones[b, t], gamma * last_values[b], 0.0)
+    adv, ret = compute_gae(rewards[b, t] + bootstrap, values[b, t], dones[b, t], gamma, gae_lambda, normalize)
+    advantages, returns = np.zeros(step_mask.shape, np.float32), np.zeros(step_mask.shape, np.float32)
+    advantages[b, t], returns[b, t] = adv, ret
+    return advantages, returns
+
+
+@torch.no_grad()
+def value_of(value_head: ValueHead, hidden: np.ndarray, device, batch_size: int = 1024) -> np.ndarray:
+    """V of (N, D) pooled hidden states, in chunks, as float32 numpy (N,)."""
+    out = [value_head(torch.as_tensor(hidden[s:s + batch_size], device=device)).cpu()
+           for s in range(0, len(hidden), batch_size)]
+    return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
+
+
+@torch.no_grad()
+def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int) -> Tuple[np.ndarray, np.ndarray]:
+    """V(s_t) at every valid policy step (B, T), from the pooled hidden states the rollout kept (`extras["hidden"]`,
+    the state each action chunk was chosen in; zero past an episode's end), and V(s_last) (B,): the value of the
+    observation after the last step of a truncated episode (`policy.hidden(batch.last_obs)`), zero for the others."""
+    mask = batch.step_mask
+    values, last_values = np.zeros(mask.shape, np.float32), np.zeros(len(batch), np.float32)
+    values[mask] = value_of(value_head, batch.extras["hidden"][mask], device)
+    cut = np.flatnonzero(batch.truncated)
+    for s in range(0, len(cut), chunk_size):
+        rows = cut[s:s + chunk_size]
+        hidden = policy.hidden({k: v[rows] for k, v in batch.last_obs.items()}, [batch.instructions[i] for i in rows])
+        last_values[rows] = value_head(hidden.to(device)).cpu().numpy()
+    return values, last_values
+
+
+def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
+    """CleanRL's 1 - Var(y_true - y_pred) / Var(y_true) (NaN when y_true is constant)."""
+    var_y = np.var(y_true)
+    return float("nan") if var_y == 0 else float(1 - np.var(y_true - y_pred) / var_y)
+
+
+def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], train: TrainConfig
+                    ) -> Tuple[List[torch.nn.Parameter], List[torch.nn.Parameter], torch.optim.Optimizer,
+                               Optional[torch.optim.Optimizer]]:
+    """(actor params, critic params, actor AdamW, critic AdamW or None): each optimizer holds its own parameters."""
+    actor_params = [p for p in policy.parameters() if p.requires_grad]
+    critic_params = list(value_head.parameters()) if value_head is not None else []
+    actor = torch.optim.AdamW(actor_params, lr=train.actor_lr, weight_decay=train.weight_decay)
+    critic = torch.optim.AdamW(critic_params, lr=train.critic_lr, weight_decay=train.weight_decay) \
+        if critic_params else None
+    return actor_params, critic_params, actor, critic
+
+
+def save_update_png(run, done: int) -> None:
+    """Seed 003's plots/<run>/training_curves_update{N:05d}.png: a copy of the panels the logger just drew."""
+    path = run.logger.plot_path if run.logger is not None else ""
+    if os.path.isfile(path) and run.cfg.log.plot_every > 0 and done % run.cfg.log.plot_every == 0:
+        shutil.copyfile(path, os.path.join(os.path.dirname(path), f"training_curves_update{done:05d}.png"))
+
 
 if __name__ == "__main__":
-    sys.exit("train_gae_ppo.py is not implemented yet: it lands with its issue. Until then see README.md for what runs.")
+    cfg = parse_cli(Config, "configs/gae_ppo.yaml", description=__doc__.split("\n")[0], script="gae_ppo",
+                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+                        "--timesteps": dict(type=int, key="train.total_timesteps",
+                                            help="stop after this many env steps (or train.iterations, if first)"),
+                        "--num-envs": dict(type=int, key="env.num_envs", help="parallel environments"),
+                        "--actor-lr": dict(type=float, key="train.actor_lr", help="policy (actor) learning rate"),
+                        "--critic-lr": dict(type=float, key="train.critic_lr", help="value head learning rate"),
+                        "--log-interval": dict(type=int, key="log.plot_every", help="PNG panels every N updates")})
+    try:
+        check_config(cfg)
+    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
+        raise SystemExit(f"error: {e}") from None
+
+    with start_run(cfg, "gae_ppo") as run:
+        device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
+        if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, "modules",
+                                                                            "value_head.safetensors")):
+            raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
+                              f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
+        policy = initial_policy(run, TokenPolicy)
+        with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
+            torch.manual_seed(cfg.seed)
+            value_head = ValueHead(policy.hidden_size, cfg.value_head).to(device) if use_gae else None
+        actor_params, critic_params, actor_opt, critic_opt = make_optimizers(policy, value_head, cfg.train)
+        warmup = max(1, cfg.train.lr_warmup_steps)
+        actor_sched = torch.optim.lr_scheduler.LambdaLR(actor_opt, lambda step: min(1.0, (step + 1) / warmup))
+        run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
+                   modules={"value_head": value_head} if use_gae else None,
+                   eval_kwargs={"temperature": cfg.rollout.temperature},
+                   banner=f" | {'GAE + value head' if use_gae else 'reward-to-go, no value head'} | stops at "
+                          f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
+                                                                  if cfg.train.total_timesteps else ""))
+        A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
+        temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
+
+        for iteration in run.iterations():
+            t_iter = time.perf_counter()
+            metrics = run.begin_iteration(iteration)
+
+            # 1. rollout: random practice (task, trial) prompts, temperature sampling, hidden state per policy step
+            E = cfg.rollout.episodes_per_iteration
+            tasks = run.prompt_rng.choice(cfg.env.task_ids, E).tolist()
+            trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, E).tolist()
+            policy.eval()
+            t0 = time.perf_counter()
+            batch = collect_rollouts(run.envs, policy, tasks, trials, temperature=temp, keep_hidden=use_gae,
+                                     progress=run.is_main, desc=f"rollout {iteration}")
+            metrics["time/rollout"] = time.perf_counter() - t0
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            metrics["rollout/success_rate"] = float(np.mean(run.gather(batch.complete.tolist())))
+            metrics["rollout/mean_length"] = float(np.mean(run.gather(batch.finish_step.tolist())))
+            metrics["rollout/truncated_fraction"] = float(np.mean(run.gather(batch.truncated.tolist())))
+            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
+            metrics["rollout/invalid"] = float(batch.invalid.sum())
+            batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
+
+            # 2. rewards per policy step: the env reward summed over the chunk (+ optional per-step shaping)
+            env_steps = np.clip(batch.finish_step[:, None] - np.arange(batch.num_steps)[None] * policy.action_chunk,
+                                0, policy.action_chunk)  # env steps taken inside each policy step
+            rewards = batch.rewards - cfg.reward.step_penalty * env_steps
+
+            # 3. values V(s_t) at every policy step, V(s_last) after a truncated episode's last step (bootstrap)
+            t0 = time.perf_counter()
+            step_mask = batch.step_mask
+            values, last_values = np.zeros(step_mask.shape, np.float32), np.zeros(len(batch), np.float32)
+            if use_gae:
+                value_head.eval()
+                values, last_values = record_values(policy, value_head, batch, device, mb)
+            metrics["time/values"] = time.perf_counter() - t0
+
+            # 4. advantages: GAE over policy steps (gae_lambda=1 with V=0 for the value-free baseline: discounted
+            #    reward-to-go), broadcast to the step's A action tokens; returns = A + V are the value targets
+            advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
+                                                 alg.gamma, alg.gae_lambda if use_gae else 1.0,
+                                                 alg.normalize_advantages)
+            steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
+                                  values=values)
+            if use_gae:
+                gathered = run.gather(list(zip(steps.data["values"].tolist(), steps.data["returns"].tolist())))
+                pred, true = np.array(gathered, dtype=np.float64).reshape(-1, 2).T
+                metrics["train/explained_variance"] = explained_variance(pred, true)
+                metrics["train/value_mean"], metrics["train/return_mean"] = float(pred.mean()), float(true.mean())
+
+            # 5. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            t0 = time.perf_counter()
+            move_actor = iteration >= cfg.train.critic_warmup_iterations  # critic warm-up: the actor waits
+            policy.train()
+            if use_gae:
+                value_head.train()
+            stats = {k: [] for k in ("policy_loss", "value_loss", "clipfrac", "clipfrac_lower", "approx_kl", "entropy",
+                                     "value_clipfrac", "actor_grad_norm", "critic_grad_norm")}
+            for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather):
+                actor_opt.zero_grad(set_to_none=True)
+                if use_gae:
+                    critic_opt.zero_grad(set_to_none=True)
+                micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                for part in micro:
+                    log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
+                                                                temp, return_hidden=True)
+                    adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
+                    mask = torch.ones_like(adv)
+                    pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
+                        old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
+                        clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
+                        loss_agg_mode=alg.loss_agg_mode)
+                    entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
+                    loss = (pg_loss - alg.entropy_coeff * entropy_loss) if move_actor else torch.zeros((), device=device)
+                    if use_gae:
+                        features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
+                        vpreds = value_head(features)
+                        vf_loss, vf_clipfrac = compute_value_loss(
+                            vpreds, part.tensor("returns", device), part.tensor("values", device),
+                            torch.ones_like(vpreds), alg.cliprange_value)
+                        loss = loss + alg.value_loss_coef * vf_loss
+                        stats["value_loss"].append(vf_loss.item())
+                        stats["value_clipfrac"].append(vf_clipfrac.item())
+                    (loss / len(micro)).backward()
+                    for k, v in (("policy_loss", pg_loss), ("clipfrac", pg_clipfrac), ("approx_kl", ppo_kl),
+                                 ("clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
+                        stats[k].append(v.item())
+                average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
+                if use_gae:  # separate clipping (and logging) of the two norms; the no-GAE baseline logs neither
+                    stats["critic_grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(
+                        critic_params, cfg.train.critic_max_grad_norm)))
+                    critic_opt.step()
+                actor_norm = float(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
+                if move_actor:
+                    if use_gae:
+                        stats["actor_grad_norm"].append(actor_norm)
+                    actor_opt.step()
+                    actor_sched.step()
+            metrics["time/update"] = time.perf_counter() - t0
+            metrics["train/actor_lr"] = actor_sched.get_last_lr()[0]
+            metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
+            metrics["train/advantage_abs_mean"] = float(np.abs(steps.data["advantages"][:, 0]).mean()) \
+                if len(steps) else float("nan")
+
+            # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
+            budget = cfg.train.total_timesteps
+            last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
+            metrics["time/iteration"] = time.perf_counter() - t_iter
+            run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
+                                                   "val/success_rate", "val/sampled_success_rate", "train/policy_loss",
+                                                   "train/value_loss", "train/explained_variance", "train/clipfrac",
+                                                   "train/approx_kl", "time/iteration"], last=last)
+            if run.is_main:
+                save_update_png(run, iteration + 1)
+            if last:
+                break

@@ -1,5 +1,313 @@
-"""train_luffy.py — not yet implemented (see the open issues); exits non-zero so no run pretends to train."""
-import sys
+"""LUFFY: Learning to reason Under oFF-policY guidance (seed 004) for VLA policies, one file.
+
+Each iteration: prompts (task, start) -> n - n_off on-policy rollouts + n_off expert demonstrations of that same start,
+executed in the simulator exactly as the policy acts (same chunks, same 256-bin tokens; a demo that fails is dropped
+and counted) -> dynamic sampling on the on-policy rows -> GRPO advantages over the whole group (or LUFFY's split
+baseline from on-policy rows only) -> on-policy old log-probs -> mixed-policy loss: PPO on on-policy tokens, the
+shaped probability f(p) = p / (p + 0.1) on demo tokens (policy shaping: low-probability expert actions get the
+largest gradient) -> logging and checkpoints. `algorithm.use_sft_multitask_loss=true` gives the paper's "RL w/ SFT
+loss" baseline instead (PPO on on-policy tokens + NLL on the demo tokens).
+
+Demonstrations: on tabletop the scripted expert acting closed-loop from the trial's own initial state; on real LIBERO
+the HDF5 demos of `demos.paths`, the simulator reset to each demo's first state (prompts are drawn from the demos).
+
+    python train_luffy.py --task-id 0                     # embedded tabletop suite, tiny policy, CPU is fine
+    python train_luffy.py --config configs/luffy_libero.yaml --task-id 0 demos.paths=[libero_spatial/x_demo.hdf5]
+    accelerate launch --multi_gpu --num_processes 2 train_luffy.py --task-ids 0 1
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from common.advantages import compute_advantage, make_response_mask, masked_mean
+from common.config import ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config, parse_cli
+from common.demos import rollout_demos
+from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
+from common.rollout import RolloutBatch, collect_rollouts, flatten_steps, success_by_task
+from common.run import average_gradients, initial_policy, minibatches, start_run
+from common.srpo import filter_groups, filter_metrics
+from envs import num_trials, suite_tasks
+from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig
+
+LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
+             "on_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac")
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 8  # group size: samples per prompt, on-policy rollouts + demonstrations (LUFFY: n 8 ...)
+    n_off: int = 1  # ... of which off-policy expert demonstrations of the same start (LUFFY: 1; copies of one demo)
+    prompts_per_iteration: int = 8  # prompts per iteration and process
+    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same
+    train_trials: int = 10  # tabletop: trials 0..train_trials-1 train, the rest are held out (LIBERO: demo starts)
+
+
+@dataclass
+class DemoConfig:
+    paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (robomimic layout; data/demo_i/states
+                                                    # gives the start); tabletop uses its scripted expert instead
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"  # grpo: statistics over all n rows (LUFFY's recipe) | grpo_split: on-policy rows only
+    norm_adv_by_std_in_grpo: bool = False  # LUFFY: use_std false (A = r - mean)
+    filter_accuracy: bool = True  # dynamic sampling on the ON-POLICY rows' success: keep lower <= mean <= upper
+    accuracy_lower_bound: float = 0.0  # 0: keep all-failure groups, which only the demo can teach (LUFFY's point)
+    accuracy_upper_bound: float = 0.9  # drop groups whose on-policy samples all succeeded (no signal left)
+    filter_truncated: bool = False  # drop a prompt if any on-policy sample hit max_steps
+    clip_ratio: float = 0.2  # on-policy PPO clip range (cliprange)
+    clip_upper_bound: float = 100.0  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
+    on_policy_reshape: str = "no_reshape"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1 | p_div_p_0.5
+    on_policy_reshape_weight: float = 1.0
+    on_policy_reshape_pow_exp: float = 0.5
+    off_policy_reshape: str = "p_div_p_0.1"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1|0.3|0.5
+    off_policy_reshape_weight: float = 1.0
+    off_policy_reshape_pow_exp: float = 0.5
+    off_max_clip: Optional[float] = None  # clamp of the off-policy ratio (null = none)
+    off_min_clip: Optional[float] = None
+    all_max_clip: Optional[float] = None  # tokens with p > this leave the loss (null = none)
+    off_policy_target_probs: bool = False  # off ratio p / target_probs with target 1 (a deterministic demonstrator)
+    loss_remove_token_mean: bool = True  # sum over tokens / tokens per step, instead of the token mean
+    loss_remove_clip: bool = True  # no PPO clip on on-policy tokens (LUFFY's recipe)
+    entropy_coeff: float = 0.001
+    use_sft_multitask_loss: bool = False  # "RL w/ SFT loss": PPO on on-policy tokens + sft_loss_coef * NLL of demos
+    sft_loss_coef: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 30
+    lr: float = 1e-4
+    lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
+    weight_decay: float = 0.0
+    ppo_epochs: int = 1
+    ppo_mini_batch_size: int = 64  # policy steps per optimizer step
+    ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
+    grad_clip: float = 1.0
+    recompute_old_log_prob: bool = True  # on-policy rows (demo rows have none); False = the rollout's log-probs
+
+
+@dataclass
+class Config:
+    seed: int = 1
+    resume: Optional[str] = None  # --resume: "auto" or a run folder
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch; LoRA keys
+    init: InitConfig = field(default_factory=InitConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    demos: DemoConfig = field(default_factory=DemoConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def check_config(cfg: Config) -> None:
+    """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
+    check_run_config(cfg)
+    r, a = cfg.rollout, cfg.algorithm
+    if not 0 <= r.n_off < r.n:
+        raise ConfigError(f"rollout.n_off={r.n_off} with rollout.n={r.n}: need 0 <= n_off < n (a group is n - n_off "
+                          f"on-policy rollouts plus n_off demonstrations; LUFFY uses n=8, n_off=1)")
+    if r.n < 2 or r.prompts_per_iteration < 1 or not r.temperature > 0:
+        raise ConfigError(f"rollout.n={r.n}, prompts_per_iteration={r.prompts_per_iteration}, temperature="
+                          f"{r.temperature}: need n >= 2 (a group), >= 1 prompt, temperature > 0")
+    if a.adv_estimator not in ("grpo", "grpo_split"):
+        raise ConfigError(f"algorithm.adv_estimator={a.adv_estimator!r}: use grpo (LUFFY's recipe) or grpo_split")
+    if a.use_sft_multitask_loss and r.n_off == 0:
+        raise ConfigError("algorithm.use_sft_multitask_loss needs demonstrations in the groups: set rollout.n_off >= 1")
+    one = torch.zeros(1, 1)
+    try:  # the loss names its valid reshapes; ask it now rather than at the first update
+        compute_token_on_off_policy_loss(one, one, one, one + 1, 0.2, 100.0, one.bool(), None,
+                                         off_policy_reshape=a.off_policy_reshape,
+                                         on_policy_reshape=a.on_policy_reshape)
+    except ValueError as e:
+        raise ConfigError(f"algorithm.{str(e).split()[1]}: {e}") from None
+    if cfg.train.ppo_epochs < 1 or cfg.train.ppo_micro_batch_size < 1 or \
+            cfg.train.ppo_mini_batch_size % cfg.train.ppo_micro_batch_size:
+        raise ConfigError(f"train.ppo_epochs >= 1 and train.ppo_mini_batch_size ({cfg.train.ppo_mini_batch_size}) a "
+                          f"multiple of train.ppo_micro_batch_size ({cfg.train.ppo_micro_batch_size}) >= 1")
+    if cfg.env.suite == "tabletop":
+        if not 0 < r.train_trials < num_trials(cfg.env):
+            raise ConfigError(f"rollout.train_trials={r.train_trials} must leave held-out trials: the suite has "
+                              f"{num_trials(cfg.env)} trials per task")
+    elif not cfg.demos.paths:
+        raise ConfigError(f"env.suite={cfg.env.suite} needs demonstrations: set demos.paths=[<task>_demo.hdf5, ...] "
+                          f"(LIBERO's HDF5 demos of the trained tasks; the scripted expert exists only on tabletop)")
+
+
+def load_libero_prompts(cfg: Config) -> List[dict]:
+    """LIBERO demos of the trained tasks that know their start (data/demo_i/states, or a trial_id attribute)."""
+    from envs.libero import load_libero_demos
+
+    demos = [d for p in cfg.demos.paths for d in load_libero_demos(p) if d["task_id"] in cfg.env.task_ids]
+    demos = [d for d in demos if d["init_state"] is not None or d["trial_id"] >= 0]
+    if not demos:
+        raise ConfigError(f"demos.paths {cfg.demos.paths}: no demo of tasks {list(cfg.env.task_ids)} with a recorded "
+                          f"start (data/demo_i/states or a trial_id attribute); record them with states, or check the "
+                          f"files belong to env.suite={cfg.env.suite}")
+    return [{"task": d["task_id"], "trial": max(d["trial_id"], 0), "init_state": d["init_state"],
+             "actions": d["actions"]} for d in demos]
+
 
 if __name__ == "__main__":
-    sys.exit("train_luffy.py is not implemented yet: it lands with its issue. Until then see README.md for what runs.")
+    cfg = parse_cli(Config, "configs/luffy.yaml", description=__doc__.split("\n")[0], script="luffy")
+    try:
+        check_config(cfg)
+    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
+        raise SystemExit(f"error: {e}") from None
+
+    with start_run(cfg, "luffy") as run:
+        device = run.device
+        libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
+        policy = initial_policy(run, TokenPolicy)
+        params = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        warmup = max(1, cfg.train.lr_warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": cfg.rollout.temperature},
+                   banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
+                          + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
+        max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
+        A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
+        temp, mb, alg = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size, cfg.algorithm
+        P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
+
+        for iteration in run.iterations():
+            t_iter = time.perf_counter()
+            metrics = run.begin_iteration(iteration)
+
+            # 1. prompts: tabletop (task, practice trial); LIBERO a demo (its task, reset to its first state)
+            if libero_prompts is None:
+                tasks = run.prompt_rng.choice(cfg.env.task_ids, P).tolist()
+                trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, P).tolist()
+                reset_options, demo_actions = None, None
+            else:
+                picked = [libero_prompts[i] for i in run.prompt_rng.integers(0, len(libero_prompts), P)]
+                tasks, trials = [d["task"] for d in picked], [d["trial"] for d in picked]
+                reset_options = {"init_states": [d["init_state"] for d in picked]}
+                demo_actions = [d["actions"] for d in picked]
+
+            # 2. rollout: n - n_off on-policy samples per prompt, and the prompt's demonstration executed as the
+            #    policy acts (tokens, chunks, padding), its success verified in the simulator
+            policy.eval()
+            t0 = time.perf_counter()
+            on_batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=n_on, temperature=temp,
+                                        progress=run.is_main, desc=f"rollout {iteration}", reset_options=reset_options)
+            on_batch.extras["prefix_mask"] = np.zeros(on_batch.tokens.shape, dtype=bool)
+            demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
+                                       demo_actions, reset_options) if n_off else None
+            metrics["time/rollout"] = time.perf_counter() - t0
+            run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
+                                metrics, metrics["time/rollout"])
+            metrics["rollout/success_rate"] = float(np.mean(run.gather(on_batch.complete.tolist())))
+            metrics["rollout/mean_length"] = float(np.mean(run.gather(on_batch.finish_step.tolist())))
+            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(on_batch).items()})
+
+            # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
+            task_max = np.array([max_steps[int(t)] for t in on_batch.task_ids])
+            horizon = int(task_max.max())
+            keep_on = filter_groups(torch.as_tensor(on_batch.complete),
+                                    torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,
+                                    alg.filter_accuracy, alg.filter_truncated, alg.accuracy_lower_bound,
+                                    alg.accuracy_upper_bound).numpy()
+            metrics.update(filter_metrics(torch.as_tensor(on_batch.complete), torch.as_tensor(keep_on), n_on))
+            kept_groups = on_batch.group_ids[keep_on]
+            batch = on_batch.select(keep_on & ~on_batch.invalid)
+            num_demo_rows = 0
+            if demo_batch is not None:  # keep n_off copies of each verified demo of a kept group; drop failed ones
+                ok = demo_batch.complete & ~demo_batch.invalid
+                metrics["demos/success_rate"] = float(np.mean(run.gather(ok.tolist())))
+                metrics["demos/dropped"] = float(sum(run.gather([int((~ok).sum())])))
+                rows = np.repeat(np.flatnonzero(ok & np.isin(demo_batch.group_ids, kept_groups)), n_off)
+                batch, num_demo_rows = RolloutBatch.concat([batch, demo_batch.select(rows)]), len(rows)
+            is_demo = np.arange(len(batch)) >= len(batch) - num_demo_rows  # demo rows come last
+            batch.group_ids = batch.group_ids + run.rank * P  # unique over processes
+            kept_counts = run.gather([len(batch)])
+            metrics["train/skipped_update"] = float(sum(kept_counts) == 0)
+
+            # 4. advantages: binary reward (a demo is a verified success), GRPO over each group's n rows or with the
+            #    on-policy baseline only; broadcast to the valid action tokens, then policy steps as rows
+            steps = None
+            if len(batch):
+                T = batch.num_steps
+                response_mask = make_response_mask(torch.as_tensor(batch.valid_steps), T, A)  # (B, T*A)
+                split = {"on_policy_mask": torch.as_tensor(~is_demo)} if alg.adv_estimator == "grpo_split" else {}
+                advantages, _ = compute_advantage(alg.adv_estimator, torch.as_tensor(batch.complete, dtype=torch.float32),
+                                                  response_mask, batch.group_ids.tolist(),
+                                                  norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **split)
+                steps = flatten_steps(batch, advantages=advantages.view(len(batch), T, A),
+                                      mask=response_mask.view(len(batch), T, A).float())
+                metrics["train/advantage_abs_mean"] = float(masked_mean(steps.tensor("advantages").abs(),
+                                                                        steps.tensor("mask")))
+                if is_demo.any():
+                    metrics["train/demo_advantage_mean"] = float(advantages[torch.as_tensor(is_demo)][:, 0].mean())
+                metrics["train/demo_step_fraction"] = float(steps.data["prefix_mask"][:, 0].mean())
+
+                # 5. old log-probs of the on-policy rows (forward only); demo rows have none
+                if cfg.train.recompute_old_log_prob:
+                    on_rows = np.flatnonzero(~steps.data["prefix_mask"][:, 0])
+                    with torch.no_grad():
+                        for s in range(0, len(on_rows), mb):
+                            part = steps.take(on_rows[s:s + mb])
+                            steps.data["old_log_probs"][on_rows[s:s + mb]] = policy.log_prob(
+                                part.obs, part.instructions, part.tensor("tokens"), temp)[0].cpu().numpy()
+
+            # 6. update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            t0 = time.perf_counter()
+            policy.train()
+            stats = {k: [] for k in LOSS_KEYS + ("entropy", "sft_loss", "grad_norm")}
+            if sum(kept_counts) > 0:
+                for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
+                                           cfg.train.ppo_epochs, run.gather):
+                    optimizer.zero_grad(set_to_none=True)
+                    micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                    for part in micro:
+                        log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
+                        mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
+                        prefix = part.tensor("prefix_mask", device)  # (rows, A) bool: demo tokens
+                        # demo tokens have no old policy: their old log-prob is the current one (no ratio, ppo_kl 0)
+                        old_log_prob = torch.where(prefix, log_prob.detach(), part.tensor("old_log_probs", device))
+                        on_only = alg.use_sft_multitask_loss  # "RL w/ SFT loss": the RL loss sees on-policy tokens
+                        out = compute_token_on_off_policy_loss(
+                            old_log_prob, log_prob, adv, mask * ~prefix if on_only else mask, alg.clip_ratio,
+                            alg.clip_upper_bound, torch.zeros_like(prefix) if on_only else prefix, None,
+                            off_max_clip=alg.off_max_clip,
+                            off_min_clip=alg.off_min_clip, all_max_clip=alg.all_max_clip,
+                            off_policy_reshape=alg.off_policy_reshape,
+                            off_policy_reshape_weight=alg.off_policy_reshape_weight,
+                            off_policy_reshape_pow_exp=alg.off_policy_reshape_pow_exp,
+                            on_policy_reshape=alg.on_policy_reshape, on_policy_reshape_weight=alg.on_policy_reshape_weight,
+                            on_policy_reshape_pow_exp=alg.on_policy_reshape_pow_exp,
+                            target_probs=torch.ones_like(log_prob) if alg.off_policy_target_probs else None,
+                            loss_remove_token_mean=alg.loss_remove_token_mean, loss_remove_clip=alg.loss_remove_clip)
+                        entropy_loss = agg_loss(entropy, mask, "token-mean")
+                        loss = out["pg_loss"] - alg.entropy_coeff * entropy_loss
+                        if alg.use_sft_multitask_loss:
+                            sft_loss = compute_sft_pure_loss(log_prob, mask * prefix)
+                            loss = loss + alg.sft_loss_coef * sft_loss
+                            stats["sft_loss"].append(sft_loss.item())
+                        (loss / len(micro)).backward()
+                        for k in LOSS_KEYS:
+                            stats[k].append(out[k].item())
+                        stats["entropy"].append(entropy_loss.item())
+                    average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
+                    stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)))
+                    optimizer.step()
+                    scheduler.step()
+            metrics["time/update"] = time.perf_counter() - t0
+            metrics["train/lr"] = scheduler.get_last_lr()[0]
+            metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
+
+            # 7. end of iteration: evaluation when due, logging, checkpoint
+            metrics["time/iteration"] = time.perf_counter() - t_iter
+            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
+                                                   "val/success_rate", "val/sampled_success_rate",
+                                                   "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",
+                                                   "train/off_policy_prob", "train/grad_norm", "time/iteration"])

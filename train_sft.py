@@ -27,8 +27,9 @@ import envs
 from common.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
 from common.config import EnvConfig, LogConfig, default_run_prefix, parse_cli, resolve_run_dir, save_config
 from common.demos import demos_to_samples, generate_expert_demos
+from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
-from evaluate import TRAIN_CONFIG, evaluate_policy, load_policy
+from models.saved import TRAIN_CONFIG, load_saved_policy
 from models.action_tokenizer import ActionTokenizer
 from models.flow_policy import FlowPolicy, FlowPolicyConfig
 from models.token_policy import TokenPolicy, TokenPolicyConfig
@@ -110,7 +111,7 @@ def load_demos(cfg: Config) -> List[Dict[str, Any]]:
 def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
     """A fresh policy (action statistics fitted on the demos) or the one at `policy.init_path`."""
     if cfg.policy.init_path:
-        return load_policy(cfg.policy.init_path).train()
+        return load_saved_policy(cfg.policy.init_path).train()
     if cfg.policy.type == "token":
         tokenizer = ActionTokenizer.fit(demo_actions, n_bins=cfg.policy.token.n_bins)
         return TokenPolicy(cfg.policy.token, tokenizer)
@@ -188,7 +189,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         if ckpt is None:
             print(f"[sft] --resume: no valid checkpoint in {run_dir}; starting from scratch")
         else:
-            policy.load_state_dict(load_policy(ckpt).state_dict())
+            policy.load_state_dict(load_saved_policy(ckpt).state_dict())
             policy.train()
             start_step, extra = load_training_state(ckpt, {"policy": optimizer}, {"policy": scheduler})
             best = extra.get("best", best)
@@ -209,11 +210,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         """Greedy success on the evaluation trials; keep best/ and last/, write a training checkpoint."""
         out: Dict[str, float] = {}
         if eval_env is not None:
-            res = evaluate_policy(policy, cfg.env, cfg.env.task_ids, eval_trials, greedy=True, vec_env=eval_env)
-            out["val/success_rate"] = res["success_rate"]
-            for t, rate in res["per_task"].items():
-                if len(cfg.env.task_ids) > 1:
-                    out[f"val/success_rate_task{t}"] = rate
+            out.update(evaluate_policy(eval_env, policy, cfg.env.task_ids, eval_trials)[0])
         policy.save(os.path.join(run_dir, "last"))
         success = out.get("val/success_rate", 0.0)
         if success >= best["success"]:  # ties go to the later (longer trained) policy

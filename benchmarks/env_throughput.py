@@ -3,11 +3,15 @@
     python benchmarks/env_throughput.py [--seconds 2] [--image-size 64]
 """
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 
-from envs.tabletop import NUM_TASKS, NUM_TRIALS, TabletopEnv, TabletopVectorEnv
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+from envs.tabletop import NUM_TASKS, NUM_TRIALS, TabletopEnv, TabletopVectorEnv  # noqa: E402
 
 
 def vector_steps_per_s(n: int, image_size: int, seconds: float) -> float:

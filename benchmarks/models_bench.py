@@ -2,7 +2,8 @@
 cache, trajectory-encoder throughput, peak memory.
 
     python benchmarks/models_bench.py                      # tiny presets, batch 16, 1 thread
-    python benchmarks/models_bench.py --minivla --minivla-batch 2   # + real-size architecture from random init
+    python benchmarks/models_bench.py --minivla --minivla-batch 2   # + real-size token policy from random init
+    python benchmarks/models_bench.py --pi0                         # + full pi0 (3.5B) flow policy, random init
 """
 from __future__ import annotations
 
@@ -111,6 +112,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10, help="timed repetitions (median reported)")
     ap.add_argument("--minivla", action="store_true", help="also time the real-size architecture (random init)")
     ap.add_argument("--minivla-batch", type=int, default=1, help="batch size for the minivla preset")
+    ap.add_argument("--pi0", action="store_true", help="also time the full pi0 architecture (random init, ~14 GB)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -121,8 +123,8 @@ def main() -> None:
     bench_encoder("pixels", 16, max(1, args.reps // 3))
     if args.minivla:
         bench_token(TokenPolicyConfig(preset="minivla", image_size=224), args.minivla_batch, 2)
-        bench_flow(FlowPolicyConfig(preset="minivla", image_size=224, expert_dim=512, expert_layers=6,
-                                    expert_heads=8), args.minivla_batch, 2)
+    if args.pi0:
+        bench_flow(FlowPolicyConfig(preset="pi0", image_size=224), args.minivla_batch, 2)
     print(f"peak RSS (whole run) {peak_rss_mb():.0f} MB")
 
 

@@ -7,14 +7,18 @@ Goal: the loop's own overhead <= 10% of the raw env time.
     python benchmarks/rollout_overhead.py [--num-envs 16] [--episodes 64]
 """
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 
-from common.config import EnvConfig
-from common.rollout import collect_rollouts
-from envs import make_vector_env
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
+
+from common.config import EnvConfig  # noqa: E402
+from common.rollout import collect_rollouts  # noqa: E402
+from envs import make_vector_env  # noqa: E402
 
 
 class RandomPolicy:

@@ -11,14 +11,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import torch  # noqa: E402
-
-import train_sft  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RECIPES = {  # name -> (overrides on configs/sft.yaml, target held-out success)
     "weak": ([], 0.3),
@@ -33,14 +30,15 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--out", default="plots/sft_bench.json")
     args = p.parse_args()
-    torch.set_num_threads(args.threads)
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     rows = []
     for name in args.recipes:
         overrides, target = RECIPES[name]
         run_name = f"sft_bench_{name}_t{args.task_id}_{time.strftime('%Y%m%d-%H%M%S')}"
         t0 = time.time()
-        train_sft.main(["--task-id", str(args.task_id), "--no-wandb", f"log.run_name={run_name}",
-                        f"sft.output_path=checkpoints/sft_bench_{name}_task{args.task_id}", *overrides])
+        subprocess.run([sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-id", str(args.task_id), "--no-wandb",
+                        f"log.run_name={run_name}", f"sft.output_path=checkpoints/sft_bench_{name}_task{args.task_id}",
+                        *overrides], env=env, check=True)
         wall = time.time() - t0
         with open(os.path.join("runs", run_name, "metrics.jsonl")) as f:
             evals = [r for r in map(json.loads, f) if r.get("val/success_rate") is not None]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -152,3 +152,133 @@ def demos_for_trial(demos: List[Dict[str, Any]], task_id: int, trial_id: int) ->
         if int(d["task_id"]) == int(task_id) and int(d["trial_id"]) == int(trial_id):
             return d
     return None
+
+
+# ------------------------------------------------------------------------------- demos as rows of an RL batch (LUFFY)
+
+def tokenize_demo_actions(actions: Sequence[np.ndarray], tokenizer: Any, chunk: int
+                          ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Demo episodes as a token policy would have acted them: `actions[i]` (L_i, 7) cut into ceil(L_i / chunk) policy
+    steps of `chunk` actions, the last one padded by repeating the final action (as `demos_to_samples` pads SFT
+    targets), each action tokenised with the policy's `tokenizer` (256 bins).
+
+    -> tokens (B, T, chunk*7) int64, executed (B, T, chunk, 7) float32 (the decoded tokens: what the simulator gets),
+    valid_steps (B,) int64; T = the longest episode's steps, zeros after an episode's last step."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    arrays = [np.asarray(a, dtype=np.float32) for a in actions]
+    for i, a in enumerate(arrays):
+        if a.ndim != 2 or a.shape[1] != 7 or len(a) == 0:
+            raise ValueError(f"demo {i}: actions must be a non-empty (L, 7) array, got shape {a.shape}")
+    valid_steps = np.array([-(-len(a) // chunk) for a in arrays], dtype=np.int64)
+    T = int(valid_steps.max()) if arrays else 0
+    tokens = np.zeros((len(arrays), T, chunk * 7), dtype=np.int64)
+    executed = np.zeros((len(arrays), T, chunk, 7), dtype=np.float32)
+    for i, a in enumerate(arrays):
+        padded = a[np.minimum(np.arange(valid_steps[i] * chunk), len(a) - 1)]  # repeat the last action
+        tok = tokenizer.encode(padded).cpu().numpy().reshape(valid_steps[i], chunk * 7)
+        tokens[i, :valid_steps[i]] = tok
+        executed[i, :valid_steps[i]] = tokenizer.decode(tok.reshape(valid_steps[i], chunk, 7))
+    return tokens, executed, valid_steps
+
+
+def rollout_demos(vec_env, tokenizer: Any, chunk: int, task_ids: Sequence[int], trial_ids: Sequence[int],
+                  demo_actions: Optional[Sequence[np.ndarray]] = None,
+                  reset_options: Optional[Dict[str, Sequence[Any]]] = None):
+    """Demonstrations executed in the simulator exactly as a token policy acts, as rows of a `RolloutBatch`.
+
+    Each row starts from (task_ids[i], trial_ids[i]) (plus `reset_options`' i-th entries, e.g. LIBERO "init_states")
+    and steps in chunks: the observation at each chunk start is recorded with the chunk's tokens, and the decoded
+    tokens are what the simulator executes, so replaying the row's tokens reproduces its episode. With `demo_actions`
+    None the tabletop scripted expert acts closed-loop (`vec_env.expert_action()`, tokenised step by step); else row i
+    replays `demo_actions[i]` (L_i, 7) open-loop (`tokenize_demo_actions`). After the episode ends the chunk is padded
+    with its last action. `complete` is the simulator's verdict (a demo's success is checked, not assumed);
+    `old_log_probs` are zeros (a demonstrator has no log-prob under the policy); `extras["prefix_mask"]` (B, T, chunk*7)
+    is True on every token of the valid steps (LUFFY's off-policy tokens)."""
+    from common.rollout import OBS_KEYS, RolloutBatch
+
+    total, n_env, A = len(task_ids), vec_env.num_envs, chunk * 7
+    if demo_actions is not None:
+        if len(demo_actions) != total:
+            raise ValueError(f"demo_actions has {len(demo_actions)} episodes for {total} (task, trial) starts")
+        plan_tokens, plan_executed, plan_steps = tokenize_demo_actions(demo_actions, tokenizer, chunk)
+        lengths = np.array([len(a) for a in demo_actions])
+    elif not hasattr(vec_env, "expert_action"):
+        raise ValueError("rollout_demos without demo_actions needs an env with a scripted expert (env.suite=tabletop)")
+    calls: List[Dict[str, Any]] = []
+    complete, truncated, invalid = np.zeros(total, bool), np.zeros(total, bool), np.zeros(total, bool)
+    finish_step, valid_steps = np.zeros(total, np.int64), np.zeros(total, np.int64)
+    names, instructions = [""] * total, [""] * total
+    last_obs: Dict[str, np.ndarray] = {}
+    env_steps = 0
+    for start in range(0, total, n_env):
+        ep = np.arange(start, min(start + n_env, total))
+        k, pad = len(ep), n_env - len(ep)
+        options = {"task_ids": [int(task_ids[i]) for i in ep] + [int(task_ids[ep[0]])] * pad,
+                   "trial_ids": [int(trial_ids[i]) for i in ep] + [int(trial_ids[ep[0]])] * pad}
+        for key, values in (reset_options or {}).items():
+            options[key] = [values[i] for i in ep] + [values[ep[0]]] * pad
+        obs, info = vec_env.reset(options=options)
+        for j in range(k):
+            names[ep[j]], instructions[ep[j]] = str(info["task_name"][j]), str(info["task_description"][j])
+        live = np.zeros(n_env, bool)
+        live[:k] = True
+        t = 0
+        while live.any():
+            rows = np.flatnonzero(live)
+            call = {"rows": ep[rows], "t": t, **{key: obs[key][rows] for key in OBS_KEYS}}
+            tokens = np.zeros((n_env, A), np.int64)
+            actions = np.zeros((n_env, chunk, 7), np.float32)
+            if demo_actions is not None:  # open-loop replay of the recorded actions, tokenised
+                tokens[rows], actions[rows] = plan_tokens[ep[rows], t], plan_executed[ep[rows], t]
+            reward, ended, last = np.zeros(n_env, np.float32), np.zeros(n_env, bool), live.copy()
+            for s in range(chunk):
+                if demo_actions is None:  # closed-loop expert, each action tokenised as the policy's own are
+                    tok = tokenizer.encode(vec_env.expert_action()).cpu().numpy()
+                    if s:  # a row that ended inside the chunk repeats its last action (the padding)
+                        tok = np.where(last[:, None], tok, tokens[:, (s - 1) * 7:s * 7])
+                    tokens[:, s * 7:(s + 1) * 7] = tok
+                    actions[:, s] = tokenizer.decode(tok)
+                obs, rew, term, trunc, info = vec_env.step(actions[:, s])
+                reward += np.where(last, rew, 0.0)
+                finish_step[ep[last[:k]]] += 1
+                done = last & (np.asarray(term) | np.asarray(trunc))
+                if demo_actions is not None:  # the recorded actions ran out: the demo did not finish the task
+                    out = np.zeros(n_env, bool)
+                    out[:k] = finish_step[ep] >= lengths[ep]
+                    done |= last & out
+                for j in np.flatnonzero(done[:k]):
+                    complete[ep[j]] = bool(info["success"][j])
+                    truncated[ep[j]] = not complete[ep[j]]
+                    if "invalid" in info:
+                        invalid[ep[j]] = bool(np.asarray(info["invalid"])[j])
+                    for key in OBS_KEYS:
+                        last_obs.setdefault(key, np.zeros((total,) + obs[key].shape[1:], obs[key].dtype))
+                        last_obs[key][ep[j]] = obs[key][j]
+                ended |= done
+                last &= ~done
+            call.update(tokens=tokens[rows], actions=actions[rows], rewards=reward[rows], dones=ended[rows])
+            calls.append(call)
+            valid_steps[ep[rows]] += 1
+            live = last
+            t += 1
+        env_steps += int(finish_step[ep].sum())
+    T = int(valid_steps.max()) if total else 0
+
+    def gather(key: str, shape: tuple, dtype) -> np.ndarray:
+        out = np.zeros((total, T) + shape, dtype=dtype)
+        for c in calls:
+            out[c["rows"], c["t"]] = c[key]
+        return out
+
+    step_mask = np.arange(T)[None, :] < valid_steps[:, None]
+    return RolloutBatch(
+        task_ids=np.asarray(task_ids, np.int64), trial_ids=np.asarray(trial_ids, np.int64),
+        group_ids=np.arange(total, dtype=np.int64), task_names=names, instructions=instructions, complete=complete,
+        finish_step=finish_step, valid_steps=valid_steps, invalid=invalid, truncated=truncated, last_obs=last_obs,
+        actions=gather("actions", (chunk, 7), np.float32), rewards=gather("rewards", (), np.float32),
+        dones=gather("dones", (), bool), obs={key: gather(key, calls[0][key].shape[1:], calls[0][key].dtype)
+                                             for key in OBS_KEYS} if calls else {},
+        tokens=gather("tokens", (A,), np.int64), old_log_probs=np.zeros((total, T, A), np.float32),
+        extras={"prefix_mask": np.repeat(step_mask[:, :, None], A, axis=2)},
+        stats={"rollout/env_steps": float(env_steps)})

@@ -175,13 +175,15 @@ def make_prompts(task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: i
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
                      keep_obs: bool = True, flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
-                     keep_hidden: bool = False, progress: bool = True, desc: str = "rollout") -> RolloutBatch:
+                     keep_hidden: bool = False, progress: bool = True, desc: str = "rollout",
+                     reset_options: Optional[Dict[str, Sequence[Any]]] = None) -> RolloutBatch:
     """Roll out every (task, trial) prompt `n_samples` times on `vec_env` (N envs at a time) with `policy`.
 
     Token policies are called as `policy.act(obs, instructions, temperature, greedy)`; flow policies (no `act`) as
     `policy.sample(obs, instructions, flow_steps, flow_noise_level)`. Each call returns a chunk of actions that is
     executed step by step; envs that finish stop being fed (their remaining steps are absorbed by the env).
     `keep_hidden` (token policies) stores the policy's pooled hidden state of every step in `extras["hidden"]`.
+    `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
@@ -209,7 +211,10 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         tasks = rows[:, 0].tolist() + [int(rows[0, 0])] * pad
         trials = rows[:, 1].tolist() + [int(rows[0, 1])] * pad
         t0 = time.perf_counter()
-        obs, info = vec_env.reset(options={"task_ids": tasks, "trial_ids": trials})
+        options = {"task_ids": tasks, "trial_ids": trials}
+        for key, values in (reset_options or {}).items():  # per prompt -> per env of this block (spares: row 0's)
+            options[key] = [values[g] for g in rows[:, 2]] + [values[rows[0, 2]]] * pad
+        obs, info = vec_env.reset(options=options)
         t_env += time.perf_counter() - t0
         desc_list = [str(s) for s in info["task_description"]]
         for j in range(k):

@@ -114,6 +114,7 @@ class Run:
         self.prompt_rng = np.random.default_rng([cfg.seed, self.rank])
         prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
         self.run_name, self.run_dir = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=bool(cfg.resume))
+        self.run_name, self.run_dir = self.gather([(self.run_name, self.run_dir)])[0]  # the main process's name
         self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
         if cfg.resume and self.resume_path is None:
             raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
@@ -125,7 +126,8 @@ class Run:
         self._tracked: Optional[Dict[str, Any]] = None
         self._snapshot: Optional[Dict[str, Any]] = None
         self._saved_iteration = 0
-        self._old_handler = None
+        self._old_handlers: Dict[int, Any] = {}
+        self._deferring = self._pending_signal = False
 
     # ---- start
     def gather(self, items: List) -> List:
@@ -226,13 +228,19 @@ class Run:
             metrics.update(self.evaluate(done))
         rng_states = self._rng_states()
         if self.is_main:
-            self.logger.log(metrics, done)
-            print(format_line(done, metrics, console_keys), flush=True)
-            if done % cfg.log.checkpoint_every == 0 or last:
-                self.save(done, rng_states)
-                self._snapshot = None
-            else:
-                self._snapshot = self._take_snapshot(done, rng_states)
+            self._deferring = True  # the row and the state it describes are written together, or not at all
+            try:
+                self.logger.log(metrics, done)
+                print(format_line(done, metrics, console_keys), flush=True)
+                if done % cfg.log.checkpoint_every == 0 or last:
+                    self.save(done, rng_states)
+                    self._snapshot = None
+                else:
+                    self._snapshot = self._take_snapshot(done, rng_states)
+            finally:
+                self._deferring = False
+            if self._pending_signal:
+                raise KeyboardInterrupt
         self.accelerator.wait_for_everyone()
 
     def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
@@ -274,18 +282,26 @@ class Run:
 
     # ---- interrupts and the end
     def __enter__(self) -> "Run":
-        def on_sigterm(signum, frame):  # SIGTERM (a cluster's scheduler, `kill`) stops like Ctrl-C
+        def on_signal(signum, frame):  # Ctrl-C, and SIGTERM (a cluster's scheduler, `kill`), stop at once ...
+            if self._deferring:  # ... except while an iteration's row and its snapshot are being written
+                self._pending_signal = True
+                return
             raise KeyboardInterrupt
 
-        try:
-            self._old_handler = signal.signal(signal.SIGTERM, on_sigterm)
-        except ValueError:  # not the main thread
-            self._old_handler = None
+        self._deferring, self._pending_signal = False, False
+        self._old_handlers = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._old_handlers[sig] = signal.signal(sig, on_signal)
+            except ValueError:  # not the main thread
+                pass
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if self._old_handler is not None:
-            signal.signal(signal.SIGTERM, self._old_handler)
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+        if exc_type is None and self._tracked is not None:
+            self.check_replicas()
         if exc_type is KeyboardInterrupt:
             self._on_interrupt()
         if self.logger is not None:
@@ -299,10 +315,27 @@ class Run:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, ConfigError):  # a bad input found at start: one line
             raise SystemExit(f"error: {exc}") from None
+        if exc_type is not None and issubclass(exc_type, CheckpointError):
+            raise SystemExit(f"error: {exc}; free the space (or fix the folder) and continue with: python "
+                             f"{self.script_file()} --resume {self.run_dir}") from None
         if exc_type is None and self.is_main:
             print(f"[{self.script}] done: {self.run_dir} (metrics.jsonl, config.yaml, checkpoints/), plots in "
                   f"{os.path.join(self.cfg.log.plots_dir, self.run_name)}", flush=True)
         return False
+
+    def check_replicas(self) -> None:
+        """With several processes: the policy's weights must be identical on every one (gradients are averaged, so
+        they move in lockstep); prints that they are, raises if they drifted apart."""
+        if self.world == 1:
+            return
+        policy = self._tracked["policy"]
+        checksum = float(sum(p.detach().double().sum().item() for p in policy.parameters()))
+        sums = self.gather([checksum])
+        if max(sums) != min(sums):
+            raise RuntimeError(f"policy weights differ between processes (checksums {sums}): gradients were not "
+                               f"averaged identically")
+        if self.is_main:
+            print(f"[{self.script}] policy weights identical on all {self.world} processes", flush=True)
 
     def _on_interrupt(self) -> None:
         if not self.is_main:

@@ -270,9 +270,17 @@ class LiberoEnv(gym.Env):
                              f"0..{n - 1}")
         return task, trial
 
+    def _init_state(self, options: Dict[str, Any]) -> np.ndarray:
+        """The flattened MuJoCo state to start from: options "init_states" (this env's entry, e.g. a demo's first
+        state; None = the trial's) or LIBERO's init state `trial_id` of `task_id`."""
+        given = options.get("init_states")
+        if given is not None and given[self.env_index] is not None:
+            return np.asarray(given[self.env_index])
+        return _init_states(self.cfg.suite, self.task_id)[self.trial_id]
+
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
-        """Put the scene in LIBERO's init state `trial_id` of `task_id` (default 0, 0), then `num_steps_wait` no-op
-        steps so objects settle."""
+        """Put the scene in LIBERO's init state `trial_id` of `task_id` (default 0, 0), or in options "init_states"
+        (one per env, e.g. demos' first states), then `num_steps_wait` no-op steps so objects settle."""
         super().reset(seed=seed)
         self.task_id, self.trial_id = self._pick_ids(options or {})
         if self._built_task != self.task_id:
@@ -289,7 +297,7 @@ class LiberoEnv(gym.Env):
         try:
             env.reset()
             env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
-            env.set_init_state(_init_states(self.cfg.suite, self.task_id)[self.trial_id])
+            env.set_init_state(self._init_state(options or {}))
             for _ in range(self.cfg.num_steps_wait):
                 env.step(NOOP_ACTION)
         finally:
@@ -550,5 +558,7 @@ def load_libero_demos(path: str, image_size: Optional[int] = None) -> List[Dict[
             demos.append({"agentview": views[0], "wrist": views[1], "state": state.astype(np.float32),
                           "actions": np.asarray(demo["actions"][()], dtype=np.float32), "task_description": description,
                           "task_name": name, "task_id": int(demo.attrs.get("task_id", task_id)),
-                          "trial_id": int(demo.attrs.get("trial_id", -1))})
+                          "trial_id": int(demo.attrs.get("trial_id", -1)),
+                          # the simulator state the demo started from (robomimic's data/demo_i/states), if recorded
+                          "init_state": np.asarray(demo["states"][0], np.float64) if "states" in demo else None})
     return demos

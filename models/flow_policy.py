@@ -150,7 +150,12 @@ class FlowPolicy(nn.Module):
             with no_init_weights():  # every weight is overwritten by load()
                 model = PI0ForConditionalGeneration(pi0_cfg)
         elif cfg.pretrained_path is not None:
-            self.text_tokenizer = load_text_tokenizer(cfg.tokenizer_path or cfg.pretrained_path, cfg.max_text_len)
+            tok_path = cfg.tokenizer_path or cfg.pretrained_path
+            try:
+                self.text_tokenizer = load_text_tokenizer(tok_path, cfg.max_text_len)
+            except (OSError, ValueError) as e:
+                raise ValueError(f"no instruction tokenizer at {tok_path} ({type(e).__name__}); set tokenizer_path "
+                                 f"(e.g. google/paligemma-3b-pt-224 or a local copy)") from e
             model = PI0ForConditionalGeneration.from_pretrained(cfg.pretrained_path, dtype=torch.float32)
         else:
             self.text_tokenizer = load_text_tokenizer(cfg.tokenizer_path, cfg.max_text_len)
@@ -213,7 +218,8 @@ class FlowPolicy(nn.Module):
         n_img = self.image_tokens * len(views)
         input_ids = torch.cat([torch.full((b, n_img), image_id, dtype=torch.long), ids], dim=1).to(dev)
         attention_mask = torch.cat([torch.ones(b, n_img, dtype=torch.long), mask.long()], dim=1).to(dev)
-        st = F.pad(torch.as_tensor(state, dtype=torch.float32, device=dev), (0, self.pi0_config.max_state_dim - STATE_DIM))
+        st = torch.as_tensor(state, dtype=torch.float32, device=dev)
+        st = F.pad(st, (0, self.pi0_config.max_state_dim - STATE_DIM))
         return {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixels,
                 "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st}
 

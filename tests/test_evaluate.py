@@ -5,10 +5,12 @@ import subprocess
 import sys
 
 import imageio.v2 as imageio
+import pytest
 import torch
 
-from evaluate import load_policy, policy_type, resolve_policy_dir
-from models.flow_policy import FlowPolicy, FlowPolicyConfig
+import evaluate
+from common.checkpoint import save_checkpoint
+from models.saved import PolicyLoadError, load_saved_policy, policy_type, resolve_policy_dir
 from models.token_policy import TokenPolicy, TokenPolicyConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,17 +39,43 @@ def test_evaluate_subprocess_writes_table_json_png_gif(tmp_path):
     assert frames[0].shape[0] == 128 and len(frames) > 1  # 64 px upscaled x2, an animation of failures
 
 
-def test_load_policy_detects_type_and_layout(tmp_path):
+def test_load_policy_finds_the_policy_in_every_layout(tmp_path):
     torch.manual_seed(0)
-    FlowPolicy(FlowPolicyConfig(**TINY, expert_dim=32, expert_layers=1, expert_heads=2)).save(
-        str(tmp_path / "run" / "best"))
-    assert resolve_policy_dir(str(tmp_path / "run")).endswith("best")
-    assert policy_type(str(tmp_path / "run" / "best")) == "flow"
-    policy = load_policy(str(tmp_path / "run"))
-    assert isinstance(policy, FlowPolicy) and not policy.training
-    try:
-        load_policy(str(tmp_path / "nothing"))
-    except FileNotFoundError as e:
-        assert "train_sft.py" in str(e)
-    else:
-        raise AssertionError("a missing checkpoint must raise FileNotFoundError")
+    policy = TokenPolicy(TokenPolicyConfig(**TINY))
+    policy.save(str(tmp_path / "sft_run" / "best"))
+    assert resolve_policy_dir(str(tmp_path / "sft_run")).endswith("best")
+    assert policy_type(str(tmp_path / "sft_run" / "best")) == "token"
+    opt = torch.optim.AdamW(policy.parameters())
+    for it in (1, 2):  # an RL run folder: the newest complete checkpoint's policy
+        save_checkpoint(str(tmp_path / "rl_run"), it, policy, {"actor": opt})
+    assert resolve_policy_dir(str(tmp_path / "rl_run")).endswith(os.path.join("iter_000002", "policy"))
+    loaded = load_saved_policy(str(tmp_path / "rl_run"))
+    assert isinstance(loaded, TokenPolicy) and not loaded.training
+
+
+def bad_input(*argv):
+    """evaluate.main's one-line error for a bad --checkpoint."""
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--checkpoint", *argv, "--trials", "1"])
+    msg = str(e.value)
+    assert msg.startswith("error: ") and "\n" not in msg, msg
+    return msg
+
+
+def test_bad_checkpoints_stop_with_one_line(tmp_path):
+    assert "no such file" in bad_input(str(tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    assert "no saved policy" in bad_input(str(tmp_path / "empty"))
+    torch.manual_seed(0)
+    policy = TokenPolicy(TokenPolicyConfig(**TINY))
+    ckpt = save_checkpoint(str(tmp_path / "run"), 1, policy, {"actor": torch.optim.AdamW(policy.parameters())})
+    weights = os.path.join(ckpt, "policy", "model.safetensors")
+    with open(weights, "r+b") as f:  # truncated: the manifest says otherwise
+        f.truncate(100)
+    assert "truncated" in bad_input(ckpt)
+    policy.save(str(tmp_path / "garbage"))
+    with open(tmp_path / "garbage" / "model.safetensors", "wb") as f:
+        f.write(b"not a safetensors file at all" * 10)
+    assert "could not load the token policy" in bad_input(str(tmp_path / "garbage"))
+    with pytest.raises(PolicyLoadError):
+        load_saved_policy(str(tmp_path / "garbage"))

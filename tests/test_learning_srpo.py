@@ -21,16 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true")
 
 
-@pytest.fixture(scope="module")
-def weak_sft(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", f"sft.output_path={out}/policy",
-           "sft.eval_every=0", "sft.eval_trials=20", f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
-    res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return str(out / "policy")
-
-
 def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
     cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "1", "reward.mode=srpo",
            "init.mode=checkpoint", f"init.path={weak_sft}", "train.iterations=60", "train.lr=1e-4",

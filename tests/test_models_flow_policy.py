@@ -63,21 +63,25 @@ def test_euler_is_exact_for_the_straight_path_velocity():
 
 def test_trained_to_a_constant_action_one_step_matches_ten_steps():
     torch.manual_seed(0)
-    policy = FlowPolicy(FlowPolicyConfig(**SMALL))
+    policy = FlowPolicy(FlowPolicyConfig(**{**SMALL, "hidden_size": 64, "expert_dim": 64}))
     chunk = np.array([[0.3, -0.2, 0.1, 0.0, 0.5, -0.4, 1.0]] * 2, np.float32)
     opt = torch.optim.AdamW(policy.parameters(), lr=3e-3)
-    for step in range(300):
+    sched = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.05, 400)
+    for step in range(400):
         loss, metrics = policy.flow_matching_loss(make_obs(16, 32, seed=step), [INSTR[0]] * 16,
                                                   np.repeat(chunk[None], 16, axis=0))
         opt.zero_grad()
         loss.backward()
         opt.step()
+        sched.step()
     assert metrics["sft/flow_mse"] < 0.1  # from ~2 (|eps - a|^2 per element) at init
     policy.eval()
     obs, noise = make_obs(8, 32, seed=1000), torch.randn(8, 2, 7)
     one = policy.sample(obs, [INSTR[0]] * 8, num_steps=1, noise=noise)
     ten = policy.sample(obs, [INSTR[0]] * 8, num_steps=10, noise=noise)
     # v(x, 1) must be x - a (identity minus a constant): one step is as good as ten once that is learned.
+    # Measured (seeds 0/1/2): last-batch mse 0.006-0.06, mean |error| 0.09-0.12 (1 step), 0.02-0.04 (10 steps), 1 vs
+    # 10 steps 0.07-0.11, from ~0.8 for pure noise.
     assert (one.x0 - torch.from_numpy(chunk)).abs().mean() < 0.15
     assert (ten.x0 - torch.from_numpy(chunk)).abs().mean() < 0.1
     assert (one.x0 - ten.x0).abs().mean() < 0.15
@@ -199,6 +203,11 @@ def test_loads_a_pi0_checkpoint_through_pretrained_path(tmp_path):
         ref_one = model.sample_actions(noise=F.pad(x_t, (0, 25)), num_steps=1, **inputs)
     torch.testing.assert_close(v, ref[..., :7], atol=1e-5, rtol=0)
     torch.testing.assert_close(one.x0, ref_one[..., :7], atol=1e-5, rtol=0)
+    # 64-px cameras are resized to the checkpoint's 32-px SigLIP input (as PI0Processor resizes to 224)
+    big = {k: v.repeat(2, 1).repeat(2, 2) if k != "state" else v for k, v in obs.items()}
+    wide = FlowPolicy(FlowPolicyConfig(pretrained_path=str(tmp_path), action_chunk=2, image_size=64)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(wide.velocity(big, INSTR[:3], x_t, t), v, atol=0.05, rtol=0)
     policy.save(str(tmp_path / "policy"))  # a policy built from a checkpoint reloads without it
     back = FlowPolicy.load(str(tmp_path / "policy")).eval()
     assert torch.equal(back.sample(obs, INSTR[:3], num_steps=1, noise=x_t).x0, one.x0)
@@ -225,5 +234,7 @@ def test_bad_inputs():
         FlowPolicy(FlowPolicyConfig(**SMALL, time_sampling="logit"))
     with pytest.raises(ValueError, match="expert_layers=2 but PI0's action expert must match the LM"):
         FlowPolicy(FlowPolicyConfig(**SMALL, expert_layers=2))
+    with pytest.raises(ValueError, match="no instruction tokenizer at .*; set tokenizer_path"):
+        FlowPolicy(FlowPolicyConfig(pretrained_path="/nonexistent/pi0_checkpoint"))
     with pytest.raises(ValueError, match="preset"):
         FlowPolicy(FlowPolicyConfig(**{**SMALL, "preset": "minivla"}))

@@ -18,7 +18,7 @@ class ExpertPolicy:
         self.env, self.fail_tasks = env, set(fail_tasks)
         self.calls = []
 
-    def act(self, obs, instructions, temperature=1.0, greedy=False):
+    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False):
         active = ~self.env.core.done
         a = self.env.expert_action()[active]
         for r, t in enumerate(self.env.core.task_id[active]):

@@ -10,7 +10,7 @@ import train_sft
 from common.config import EnvConfig
 from common.demos import demos_to_samples, generate_expert_demos, load_demos_npz
 from common.rollout import collect_rollouts
-from evaluate import load_policy
+from models.saved import load_saved_policy
 from models import ActionTokenizer, TokenPolicy
 
 TINY = ["policy.token.hidden_size=32", "policy.token.num_layers=1", "policy.token.num_heads=2"]
@@ -75,7 +75,7 @@ def test_sft_beats_untrained_policy(tmp_path):
     summary, run_dir = run(tmp_path, *model, "sft.num_demos=1", "sft.demo_starts=false", "sft.demo_noise=0.0",
                            "sft.steps=600", "sft.batch_size=8", "sft.lr=0.003", "sft.warmup_steps=20", "sft.eval_every=0",
                            "sft.eval_trial_start=0", "sft.eval_trials=1", "sft.log_every=50", "seed=0")
-    trained = load_policy(os.path.join(run_dir, "best"))
+    trained = load_saved_policy(os.path.join(run_dir, "best"))
     torch.manual_seed(0)
     untrained = TokenPolicy(trained.cfg, ActionTokenizer.from_state_dict(trained.action_tokenizer.state_dict()))
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
