@@ -1,5 +1,273 @@
-"""train_flowsar.py — not yet implemented (see the open issues); exits non-zero so no run pretends to train."""
-import sys
+"""FlowSAR: Self-Annotated credit assignment for flow-matching VLA policies (seed 001, on RLinf), one file.
+
+Each iteration: rollout with the pi0 flow policy (exploration from the initial noise x_1, optionally flow-SDE noise on
+the ODE steps) -> episode reward R in {0, 1} -> self-annotation with the EMA reference theta_old (no grad): the
+reconstruction error e of every step's action chunk, and a pre-sampled (t, eps, x_t, v_old(x_t, t)) -> credit
+assignment w = softmax(+-e / T) over each episode's steps, label y = 2R - 1 -> mirror update of v_theta(x_t, t)
+(mse_branch or softplus_kl, mse or sde energy) -> EMA theta_old <- beta theta_old + (1 - beta) theta -> logging and
+checkpoints (theta_old included). Model convention: t = 0 clean, t = 1 noise, target velocity u = eps - a.
+
+    python train_flowsar.py --task-id 0                   # embedded tabletop suite, tiny PI0, CPU is fine
+    python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 policy.pretrained_path=...
+    accelerate launch --multi_gpu --num_processes 2 train_flowsar.py --task-id 0
+"""
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, List, Optional
+
+import numpy as np
+import torch
+
+from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
+from common.config import ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config, parse_cli
+from common.losses import compute_flow_sar_loss
+from common.rollout import collect_rollouts, flatten_steps, success_by_task
+from common.run import average_gradients, initial_policy, minibatches, start_run
+from envs import num_trials
+from models import FlowPolicy, FlowPolicyConfig
+
+LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 4  # episodes per (task, trial) prompt (FlowSAR needs no groups; repeats just share a start)
+    prompts_per_iteration: int = 8  # (task, trial) prompts per iteration and process
+    train_trials: int = 10  # trials 0..train_trials-1 train; the rest are held out for evaluation
+    flow_steps: Optional[int] = None  # Euler steps per action chunk (rollout and evaluation); None = policy.num_steps
+    flow_noise_level: float = 0.0  # flow-SDE exploration (RLinf): s * sqrt(dt) * z after each ODE step; 0 = off
+
+
+@dataclass
+class AlgorithmConfig:  # seed 001 section 5: names and defaults
+    flow_sar_beta: float = 1.0  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
+    flow_sar_temperature: float = 0.5  # credit-assignment softmax temperature (smaller = more extreme weights)
+    flow_sar_tau_mid: float = 0.5  # self-annotation time tau: x = (1 - tau) a + tau eps, a_hat = x - tau v_old
+    flow_sar_ema_schedule: str = "linear"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max))
+    flow_sar_ema_beta: float = 0.995  # fixed schedule only
+    flow_sar_ema_eta_rate: float = 0.001  # linear schedule only
+    flow_sar_ema_eta_max: float = 0.5  # linear schedule only
+    flow_sar_energy_type: str = "mse"  # mse (ODE) | sde (energies / 2t, Mahalanobis)
+    flow_sar_loss_variant: str = "softplus_kl"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT)
+    flow_sar_kl_coeff: float = 1.0  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
+    flow_sar_t_min: float = 0.2  # training flow time t ~ U[t_min, t_max]
+    flow_sar_t_max: float = 0.8
+    flow_sar_w_min: float = 0.0  # weight clipping (0 and 1 = no clipping), then renormalised per episode
+    flow_sar_w_max: float = 1.0
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 30
+    lr: float = 1e-6  # the seed's pi0 recipe; the tiny policy needs a larger step (configs/flowsar.yaml)
+    lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
+    weight_decay: float = 0.0
+    update_epochs: int = 1  # passes over the iteration's policy steps
+    mini_batch_size: int = 64  # policy steps per optimizer step
+    micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation), also self-annotation
+    grad_clip: float = 1.0
+
+
+@dataclass
+class Config:
+    seed: int = 1
+    resume: Optional[str] = None  # --resume: "auto" or a run folder
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)  # architecture for init.mode=scratch; LoRA
+                                                                        # keys always (the rest from the checkpoint)
+    init: InitConfig = field(default_factory=InitConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def check_config(cfg: Config) -> None:
+    """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
+    check_run_config(cfg)
+    a = cfg.algorithm
+    if a.flow_sar_loss_variant not in LOSS_VARIANTS:
+        raise ConfigError(f"algorithm.flow_sar_loss_variant={a.flow_sar_loss_variant!r}: use mse_branch or softplus_kl")
+    if a.flow_sar_energy_type not in ENERGY_TYPES:
+        raise ConfigError(f"algorithm.flow_sar_energy_type={a.flow_sar_energy_type!r}: use mse or sde")
+    if a.flow_sar_ema_schedule not in EMA_SCHEDULES:
+        raise ConfigError(f"algorithm.flow_sar_ema_schedule={a.flow_sar_ema_schedule!r}: use fixed or linear")
+    if not 0.0 <= a.flow_sar_t_min < a.flow_sar_t_max <= 1.0:
+        raise ConfigError(f"algorithm.flow_sar_t_min={a.flow_sar_t_min}, flow_sar_t_max={a.flow_sar_t_max}: need "
+                          f"0 <= t_min < t_max <= 1 (t = 0 clean, t = 1 noise; the seed uses 0.2 and 0.8)")
+    if a.flow_sar_energy_type == "sde" and a.flow_sar_t_min <= 0.0:
+        raise ConfigError("algorithm.flow_sar_energy_type=sde divides the energies by 2t: set flow_sar_t_min > 0")
+    if not 0.0 < a.flow_sar_tau_mid < 1.0:
+        raise ConfigError(f"algorithm.flow_sar_tau_mid={a.flow_sar_tau_mid}: must lie in (0, 1) (at 0 nothing is "
+                          f"noised, at 1 nothing of the action is left; the seed uses 0.5)")
+    if not a.flow_sar_temperature > 0 or not a.flow_sar_beta > 0:
+        raise ConfigError(f"algorithm.flow_sar_temperature={a.flow_sar_temperature} and flow_sar_beta="
+                          f"{a.flow_sar_beta} must be > 0")
+    if not 0.0 <= a.flow_sar_w_min <= a.flow_sar_w_max or a.flow_sar_w_max <= 0:
+        raise ConfigError(f"algorithm.flow_sar_w_min={a.flow_sar_w_min}, flow_sar_w_max={a.flow_sar_w_max}: need "
+                          f"0 <= w_min <= w_max and w_max > 0 (0 and 1 = no clipping)")
+    if not (0.0 <= a.flow_sar_ema_beta <= 1.0 and 0.0 <= a.flow_sar_ema_eta_max <= 1.0 and a.flow_sar_ema_eta_rate >= 0):
+        raise ConfigError(f"algorithm.flow_sar_ema_beta={a.flow_sar_ema_beta}, flow_sar_ema_eta_max="
+                          f"{a.flow_sar_ema_eta_max} must lie in [0, 1] and flow_sar_ema_eta_rate >= 0")
+    if a.flow_sar_kl_coeff < 0:
+        raise ConfigError(f"algorithm.flow_sar_kl_coeff={a.flow_sar_kl_coeff}: must be >= 0")
+    r = cfg.rollout
+    if r.n < 1 or r.prompts_per_iteration < 1:
+        raise ConfigError(f"rollout.n={r.n}, rollout.prompts_per_iteration={r.prompts_per_iteration}: need >= 1")
+    if r.flow_noise_level < 0 or (r.flow_steps is not None and r.flow_steps < 1):
+        raise ConfigError(f"rollout.flow_noise_level={r.flow_noise_level}, rollout.flow_steps={r.flow_steps}: need "
+                          f"noise >= 0 and steps >= 1 (or null = the policy's num_steps)")
+    if not 0 < r.train_trials < num_trials(cfg.env):
+        raise ConfigError(f"rollout.train_trials={r.train_trials} must leave held-out trials: the suite has "
+                          f"{num_trials(cfg.env)} trials per task")
+    t = cfg.train
+    if t.update_epochs < 1 or t.micro_batch_size < 1 or t.mini_batch_size % t.micro_batch_size:
+        raise ConfigError(f"train.update_epochs={t.update_epochs} must be >= 1 and train.mini_batch_size "
+                          f"({t.mini_batch_size}) a multiple of train.micro_batch_size ({t.micro_batch_size})")
+
+
+@contextlib.contextmanager
+def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module) -> Iterator[None]:
+    """Run the policy with theta_old: the EMA values are copied into the trainable parameters and copied back after
+    (the frozen weights are shared; the seed's cpu_weight_swap)."""
+    saved = [p.detach().clone() for p in params]
+    with torch.no_grad():
+        for p, e in zip(params, ema.buffers()):
+            p.copy_(e)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+
 
 if __name__ == "__main__":
-    sys.exit("train_flowsar.py is not implemented yet: it lands with its issue. Until then see README.md for what runs.")
+    cfg = parse_cli(Config, "configs/flowsar.yaml", description=__doc__.split("\n")[0], script="flowsar")
+    try:
+        check_config(cfg)
+    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
+        raise SystemExit(f"error: {e}") from None
+
+    with start_run(cfg, "flowsar") as run:
+        device, alg = run.device, cfg.algorithm
+        policy = initial_policy(run, FlowPolicy, policy_type="flow")
+        named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
+        params = [p for _, p in named]
+        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
+        warmup = max(1, cfg.train.lr_warmup_steps)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        # theta_old: a frozen copy of the trainable weights (LoRA + heads, or all), one buffer per parameter
+        ema = torch.nn.Module()
+        for n, p in named:
+            ema.register_buffer(n.replace(".", "__"), p.detach().clone())
+        run.state.setdefault("ema_updates", 0)  # i of the linear schedule (restored on resume)
+        flow_kwargs = dict(flow_steps=cfg.rollout.flow_steps, flow_noise_level=cfg.rollout.flow_noise_level)
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema}, eval_kwargs=flow_kwargs,
+                   banner=f" | {alg.flow_sar_loss_variant}, {alg.flow_sar_energy_type}, "
+                          f"{alg.flow_sar_ema_schedule} EMA")
+        mb = cfg.train.micro_batch_size
+
+        for iteration in run.iterations():
+            t_iter = time.perf_counter()
+            metrics = run.begin_iteration(iteration)
+
+            # 1. rollout: prompts (task, trial) x n episodes; exploration = the initial noise (+ optional SDE noise)
+            tasks = run.prompt_rng.choice(cfg.env.task_ids, cfg.rollout.prompts_per_iteration).tolist()
+            trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, cfg.rollout.prompts_per_iteration).tolist()
+            policy.eval()
+            t0 = time.perf_counter()
+            batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
+                                     desc=f"rollout {iteration}", **flow_kwargs)
+            metrics["time/rollout"] = time.perf_counter() - t0
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            metrics["rollout/success_rate"] = float(np.mean(run.gather(batch.complete.tolist())))
+            metrics["rollout/mean_length"] = float(np.mean(run.gather(batch.finish_step.tolist())))
+            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
+            metrics["rollout/invalid"] = float(batch.invalid.sum())
+            batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
+            steps = flatten_steps(batch)  # one row per valid policy step: obs, instruction, executed chunk, ...
+
+            # 2. self-annotation with theta_old (no grad): reconstruction error e of each step's chunk, and the
+            #    pre-sampled training point (t, eps, x_t, v_old(x_t, t)). The annotated action is the executed chunk,
+            #    normalised (the seed annotates the rollout's `actions`; here that is what the reward judged: x0
+            #    after clipping to the action range and gripper binarisation).
+            t0 = time.perf_counter()
+            steps.data["a"] = policy.normalize_actions(steps.data["actions"]).cpu().numpy()
+            annotation = {k: [] for k in ("recon_error", "flow_t", "flow_epsilon", "x_t", "v_old")}
+            with torch.no_grad(), reference_weights(params, ema):
+                for s in range(0, len(steps), mb):
+                    part = steps.take(slice(s, s + mb))
+                    prefix = policy.prefix(part.obs, part.instructions)  # one prefix, two expert passes
+                    out = compute_flow_sar_self_annotation(
+                        part.tensor("a", device), lambda x, t: policy.velocity(None, None, x, t, prefix),
+                        alg.flow_sar_tau_mid, alg.flow_sar_t_min, alg.flow_sar_t_max)
+                    for k, v in out.items():
+                        annotation[k].append(v.cpu().numpy())
+            steps.data.update({k: np.concatenate(v) for k, v in annotation.items() if v})
+            metrics["time/annotation"] = time.perf_counter() - t0
+
+            # 3. credit assignment: per episode, w = softmax(e / T) (success) or softmax(-e / T) (failure) over its
+            #    valid steps; y = 2R - 1
+            errors = np.zeros(batch.step_mask.shape, np.float32)  # (B, T)
+            if len(steps):
+                errors[steps.episode, steps.t] = steps.data["recon_error"]
+            rewards = torch.as_tensor(batch.complete, dtype=torch.float32)
+            weights, labels = compute_flow_sar_weights(torch.as_tensor(errors).T, rewards, alg.flow_sar_temperature,
+                                                       alg.flow_sar_w_min, alg.flow_sar_w_max,
+                                                       step_mask=torch.as_tensor(batch.step_mask).T)
+            steps.data["weights"] = weights.T.numpy()[steps.episode, steps.t]
+            steps.data["labels"] = labels.numpy()[steps.episode]
+            success_step = batch.complete[steps.episode]
+            for name, m in (("success", success_step), ("failure", ~success_step)):
+                if m.any():
+                    metrics[f"actor/flow_sar_recon_error_{name}"] = float(steps.data["recon_error"][m].mean())
+
+            # 4. mirror update: v_theta(x_t, t | s) with gradient against the stored v_old and u = eps - a;
+            #    epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            t0 = time.perf_counter()
+            policy.train()
+            stats = {}
+            for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather):
+                optimizer.zero_grad(set_to_none=True)
+                micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                for part in micro:
+                    v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
+                                              part.tensor("flow_t", device))
+                    u_target = part.tensor("flow_epsilon", device) - part.tensor("a", device)
+                    loss, loss_metrics = compute_flow_sar_loss(
+                        v_theta, part.tensor("v_old", device), u_target, part.tensor("weights", device),
+                        part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
+                        loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
+                        flow_t=part.tensor("flow_t", device))
+                    (loss / len(micro)).backward()
+                average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip))
+                optimizer.step()
+                scheduler.step()
+                if micro:  # the last micro-batch's loss terms and this mini-batch's gradient norm
+                    for k, v in {**loss_metrics, "train/grad_norm": grad_norm}.items():
+                        stats.setdefault(k, []).append(v)
+
+            # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update
+            run.state["ema_updates"] += 1
+            ema_beta = flow_sar_ema_beta(alg.flow_sar_ema_schedule, run.state["ema_updates"], alg.flow_sar_ema_beta,
+                                         alg.flow_sar_ema_eta_rate, alg.flow_sar_ema_eta_max)
+            with torch.no_grad():
+                for e, p in zip(ema.buffers(), params):
+                    e.lerp_(p.detach(), 1.0 - ema_beta)
+            metrics["actor/flow_sar_ema_beta"] = ema_beta
+            metrics["time/update"] = time.perf_counter() - t0
+            metrics["train/lr"] = scheduler.get_last_lr()[0]
+            metrics.update({k: float(np.mean(v)) for k, v in stats.items()})
+
+            # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors)
+            metrics["time/iteration"] = time.perf_counter() - t_iter
+            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
+                                                   "val/sampled_success_rate", "actor/flow_sar_loss",
+                                                   "actor/flow_sar_E_pos", "actor/flow_sar_E_neg",
+                                                   "actor/flow_sar_ema_beta", "train/grad_norm", "time/iteration"])

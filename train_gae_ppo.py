@@ -83,7 +83,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch; LoRA keys
+    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture (init.mode=scratch), LoRA keys
     value_head: ValueHeadConfig = field(default_factory=lambda: ValueHeadConfig(hidden_dims=[256, 128]))
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -147,26 +147,22 @@ def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, s
 
 
 @torch.no_grad()
-def value_of(value_head: ValueHead, hidden: np.ndarray, device, batch_size: int = 1024) -> np.ndarray:
-    """V of (N, D) pooled hidden states, in chunks, as float32 numpy (N,)."""
-    out = [value_head(torch.as_tensor(hidden[s:s + batch_size], device=device)).cpu()
-           for s in range(0, len(hidden), batch_size)]
-    return torch.cat(out).numpy() if out else np.zeros(0, np.float32)
-
-
-@torch.no_grad()
 def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int) -> Tuple[np.ndarray, np.ndarray]:
     """V(s_t) at every valid policy step (B, T), from the pooled hidden states the rollout kept (`extras["hidden"]`,
     the state each action chunk was chosen in; zero past an episode's end), and V(s_last) (B,): the value of the
     observation after the last step of a truncated episode (`policy.hidden(batch.last_obs)`), zero for the others."""
-    mask = batch.step_mask
+    mask, n = batch.step_mask, chunk_size
     values, last_values = np.zeros(mask.shape, np.float32), np.zeros(len(batch), np.float32)
-    values[mask] = value_of(value_head, batch.extras["hidden"][mask], device)
+    hidden = batch.extras["hidden"][mask] if len(batch) else np.zeros((0, value_head.in_dim), np.float32)
+    b, t = np.nonzero(mask)
+    for s in range(0, len(hidden), n):
+        values[b[s:s + n], t[s:s + n]] = value_head(torch.as_tensor(hidden[s:s + n], device=device)).cpu().numpy()
     cut = np.flatnonzero(batch.truncated)
-    for s in range(0, len(cut), chunk_size):
-        rows = cut[s:s + chunk_size]
-        hidden = policy.hidden({k: v[rows] for k, v in batch.last_obs.items()}, [batch.instructions[i] for i in rows])
-        last_values[rows] = value_head(hidden.to(device)).cpu().numpy()
+    for s in range(0, len(cut), n):
+        rows = cut[s:s + n]
+        last_hidden = policy.hidden({k: v[rows] for k, v in batch.last_obs.items()},
+                                    [batch.instructions[i] for i in rows])
+        last_values[rows] = value_head(last_hidden.to(device)).cpu().numpy()
     return values, last_values
 
 
@@ -229,9 +225,11 @@ if __name__ == "__main__":
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
-        temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
+        temp, mb, budget = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size, cfg.train.total_timesteps
 
         for iteration in run.iterations():
+            if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
+                break
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
@@ -302,7 +300,7 @@ if __name__ == "__main__":
                         clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
                         loss_agg_mode=alg.loss_agg_mode)
                     entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
-                    loss = (pg_loss - alg.entropy_coeff * entropy_loss) if move_actor else torch.zeros((), device=device)
+                    loss = pg_loss - alg.entropy_coeff * entropy_loss if move_actor else torch.zeros((), device=device)
                     if use_gae:
                         features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                         vpreds = value_head(features)
@@ -334,7 +332,6 @@ if __name__ == "__main__":
                 if len(steps) else float("nan")
 
             # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
-            budget = cfg.train.total_timesteps
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",

@@ -142,6 +142,30 @@ def check_config(cfg: Config) -> None:
                           f"(LIBERO's HDF5 demos of the trained tasks; the scripted expert exists only on tabletop)")
 
 
+def luffy_loss(alg: AlgorithmConfig, log_prob: torch.Tensor, entropy: torch.Tensor, old_log_prob: torch.Tensor,
+               advantages: torch.Tensor, mask: torch.Tensor, prefix: torch.Tensor):
+    """The objective of one micro-batch of policy steps (rows x action tokens): LUFFY's mixed-policy loss (PPO on
+    on-policy tokens, shaped p on the demo tokens `prefix`) minus the entropy bonus; or, with use_sft_multitask_loss,
+    the same PPO loss on on-policy tokens only plus sft_loss_coef x NLL of the demo tokens. -> (loss, logged scalars)."""
+    # demo tokens have no old policy: their "old" log-prob is the current one (the off branch never reads it; ppo_kl 0)
+    old_log_prob = torch.where(prefix, log_prob.detach(), old_log_prob)
+    rl_mask, rl_prefix = (mask * ~prefix, torch.zeros_like(prefix)) if alg.use_sft_multitask_loss else (mask, prefix)
+    out = compute_token_on_off_policy_loss(
+        old_log_prob, log_prob, advantages, rl_mask, alg.clip_ratio, alg.clip_upper_bound, rl_prefix, None,
+        off_max_clip=alg.off_max_clip, off_min_clip=alg.off_min_clip, all_max_clip=alg.all_max_clip,
+        off_policy_reshape=alg.off_policy_reshape, off_policy_reshape_weight=alg.off_policy_reshape_weight,
+        off_policy_reshape_pow_exp=alg.off_policy_reshape_pow_exp, on_policy_reshape=alg.on_policy_reshape,
+        on_policy_reshape_weight=alg.on_policy_reshape_weight, on_policy_reshape_pow_exp=alg.on_policy_reshape_pow_exp,
+        target_probs=torch.ones_like(log_prob) if alg.off_policy_target_probs else None,
+        loss_remove_token_mean=alg.loss_remove_token_mean, loss_remove_clip=alg.loss_remove_clip)
+    out["entropy"] = agg_loss(entropy, mask, "token-mean")
+    loss = out["pg_loss"] - alg.entropy_coeff * out["entropy"]
+    if alg.use_sft_multitask_loss:
+        out["sft_loss"] = compute_sft_pure_loss(log_prob, mask * prefix)
+        loss = loss + alg.sft_loss_coef * out["sft_loss"]
+    return loss, out
+
+
 def load_libero_prompts(cfg: Config) -> List[dict]:
     """LIBERO demos of the trained tasks that know their start (data/demo_i/states, or a trial_id attribute)."""
     from envs.libero import load_libero_demos
@@ -270,33 +294,13 @@ if __name__ == "__main__":
                     micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
                     for part in micro:
                         log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
-                        mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
-                        prefix = part.tensor("prefix_mask", device)  # (rows, A) bool: demo tokens
-                        # demo tokens have no old policy: their old log-prob is the current one (no ratio, ppo_kl 0)
-                        old_log_prob = torch.where(prefix, log_prob.detach(), part.tensor("old_log_probs", device))
-                        on_only = alg.use_sft_multitask_loss  # "RL w/ SFT loss": the RL loss sees on-policy tokens
-                        out = compute_token_on_off_policy_loss(
-                            old_log_prob, log_prob, adv, mask * ~prefix if on_only else mask, alg.clip_ratio,
-                            alg.clip_upper_bound, torch.zeros_like(prefix) if on_only else prefix, None,
-                            off_max_clip=alg.off_max_clip,
-                            off_min_clip=alg.off_min_clip, all_max_clip=alg.all_max_clip,
-                            off_policy_reshape=alg.off_policy_reshape,
-                            off_policy_reshape_weight=alg.off_policy_reshape_weight,
-                            off_policy_reshape_pow_exp=alg.off_policy_reshape_pow_exp,
-                            on_policy_reshape=alg.on_policy_reshape, on_policy_reshape_weight=alg.on_policy_reshape_weight,
-                            on_policy_reshape_pow_exp=alg.on_policy_reshape_pow_exp,
-                            target_probs=torch.ones_like(log_prob) if alg.off_policy_target_probs else None,
-                            loss_remove_token_mean=alg.loss_remove_token_mean, loss_remove_clip=alg.loss_remove_clip)
-                        entropy_loss = agg_loss(entropy, mask, "token-mean")
-                        loss = out["pg_loss"] - alg.entropy_coeff * entropy_loss
-                        if alg.use_sft_multitask_loss:
-                            sft_loss = compute_sft_pure_loss(log_prob, mask * prefix)
-                            loss = loss + alg.sft_loss_coef * sft_loss
-                            stats["sft_loss"].append(sft_loss.item())
+                        loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
+                                               part.tensor("advantages", device), part.tensor("mask", device),
+                                               part.tensor("prefix_mask", device))
                         (loss / len(micro)).backward()
-                        for k in LOSS_KEYS:
-                            stats[k].append(out[k].item())
-                        stats["entropy"].append(entropy_loss.item())
+                        for k in LOSS_KEYS + ("entropy", "sft_loss"):
+                            if k in out:
+                                stats[k].append(out[k].item())
                     average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
                     stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)))
                     optimizer.step()

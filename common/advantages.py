@@ -273,6 +273,56 @@ def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, 
     return weights, labels
 
 
+def compute_flow_sar_self_annotation(actions: torch.Tensor, velocity_fn: Callable[[torch.Tensor, torch.Tensor],
+                                                                                 torch.Tensor],
+                                     tau_mid: float = 0.5, t_min: float = 0.2, t_max: float = 0.8,
+                                     generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """FlowSAR self-annotation (seed 001 §2.4, spec §4; t = 0 clean, t = 1 noise), no grad. `actions` a (N, ...)
+    normalised action chunks; `velocity_fn(x, t)` the EMA reference's velocity for x (N, ...) at times t (N,).
+
+    Reconstruction: x = (1 - tau) a + tau eps, a_hat = x - tau v_old(x, tau), recon_error = mean over a sample's
+    elements of (a - a_hat)^2 (0 when v_old is exactly eps - a). Training draw: t ~ U[t_min, t_max], a fresh eps,
+    x_t = (1 - t) a + t eps, v_old = v_old(x_t, t). Returns {recon_error (N,), flow_t (N,), flow_epsilon, x_t, v_old}
+    (the last three shaped like `actions`)."""
+    if not 0.0 < tau_mid < 1.0:
+        raise ValueError(f"tau_mid must lie in (0, 1), got {tau_mid}")
+    if not 0.0 <= t_min < t_max <= 1.0:
+        raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min {t_min}, t_max {t_max}")
+    a = _as_float(actions).detach()
+    n = a.shape[0]
+
+    def at(t: torch.Tensor) -> torch.Tensor:  # (N,) -> broadcastable against a
+        return t.view((n,) + (1,) * (a.ndim - 1))
+
+    def randn() -> torch.Tensor:
+        return torch.randn(a.shape, generator=generator, dtype=a.dtype).to(a.device)
+
+    with torch.no_grad():
+        tau = torch.full((n,), float(tau_mid), dtype=a.dtype, device=a.device)
+        x = (1.0 - at(tau)) * a + at(tau) * randn()
+        a_hat = x - at(tau) * velocity_fn(x, tau).to(a.dtype)
+        recon_error = (a - a_hat).square().reshape(n, -1).mean(dim=-1)
+        flow_t = (t_min + (t_max - t_min) * torch.rand(n, generator=generator, dtype=a.dtype)).to(a.device)
+        flow_epsilon = randn()
+        x_t = (1.0 - at(flow_t)) * a + at(flow_t) * flow_epsilon
+        v_old = velocity_fn(x_t, flow_t).to(a.dtype)
+    return {"recon_error": recon_error, "flow_t": flow_t, "flow_epsilon": flow_epsilon, "x_t": x_t, "v_old": v_old}
+
+
+def flow_sar_ema_beta(schedule: str, num_updates: int, ema_beta: float = 0.995, eta_rate: float = 0.001,
+                      eta_max: float = 0.5) -> float:
+    """EMA coefficient of FlowSAR's reference after update number `num_updates` (1, 2, ...; seed 001 §2.4):
+    theta_old <- beta theta_old + (1 - beta) theta. `fixed`: beta = ema_beta; `linear` (DiffusionNFT):
+    beta_i = min(eta_rate * i, eta_max), near 0 early (the reference tracks the policy), eta_max later."""
+    if num_updates < 0:
+        raise ValueError(f"num_updates must be >= 0, got {num_updates}")
+    if schedule == "fixed":
+        return float(ema_beta)
+    if schedule == "linear":
+        return float(min(eta_rate * num_updates, eta_max))
+    raise ValueError(f"unknown EMA schedule {schedule!r}; use fixed or linear")
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # YAML name -> estimator, and the one adapter the scripts call
 # ---------------------------------------------------------------------------------------------------------------------
@@ -326,6 +376,7 @@ def compute_advantage(name: str, episode_rewards: torch.Tensor, response_mask: t
 
 __all__: List[str] = [
     "ADVANTAGE_ESTIMATORS", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
-    "compute_flow_sar_weights", "compute_gae", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
+    "compute_flow_sar_self_annotation", "compute_flow_sar_weights", "compute_gae",
+    "flow_sar_ema_beta", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
     "compute_step_grpo_advantage", "episode_to_token_rewards", "make_response_mask", "masked_mean", "masked_sum",
 ]

@@ -211,10 +211,10 @@ def build_arg_parser(description: str, default_config: str,
     return p
 
 
-def resolve_config_path(path: Optional[str], default_config: str) -> str:
+def resolve_config_path(path: Optional[str], default_config: Optional[str]) -> Optional[str]:
     """A user's --config against the current directory (then the repository); the default against the repository."""
     if path is None:
-        return os.path.join(ROOT, default_config)
+        return None if default_config is None else os.path.join(ROOT, default_config)
     if os.path.isfile(path) or os.path.isabs(path):
         return path
     shipped = os.path.join(ROOT, path)

@@ -45,7 +45,7 @@ def requested_processes() -> Optional[int]:
             argv = f.read().decode(errors="replace").split("\0")
     except OSError:
         return None
-    if "launch" not in argv:
+    if not any(a == "launch" or a.endswith("accelerate.commands.launch") for a in argv):
         return None
     for i, a in enumerate(argv):
         if a == "--num_processes" and i + 1 < len(argv) and argv[i + 1].isdigit():

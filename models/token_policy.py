@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
-from models.vla_backbone import (Obs, PrefixEncoder, autocast, load_policy, reference_context, replace_lora,
-                                 save_checkpoint, unwrap, wrap_lora)
+from models.vla_backbone import (Obs, PrefixEncoder, autocast, rebuild_policy, reference_context, replace_lora,
+                                 save_policy_files, unwrap, wrap_lora)
 
 TRAINABLE_WITH_LORA = ["projector", "state_proj", "action_queries", "action_head"]
 
@@ -147,14 +147,14 @@ class TokenPolicy(nn.Module):
 
     def save(self, path: str) -> None:
         """Weights (safetensors), config, architecture configs, action statistics and instruction tokenizer."""
-        save_checkpoint(path, self.net, self.cfg, self.core.encoder, self.action_tokenizer)
+        save_policy_files(path, self.net, self.cfg, self.core.encoder, self.action_tokenizer)
 
     @classmethod
     def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "TokenPolicy":
         """Rebuild from `save` (no download). `lora_rank` different from the saved one: merge the saved LoRA into
         the base weights, then add fresh LoRA of that rank (0 = full fine-tuning); the reference becomes the loaded
         model."""
-        return load_policy(cls, TokenPolicyConfig, path, lora_rank, device)
+        return rebuild_policy(cls, TokenPolicyConfig, path, lora_rank, device)
 
     def set_lora_rank(self, lora_rank: int) -> None:
         """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none, full fine-tuning)."""

@@ -274,7 +274,7 @@ def reference_context(net: nn.Module):
     return net.disable_adapter()
 
 
-def save_checkpoint(path: str, net: nn.Module, cfg, encoder: PrefixEncoder, action_tokenizer) -> None:
+def save_policy_files(path: str, net: nn.Module, cfg, encoder: PrefixEncoder, action_tokenizer) -> None:
     """model.safetensors (all weights, LoRA structure kept), config.json, hf_configs.json, action_stats.json,
     tokenizer/ (the instruction tokenizer)."""
     import dataclasses
@@ -315,8 +315,8 @@ def load_weights(net: nn.Module, path: str) -> None:
     load_model(net, os.path.join(path, "model.safetensors"), strict=True, device=str(next(net.parameters()).device))
 
 
-def load_policy(cls, cfg_cls, path: str, lora_rank: Optional[int], device: str):
-    """Rebuild a TokenPolicy/FlowPolicy saved with `save_checkpoint` (no download), optionally with a new LoRA rank."""
+def rebuild_policy(cls, cfg_cls, path: str, lora_rank: Optional[int], device: str):
+    """Rebuild a TokenPolicy/FlowPolicy saved with `save_policy_files` (no download), optionally with a new LoRA rank."""
     from models.action_tokenizer import ActionTokenizer
 
     cfg_dict, lm_cfg, vis_cfg, tok_dir = read_checkpoint(path)

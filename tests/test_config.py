@@ -77,16 +77,31 @@ def test_override_errors():
 def test_cli_flags_map_to_keys():
     cfg = parse_cli(Cfg, None, argv=["--task-ids", "1", "2", "--seed", "7", "--no-wandb", "algorithm.n=2"])
     assert cfg.env.task_ids == [1, 2] and cfg.seed == 7 and cfg.log.wandb is False and cfg.algorithm.n == 2
-    cfg = parse_cli(Cfg, None, argv=["--task-id", "3", "--resume"])
-    assert cfg.env.task_ids == [3] and cfg.resume == "auto"
-    cfg = parse_cli(Cfg, None, argv=["algorithm.n=3", "--seed", "2", "--resume", "algorithm.clip_ratio_high=0.1"])
-    assert (cfg.algorithm.n, cfg.seed, cfg.resume, cfg.algorithm.clip_ratio_high) == (3, 2, "auto", 0.1)
-    cfg = parse_cli(Cfg, None, argv=["--resume", "runs/x", "algorithm.n=5"])
-    assert cfg.resume == "runs/x" and cfg.algorithm.n == 5
     cfg = parse_cli(Cfg, None, argv=["--task-ids", "0", "4", "env.suite=tabletop", "--seed", "3", "algorithm.n=6"])
     assert cfg.env.task_ids == [0, 4] and cfg.algorithm.n == 6 and cfg.seed == 3
-    with pytest.raises(ConfigError, match="give --task-id or --task-ids, not both"):
+    with pytest.raises(SystemExit, match="give --task-id or --task-ids, not both"):
         parse_cli(Cfg, None, argv=["--task-id", "3", "--task-ids", "1"])
+    flags = {"--timesteps": dict(type=int, key="algorithm.n", help="a script's own flag")}
+    assert parse_cli(Cfg, None, argv=["--timesteps", "9"], flags=flags).algorithm.n == 9
+
+
+def test_resume_reads_the_saved_config_and_refuses_changes_to_it(tmp_path):
+    from common.config import save_config
+
+    run_dir = tmp_path / "runs" / "x__tabletop__t3__s1__20260101-000000"
+    save_config(Cfg(algorithm=Algo(n=3), env=EnvConfig(task_ids=[3])), str(run_dir / "config.yaml"))
+    # the run's own values, not the defaults, with keys that cannot change the past overridden (log.*, resume)
+    cfg = parse_cli(Cfg, None, argv=["--resume", str(run_dir), "--no-wandb"], script="x")
+    assert cfg.algorithm.n == 3 and cfg.env.task_ids == [3] and cfg.resume == str(run_dir) and not cfg.log.wandb
+    # a bare --resume finds the newest run of this script/suite/tasks/seed
+    cfg = parse_cli(Cfg, None, argv=["--task-id", "3", "--resume", f"log.output_dir={tmp_path}/runs"], script="x")
+    assert cfg.resume == str(run_dir) and cfg.algorithm.n == 3
+    # the same value is fine; a different one names the key and the way out
+    assert parse_cli(Cfg, None, argv=["--resume", str(run_dir), "algorithm.n=3"], script="x").algorithm.n == 3
+    with pytest.raises(SystemExit, match=r"--resume: algorithm.n was 3 in the run and would become 5"):
+        parse_cli(Cfg, None, argv=["--resume", str(run_dir), "algorithm.n=5"], script="x")
+    with pytest.raises(SystemExit, match="--config cannot be combined with --resume"):
+        parse_cli(Cfg, None, argv=["--resume", str(run_dir), "--config", "c.yaml"], script="x")
 
 
 def test_resolve_run_dir_new_and_resume(tmp_path):

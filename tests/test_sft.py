@@ -69,10 +69,12 @@ def greedy_success(policy, trials):
 
 
 def test_sft_beats_untrained_policy(tmp_path):
-    """600 steps on one expert demo recorded on trial 0 (fixed seed): the SFT policy solves that trial; the untrained
-    policy (same architecture and action statistics) solves nothing."""
+    """600 steps on one expert demo recorded on trial 0 (fixed seed, DART noise 0.3 on the executed actions as in the
+    default recipe): the SFT policy solves that trial; the untrained policy (same architecture and action statistics)
+    solves nothing. Without the noise (demo_noise=0) the memorised policy drifts off the single demo's states and
+    fails (measured with transformers 5.23: 99.6% token accuracy, still off-course by step 13)."""
     model = ["policy.token.hidden_size=64", "policy.token.num_layers=1", "policy.token.num_heads=4"]
-    summary, run_dir = run(tmp_path, *model, "sft.num_demos=1", "sft.demo_starts=false", "sft.demo_noise=0.0",
+    summary, run_dir = run(tmp_path, *model, "sft.num_demos=1", "sft.demo_starts=false", "sft.demo_noise=0.3",
                            "sft.steps=600", "sft.batch_size=8", "sft.lr=0.003", "sft.warmup_steps=20", "sft.eval_every=0",
                            "sft.eval_trial_start=0", "sft.eval_trials=1", "sft.log_every=50", "seed=0")
     trained = load_saved_policy(os.path.join(run_dir, "best"))

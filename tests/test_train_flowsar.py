@@ -1,0 +1,235 @@
+"""FlowSAR (train_flowsar.py, seed 001): hand-checked self-annotation and EMA schedules, then the script as a user
+runs it: two updates + --resume giving bitwise the same policy and EMA reference as an uninterrupted run, every loss
+variant / energy type / schedule, one-line errors for bad input, two processes, and one short real-LIBERO iteration
+with a tiny PI0 saved in transformers' format (skips when hf-libero or the assets are absent)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from common.advantages import compute_flow_sar_self_annotation, flow_sar_ema_beta
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
+TINY = ["policy.hidden_size=32", "policy.expert_dim=32", "policy.num_layers=1", "policy.num_heads=2"]
+FAST = ["init.mode=scratch", *TINY, "env.num_envs=8", "env.max_steps=16", "rollout.n=2",
+        "rollout.prompts_per_iteration=2", "rollout.flow_steps=2", "eval.every=0", "train.mini_batch_size=8",
+        "train.micro_batch_size=4", "--no-wandb"]
+
+
+# ---------------------------------------------------------------------------------------------------- pure functions
+def straight_field(a, offset=0.0):
+    """The exact velocity of the straight path to the data a, v(x, t) = (x - a) / t = eps - a, plus `offset`."""
+    def velocity(x, t):
+        return (x - a) / t.view(-1, 1, 1) + offset
+    return velocity
+
+
+def test_self_annotation_of_the_exact_field_is_zero_and_stores_the_training_point():
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(5, 4, 7, generator=gen) * 2 - 1
+    out = compute_flow_sar_self_annotation(a, straight_field(a), tau_mid=0.5, t_min=0.2, t_max=0.8, generator=gen)
+    assert out["recon_error"].shape == (5,)
+    torch.testing.assert_close(out["recon_error"], torch.zeros(5), atol=1e-10, rtol=0)  # a_hat = x - tau(eps - a) = a
+    t = out["flow_t"]
+    assert t.shape == (5,) and bool(((t >= 0.2) & (t <= 0.8)).all()) and len(set(t.tolist())) == 5
+    eps = out["flow_epsilon"]
+    torch.testing.assert_close(out["x_t"], (1 - t.view(-1, 1, 1)) * a + t.view(-1, 1, 1) * eps)
+    torch.testing.assert_close(out["v_old"], eps - a, atol=1e-5, rtol=0)  # v_old(x_t, t) of the exact field
+
+
+def test_self_annotation_of_a_wrong_field_by_hand():
+    """v = (eps - a) + c: a_hat = x - tau (eps - a + c) = a - tau c, so e = tau^2 c^2 whatever eps is."""
+    a = torch.zeros(3, 2, 7)
+    a[1] = 0.5
+    out = compute_flow_sar_self_annotation(a, straight_field(a, offset=0.4), tau_mid=0.5)
+    torch.testing.assert_close(out["recon_error"], torch.full((3,), 0.25 * 0.16), atol=1e-6, rtol=0)
+    out = compute_flow_sar_self_annotation(a, straight_field(a, offset=torch.tensor([0.0, 1.0]).view(2, 1)),
+                                           tau_mid=0.3)
+    # offset 0 on the first action of the chunk, 1 on the second: mean over 14 elements of 0.09 * [0]*7 + [1]*7
+    torch.testing.assert_close(out["recon_error"], torch.full((3,), 0.09 / 2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(out["v_old"], out["flow_epsilon"] - a + torch.tensor([0.0, 1.0]).view(2, 1),
+                               atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"tau_mid must lie in \(0, 1\)"):
+        compute_flow_sar_self_annotation(a, straight_field(a), tau_mid=1.0)
+    with pytest.raises(ValueError, match="t_min < t_max"):
+        compute_flow_sar_self_annotation(a, straight_field(a), t_min=0.5, t_max=0.5)
+
+
+def test_ema_beta_schedules():
+    assert [flow_sar_ema_beta("fixed", i) for i in (0, 1, 7, 10_000)] == [0.995] * 4
+    assert flow_sar_ema_beta("fixed", 3, ema_beta=0.9) == 0.9
+    linear = [flow_sar_ema_beta("linear", i, eta_rate=0.001, eta_max=0.5) for i in (0, 1, 2, 10, 250, 500, 501, 10_000)]
+    assert linear == pytest.approx([0.0, 0.001, 0.002, 0.01, 0.25, 0.5, 0.5, 0.5])
+    assert flow_sar_ema_beta("linear", 4, eta_rate=0.1, eta_max=0.3) == pytest.approx(0.3)  # min(0.4, 0.3)
+    with pytest.raises(ValueError, match="unknown EMA schedule 'cosine'; use fixed or linear"):
+        flow_sar_ema_beta("cosine", 1)
+
+
+def test_reference_weights_swaps_in_the_ema_and_back():
+    from train_flowsar import reference_weights
+
+    lin = torch.nn.Linear(2, 1)
+    params = list(lin.parameters())
+    ema = torch.nn.Module()
+    ema.register_buffer("weight", torch.ones(1, 2))
+    ema.register_buffer("bias", torch.full((1,), 3.0))
+    before = [p.detach().clone() for p in params]
+    with reference_weights(params, ema):
+        assert lin(torch.tensor([[1.0, 2.0]])).item() == 6.0
+    assert all(torch.equal(p, b) for p, b in zip(params, before))
+
+
+# ------------------------------------------------------------------------------------------------------ the script
+def run(args, tmp_path, check=True, script="train_flowsar.py", fast=FAST):
+    out = subprocess.run([sys.executable, script, *fast, *args, f"log.output_dir={tmp_path}/runs",
+                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
+    if check and out.returncode != 0:
+        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+    return out
+
+
+def read_metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def run_dirs(tmp_path):
+    return sorted(str(tmp_path / "runs" / d) for d in os.listdir(tmp_path / "runs"))
+
+
+def load_tensors(path):
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
+    """3 iterations straight vs 2 + --resume 1: the policy and theta_old (modules/ema.safetensors) are bitwise equal;
+    the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's actor/flow_sar_* metrics are logged."""
+    common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2"]
+    run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
+    run([*common, "train.iterations=2", "log.run_name=resumed"], tmp_path)
+    resumed_dir = str(tmp_path / "runs" / "resumed")
+    assert sorted(os.listdir(os.path.join(resumed_dir, "checkpoints"))) == ["iter_000001", "iter_000002"]
+    out = run(["--task-id", "0", "train.iterations=3", "--resume", resumed_dir], tmp_path)
+    assert "resumed at iteration 2" in out.stdout
+    straight, resumed = read_metrics(str(tmp_path / "runs" / "straight")), read_metrics(resumed_dir)
+    assert [r["iteration"] for r in resumed] == [1, 2, 3]
+    assert [r["actor/flow_sar_ema_beta"] for r in resumed] == pytest.approx([0.001, 0.002, 0.003])
+    for r in resumed:
+        for key in ("actor/flow_sar_loss", "actor/flow_sar_E_pos", "actor/flow_sar_E_neg", "actor/flow_sar_contrastive",
+                    "actor/flow_sar_kl_penalty", "actor/flow_sar_weight_mean", "train/grad_norm"):
+            assert key in r, key
+        assert r["actor/flow_sar_loss_variant"] == 1.0 and r["actor/flow_sar_energy_type"] == 0.0
+        assert r["rollout/env_steps"] == 2 * 2 * 16 and r["actor/flow_sar_recon_error_failure"] > 0
+    for a, b in zip(straight, resumed):
+        assert a["actor/flow_sar_loss"] == b["actor/flow_sar_loss"], (a, b)
+    last = lambda d: os.path.join(d, "checkpoints", "iter_000003")  # noqa: E731
+    ema_a = load_tensors(os.path.join(last(str(tmp_path / "runs" / "straight")), "modules", "ema.safetensors"))
+    ema_b = load_tensors(os.path.join(last(resumed_dir), "modules", "ema.safetensors"))
+    pol_a = load_tensors(os.path.join(last(str(tmp_path / "runs" / "straight")), "policy", "model.safetensors"))
+    pol_b = load_tensors(os.path.join(last(resumed_dir), "policy", "model.safetensors"))
+    assert ema_a.keys() == ema_b.keys() and len(ema_a) > 10
+    assert all(torch.equal(ema_a[k], ema_b[k]) for k in ema_a)
+    assert all(torch.equal(pol_a[k], pol_b[k]) for k in pol_a)
+    # theta_old trails theta: with beta 0.003 it is close to, but not equal to, the policy's weights
+    ema_2 = load_tensors(os.path.join(resumed_dir, "checkpoints", "iter_000002", "modules", "ema.safetensors"))
+    assert any(not torch.equal(ema_2[k], ema_b[k]) for k in ema_b)
+
+
+@pytest.mark.parametrize("variant,energy,schedule", [("mse_branch", "sde", "fixed"), ("softplus_kl", "sde", "linear")])
+def test_other_loss_variants_energies_and_schedules(tmp_path, variant, energy, schedule):
+    run(["--task-id", "0", "train.iterations=1", f"algorithm.flow_sar_loss_variant={variant}",
+         f"algorithm.flow_sar_energy_type={energy}", f"algorithm.flow_sar_ema_schedule={schedule}",
+         "rollout.flow_noise_level=0.5", "policy.lora_rank=4"], tmp_path)
+    (row,) = read_metrics(run_dirs(tmp_path)[0])
+    assert row["actor/flow_sar_energy_type"] == 1.0
+    assert row["actor/flow_sar_loss_variant"] == (1.0 if variant == "softplus_kl" else 0.0)
+    assert row["actor/flow_sar_ema_beta"] == pytest.approx(0.995 if schedule == "fixed" else 0.001)
+    assert ("actor/flow_sar_success_ratio" in row) == (variant == "mse_branch")
+    assert row["train/grad_norm"] > 0
+
+
+BAD = [("algorithm.flow_sar_loss_variant=nft", "flow_sar_loss_variant='nft': use mse_branch or softplus_kl"),
+       ("algorithm.flow_sar_energy_type=ode", "flow_sar_energy_type='ode': use mse or sde"),
+       ("algorithm.flow_sar_ema_schedule=cosine", "flow_sar_ema_schedule='cosine': use fixed or linear"),
+       ("algorithm.flow_sar_t_min=0.8", "need 0 <= t_min < t_max <= 1"),
+       ("algorithm.flow_sar_tau_mid=0.0", "flow_sar_tau_mid=0.0: must lie in (0, 1)"),
+       ("algorithm.flow_sar_tau_mid=1.5", "flow_sar_tau_mid=1.5: must lie in (0, 1)")]
+
+
+@pytest.mark.parametrize("override,message", BAD)
+def test_bad_algorithm_keys_are_refused_with_the_fix(override, message):
+    from common.config import ConfigError, load_config
+    from train_flowsar import Config, check_config
+
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        check_config(load_config(Config, os.path.join(ROOT, "configs/flowsar.yaml"), [override]))
+
+
+def test_bad_input_exits_with_one_line(tmp_path):
+    out = run(["--task-id", "0", BAD[0][0]], tmp_path, check=False)
+    assert out.returncode != 0 and out.stderr.strip().splitlines() == [f"error: algorithm.{BAD[0][1]}"]
+    # a token-policy checkpoint given to the flow script
+    from models import TokenPolicy, TokenPolicyConfig
+
+    TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2)).save(str(tmp_path / "token"))
+    out = run(["--task-id", "0", "init.mode=checkpoint", f"init.path={tmp_path}/token"], tmp_path, check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    (line,) = out.stderr.strip().splitlines()
+    assert line.startswith(f"error: init.path {tmp_path}/token holds a token policy; this script trains a flow policy")
+
+
+def test_two_processes(tmp_path):
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531",
+           os.path.join(ROOT, "train_flowsar.py"), *FAST, "--task-id", "0", "train.iterations=2",
+           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert " x2 | tasks [0]" in out.stdout and "policy weights identical on all 2 processes" in out.stdout
+    (run_dir,) = run_dirs(tmp_path)
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [1, 2]
+    assert all(r["rollout/env_steps"] == 2 * 2 * 2 * 16 for r in rows)  # both processes' episodes counted
+
+
+def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
+    """configs/flowsar_libero.yaml on the real simulator with a tiny random PI0 saved by save_pretrained and loaded
+    through policy.pretrained_path (the path a real pi0 checkpoint takes), LoRA on: one iteration."""
+    import importlib.util
+
+    assets = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
+    if importlib.util.find_spec("libero") is None or not os.path.isdir(os.path.join(assets, "scenes")):
+        pytest.skip("hf-libero or LIBERO assets absent (pip install -r requirements-libero.txt; ../shared/libero_assets)")
+    from transformers import PI0ForConditionalGeneration
+
+    from models import FlowPolicyConfig
+    from models.flow_policy import tiny_pi0_config
+    from models.text_tokenizer import ByteTokenizer
+
+    torch.manual_seed(0)
+    pi0_cfg = tiny_pi0_config(FlowPolicyConfig(hidden_size=32, num_layers=1, num_heads=2, expert_dim=32,
+                                               image_size=64), ByteTokenizer.vocab_size)
+    pi0_cfg.max_state_dim = pi0_cfg.max_action_dim = 32  # pi0's padding
+    PI0ForConditionalGeneration(pi0_cfg).save_pretrained(str(tmp_path / "pi0"))
+    ByteTokenizer().save_pretrained(str(tmp_path / "pi0"))
+    env = dict(ENV, LIBERO_ASSETS_DIR=assets)
+    out = subprocess.run(
+        [sys.executable, "train_flowsar.py", "--config", "configs/flowsar_libero.yaml", "--task-id", "0", "--no-wandb",
+         "init.mode=scratch", f"policy.pretrained_path={tmp_path}/pi0", "policy.lora_rank=4", "env.image_size=64",
+         "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "rollout.n=2", "rollout.prompts_per_iteration=1",
+         "rollout.flow_steps=2", "train.iterations=1", "eval.every=0", "train.mini_batch_size=4",
+         "train.micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = run_dirs(tmp_path)
+    assert os.path.basename(run_dir).startswith("flowsar__libero_spatial__t0__s1__")
+    (row,) = read_metrics(run_dir)
+    assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "actor/flow_sar_loss" in row
+    assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "ema.safetensors"))
