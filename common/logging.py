@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import uuid
 import warnings
 from dataclasses import asdict, is_dataclass
@@ -18,9 +19,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from common.config import LogConfig
 
 # Panels of training_curves.png (seed 003's "Matplotlib Plots"): title -> substrings that put a metric in the panel.
+# Success shows rates only (not counts such as sampling/all_success_groups); x is cumulative env steps when logged.
 PANELS: Dict[str, Sequence[str]] = {
     "Losses": ("loss",),
-    "Success rate": ("success",),
+    "Success rate": ("success_rate", "/success_task"),
     "PPO metrics (clip fraction, KL)": ("clipfrac", "kl"),
     "Gradient norms": ("grad_norm",),
 }
@@ -156,8 +158,10 @@ class Logger:
         """Redraw training_curves.png (one panel per group of metrics that exist); returns its path."""
         panels = {}
         keys = sorted({k for row in self.history.values() for k in row})
+        task_keys = {k.rsplit("task", 1)[-1] for k in keys if re.search(r"task\d+$", k)}
         for title, patterns in PANELS.items():
-            chosen = [k for k in keys if any(p in k.lower() for p in patterns)]
+            chosen = [k for k in keys if any(p in k.lower() for p in patterns)
+                      and not (len(task_keys) == 1 and re.search(r"task\d+$", k))]  # one task: the mean says it
             if chosen:
                 panels[title] = chosen
         if not panels:
@@ -168,14 +172,18 @@ class Logger:
         import matplotlib.pyplot as plt
 
         steps = sorted(self.history)
+        by_env_steps = all("charts/env_steps" in self.history[s] for s in steps if s > 0)
+        x_of = {s: self.history[s].get("charts/env_steps", 0.0) if by_env_steps else s for s in steps}
         fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
         for ax, (title, chosen) in zip(axes[0], panels.items()):
             for key in chosen:
                 xs = [s for s in steps if key in self.history[s]]
-                ax.plot(xs, [self.history[s][key] for s in xs], marker="o" if len(xs) < 30 else None,
-                        markersize=3, label=key)
+                evaluated = key.startswith("val/")  # evaluation points are marked: they are sparse
+                ax.plot([x_of[s] for s in xs], [self.history[s][key] for s in xs],
+                        marker="o" if evaluated or len(xs) < 30 else None, markersize=4 if evaluated else 3,
+                        label=key)
             ax.set_title(title)
-            ax.set_xlabel("iteration")
+            ax.set_xlabel("env steps (cumulative)" if by_env_steps else "iteration")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             if title == "Success rate":
