@@ -98,7 +98,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch; LoRA keys
+    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch, LoRA
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
@@ -146,7 +146,7 @@ def luffy_loss(alg: AlgorithmConfig, log_prob: torch.Tensor, entropy: torch.Tens
                advantages: torch.Tensor, mask: torch.Tensor, prefix: torch.Tensor):
     """The objective of one micro-batch of policy steps (rows x action tokens): LUFFY's mixed-policy loss (PPO on
     on-policy tokens, shaped p on the demo tokens `prefix`) minus the entropy bonus; or, with use_sft_multitask_loss,
-    the same PPO loss on on-policy tokens only plus sft_loss_coef x NLL of the demo tokens. -> (loss, logged scalars)."""
+    the same PPO loss on on-policy tokens only plus sft_loss_coef x NLL of the demo tokens. -> (loss, scalars)."""
     # demo tokens have no old policy: their "old" log-prob is the current one (the off branch never reads it; ppo_kl 0)
     old_log_prob = torch.where(prefix, log_prob.detach(), old_log_prob)
     rl_mask, rl_prefix = (mask * ~prefix, torch.zeros_like(prefix)) if alg.use_sft_multitask_loss else (mask, prefix)
@@ -193,14 +193,14 @@ if __name__ == "__main__":
         policy = initial_policy(run, TokenPolicy)
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup = max(1, cfg.train.lr_warmup_steps)
+        warmup, temp = max(1, cfg.train.lr_warmup_steps), cfg.rollout.temperature
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
-        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": cfg.rollout.temperature},
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
         max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
-        temp, mb, alg = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size, cfg.algorithm
+        mb, alg = cfg.train.ppo_micro_batch_size, cfg.algorithm
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
 
         for iteration in run.iterations():
@@ -263,8 +263,8 @@ if __name__ == "__main__":
                 T = batch.num_steps
                 response_mask = make_response_mask(torch.as_tensor(batch.valid_steps), T, A)  # (B, T*A)
                 split = {"on_policy_mask": torch.as_tensor(~is_demo)} if alg.adv_estimator == "grpo_split" else {}
-                advantages, _ = compute_advantage(alg.adv_estimator, torch.as_tensor(batch.complete, dtype=torch.float32),
-                                                  response_mask, batch.group_ids.tolist(),
+                rewards = torch.as_tensor(batch.complete, dtype=torch.float32)
+                advantages, _ = compute_advantage(alg.adv_estimator, rewards, response_mask, batch.group_ids.tolist(),
                                                   norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo, **split)
                 steps = flatten_steps(batch, advantages=advantages.view(len(batch), T, A),
                                       mask=response_mask.view(len(batch), T, A).float())

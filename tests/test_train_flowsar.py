@@ -229,7 +229,7 @@ def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = run_dirs(tmp_path)
-    assert os.path.basename(run_dir).startswith("flowsar__libero_spatial__t0__s1__")
+    assert os.path.basename(run_dir).startswith("flowsar__libero_object__t0__s1__")
     (row,) = read_metrics(run_dir)
     assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "actor/flow_sar_loss" in row
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "ema.safetensors"))

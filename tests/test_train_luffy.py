@@ -199,7 +199,8 @@ def test_smoke_from_scratch_demos_carry_the_all_failed_groups_then_resume_exactl
 
 def test_two_processes(tmp_path):
     launcher = (sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531")
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "29531")
     out = run(["--task-id", "0", "train.iterations=1", "eval.every=0"], tmp_path, launcher=launcher)
     assert " x2 | tasks [0]" in out.stdout and "policy weights identical on all 2 processes" in out.stdout
     (row,) = read_metrics(only_run(tmp_path / "runs"))
@@ -209,12 +210,13 @@ def test_two_processes(tmp_path):
 
 
 def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
-    """configs/luffy_libero.yaml on the real simulator (tiny policy, 32 px, 2 workers): prompts from an HDF5 file written
-    here, the env reset to each demo's first state; the demo (12 no-op steps) does not solve the task, so it is
+    """configs/luffy_libero.yaml on the real simulator (tiny policy, 32 px, 2 workers): prompts from an HDF5 file
+    written here, the env reset to each demo's first state; the demo (12 no-op steps) does not solve the task, so it is
     replayed, found failing, dropped and counted."""
     assets = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
     if importlib.util.find_spec("libero") is None or not os.path.isdir(os.path.join(assets, "scenes")):
-        pytest.skip("hf-libero or LIBERO assets absent (pip install -r requirements-libero.txt; ../shared/libero_assets)")
+        pytest.skip("hf-libero or LIBERO assets absent (pip install -r requirements-libero.txt; "
+                    "../shared/libero_assets)")
     import h5py
 
     name = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
