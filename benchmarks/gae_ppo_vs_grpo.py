@@ -44,6 +44,7 @@ def read_rows(arm: str, seed: int, args: argparse.Namespace) -> List[Dict[str, f
 def command(arm: str, seed: int, args: argparse.Namespace) -> List[str]:
     common = ["--task-id", str(args.task_id), "--seed", str(seed), "--no-wandb", "init.mode=checkpoint",
               f"init.path={args.sft}", f"eval.every={args.eval_every}", *EVAL, f"log.output_dir={args.out}",
+              f"log.plots_dir={os.path.join(args.out, 'plots')}",
               f"log.run_name={os.path.basename(run_dir(arm, seed, args))}", "log.checkpoint_every=1000"]
     if arm == "grpo":
         return [sys.executable, "train_srpo.py", *common, "reward.mode=binary", f"train.iterations={args.iterations}",

@@ -111,12 +111,13 @@ def load_tensors(path):
 def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
     """3 iterations straight vs 2 + --resume 1: the policy and theta_old (modules/ema.safetensors) are bitwise equal;
     the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's actor/flow_sar_* metrics are logged."""
-    common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2"]
+    common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2",
+              "algorithm.flow_sar_loss_variant=softplus_kl", "algorithm.flow_sar_ema_schedule=linear"]  # the seed's
     run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
     run([*common, "train.iterations=2", "log.run_name=resumed"], tmp_path)
     resumed_dir = str(tmp_path / "runs" / "resumed")
     assert sorted(os.listdir(os.path.join(resumed_dir, "checkpoints"))) == ["iter_000001", "iter_000002"]
-    out = run(["--task-id", "0", "train.iterations=3", "--resume", resumed_dir], tmp_path)
+    out = run(["--task-id", "0", "train.iterations=3", "--resume", resumed_dir], tmp_path, fast=[])  # saved config
     assert "resumed at iteration 2" in out.stdout
     straight, resumed = read_metrics(str(tmp_path / "runs" / "straight")), read_metrics(resumed_dir)
     assert [r["iteration"] for r in resumed] == [1, 2, 3]
