@@ -282,7 +282,7 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
     if args.resume is None:
         return load_config(schema, config_path, overrides)
     if args.config is not None:
-        raise ConfigError(f"--config cannot be combined with --resume: a resumed run reads its own config.yaml")
+        raise ConfigError("--config cannot be combined with --resume: a resumed run reads its own config.yaml")
     cfg = load_config(schema, config_path, overrides)  # only to find the latest run for a bare --resume
     prefix = default_run_prefix(script or "run", cfg.env.suite, cfg.env.task_ids, cfg.seed)
     _, run_dir = resolve_run_dir(cfg.log, prefix, args.resume, must_exist=True)

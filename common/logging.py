@@ -14,7 +14,7 @@ import re
 import uuid
 import warnings
 from dataclasses import asdict, is_dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from common.config import LogConfig
 

@@ -257,7 +257,7 @@ def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
         initial_policy(run, TokenPolicy)
     msg = str(e.value)
     assert f"no SFT checkpoint at {tmp_path}/nope" in msg and "\n" not in msg
-    assert f"train_sft.py --task-ids 3 policy.type=token env.suite=tabletop env.image_size=64" in msg
+    assert "train_sft.py --task-ids 3 policy.type=token env.suite=tabletop env.image_size=64" in msg
     assert "init.mode=auto_sft" in msg
 
 

@@ -2,7 +2,6 @@
 runs it: two updates + --resume giving bitwise the same policy and EMA reference as an uninterrupted run, every loss
 variant / energy type / schedule, one-line errors for bad input, two processes, and one short real-LIBERO iteration
 with a tiny PI0 saved in transformers' format (skips when hf-libero or the assets are absent)."""
-import json
 import os
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from common.advantages import compute_flow_sar_self_annotation, flow_sar_ema_beta
+from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
@@ -85,17 +85,7 @@ def test_reference_weights_swaps_in_the_ema_and_back():
 
 # ------------------------------------------------------------------------------------------------------ the script
 def run(args, tmp_path, check=True, script="train_flowsar.py", fast=FAST):
-    out = subprocess.run([sys.executable, script, *fast, *args, f"log.output_dir={tmp_path}/runs",
-                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=600)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_script(script, [*fast, *args], tmp_path, check, timeout=600)
 
 
 def run_dirs(tmp_path):

@@ -1,7 +1,6 @@
 """train_gae_ppo.py: the script's pure pieces with hand-computed values (truncation bootstrap, values per policy step,
 freeze_vla_for_critic, two optimizers), then the script as a user runs it (CleanRL-style subprocess tests): run folder,
 metric and PNG names, exact resume, the env-step budget, the value-free baseline, bad input, 2 processes, LIBERO."""
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from common.config import EnvConfig, load_config
 from common.rollout import collect_rollouts
 from envs import make_vector_env
 from models import TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
+from tests.scripts import read_metrics, run_script
 from train_gae_ppo import (Config, check_config, explained_variance, gae_advantages, make_optimizers, record_values,
                            TrainConfig)
 
@@ -202,17 +202,7 @@ def test_bad_input_is_one_line(override, message):
 
 # ---- the script as a user runs it -----------------------------------------------------------------------------------
 def run(args, tmp_path, check=True, script="train_gae_ppo.py"):
-    out = subprocess.run([sys.executable, script, *FAST, *args, f"log.output_dir={tmp_path}/runs",
-                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=600)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_script(script, [*FAST, *args], tmp_path, check, timeout=600)
 
 
 def runs_in(folder):

@@ -17,6 +17,7 @@ from common.config import ConfigError, load_config
 from common.srpo import filter_groups
 from models import TokenPolicy, TokenPolicyConfig
 from train_luffy import Config, check_config, luffy_loss
+from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "luffy.yaml")
@@ -153,19 +154,7 @@ def test_bad_input_one_line_each(tmp_path):
 # -------------------------------------------------------------------------------------------- the script itself
 
 def run(args, tmp_path, check=True, launcher=(sys.executable,), extra_env=None):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true",
-               **(extra_env or {}))
-    out = subprocess.run([*launcher, "train_luffy.py", *FAST, *args, f"log.output_dir={tmp_path}/runs",
-                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=900)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_script("train_luffy.py", [*FAST, *args], tmp_path, check, launcher=launcher, extra_env=extra_env)
 
 
 def only_run(path):

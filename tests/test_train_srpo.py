@@ -1,11 +1,11 @@
 """train_srpo.py as a user runs it (CleanRL-style subprocess tests): run folder, metrics, PNG, checkpoint, resume,
 and the edge cases (all groups filtered, n = 1, missing SFT checkpoint)."""
-import json
 import os
 import subprocess
 import sys
 
 import pytest
+from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
@@ -14,18 +14,7 @@ FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4"
 
 
 def run(args, tmp_path, check=True):
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
-    out = subprocess.run([sys.executable, "train_srpo.py", *FAST, *args, f"log.output_dir={tmp_path}/runs",
-                          f"log.plots_dir={tmp_path}/plots"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=600)
-    if check and out.returncode != 0:
-        raise AssertionError(f"exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def read_metrics(run_dir):
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return run_script("train_srpo.py", [*FAST, *args], tmp_path, check, timeout=600)
 
 
 def only_run(tmp_path):
