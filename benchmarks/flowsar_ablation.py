@@ -1,11 +1,12 @@
 """FlowSAR ablations (seed 001's axes) from the same flow SFT checkpoint with the same seeds, on the embedded suite.
 
-Arms (each changes one key of configs/flowsar.yaml, whose defaults are the seed's quickstart: softplus_kl, mse energy,
-linear EMA):
-    base         softplus_kl, mse, linear EMA
-    mse_branch   algorithm.flow_sar_loss_variant=mse_branch       (DiffusionNFT-style loss vs pi-StepNFT's softplus)
-    sde          algorithm.flow_sar_energy_type=sde               (energies / 2t; the seed expects it to be worse)
-    fixed_ema    algorithm.flow_sar_ema_schedule=fixed            (beta 0.995; the seed expects linear to be better)
+Arms (every arm sets all three keys, so the comparison does not depend on configs/flowsar.yaml's choices; each
+differs from `base`, the seed's quickstart, in one key):
+    base         softplus_kl, mse energy, linear EMA
+    mse_branch   flow_sar_loss_variant=mse_branch   (DiffusionNFT-style loss vs pi-StepNFT's softplus)
+    sde          flow_sar_energy_type=sde           (energies / 2t; the seed expects it to be worse)
+    fixed_ema    flow_sar_ema_schedule=fixed        (beta 0.995; the seed expects linear to be better)
+    shipped      mse_branch + fixed EMA             (configs/flowsar.yaml's choice for the tiny PI0)
 Prints held-out greedy success (configs/flowsar.yaml eval.*: trials 30-49) against env steps per arm and seed, the mean
 of the first and the last evaluations, and seconds per iteration; writes plots/flowsar_ablation.png.
 
@@ -25,11 +26,18 @@ from typing import Dict, List
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+def arm(loss_variant: str, energy: str, schedule: str) -> List[str]:
+    return [f"algorithm.flow_sar_loss_variant={loss_variant}", f"algorithm.flow_sar_energy_type={energy}",
+            f"algorithm.flow_sar_ema_schedule={schedule}"]
+
+
 ARMS = {
-    "base": [],
-    "mse_branch": ["algorithm.flow_sar_loss_variant=mse_branch"],
-    "sde": ["algorithm.flow_sar_energy_type=sde"],
-    "fixed_ema": ["algorithm.flow_sar_ema_schedule=fixed"],
+    "base": arm("softplus_kl", "mse", "linear"),
+    "mse_branch": arm("mse_branch", "mse", "linear"),
+    "sde": arm("softplus_kl", "sde", "linear"),
+    "fixed_ema": arm("softplus_kl", "mse", "fixed"),
+    "shipped": arm("mse_branch", "mse", "fixed"),  # configs/flowsar.yaml's choice for the tiny PI0
 }
 
 
@@ -75,7 +83,8 @@ if __name__ == "__main__":
         args.sft = os.path.join(ROOT, "checkpoints", f"sft_flow_tabletop_task{args.task_id}")
         if not os.path.isdir(args.sft):
             subprocess.run([sys.executable, "train_sft.py", "--task-id", str(args.task_id), "--no-wandb",
-                            "policy.type=flow", f"sft.output_path={args.sft}"], cwd=ROOT, check=True)
+                            "policy.type=flow", "sft.num_demos=20", f"sft.output_path={args.sft}"], cwd=ROOT,
+                           check=True)  # the start configs/flowsar.yaml's auto_sft makes
 
     os.makedirs(args.out, exist_ok=True)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
