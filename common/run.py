@@ -67,7 +67,8 @@ def make_accelerator():
                           f"...` (works on CPU machines too)")
     if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
         world = accelerator.num_processes
-        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 0)) or max(1, (os.cpu_count() or 1) // world))
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else max(1, (os.cpu_count() or 1) // world))
     return accelerator
 
 
