@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from common.config import EnvConfig
+from models.action_tokenizer import ACTION_DIM
 
 DEMO_CACHE_DIR = os.path.join("cache", "demos")
 _KEYS = ("agentview", "wrist", "state", "actions")
@@ -172,13 +173,13 @@ def tokenize_demo_actions(actions: Sequence[np.ndarray], tokenizer: Any, chunk: 
             raise ValueError(f"demo {i}: actions must be a non-empty (L, 7) array, got shape {a.shape}")
     valid_steps = np.array([-(-len(a) // chunk) for a in arrays], dtype=np.int64)
     T = int(valid_steps.max()) if arrays else 0
-    tokens = np.zeros((len(arrays), T, chunk * 7), dtype=np.int64)
-    executed = np.zeros((len(arrays), T, chunk, 7), dtype=np.float32)
+    tokens = np.zeros((len(arrays), T, chunk * ACTION_DIM), dtype=np.int64)
+    executed = np.zeros((len(arrays), T, chunk, ACTION_DIM), dtype=np.float32)
     for i, a in enumerate(arrays):
         padded = a[np.minimum(np.arange(valid_steps[i] * chunk), len(a) - 1)]  # repeat the last action
-        tok = tokenizer.encode(padded).cpu().numpy().reshape(valid_steps[i], chunk * 7)
+        tok = tokenizer.encode(padded).cpu().numpy().reshape(valid_steps[i], chunk * ACTION_DIM)
         tokens[i, :valid_steps[i]] = tok
-        executed[i, :valid_steps[i]] = tokenizer.decode(tok.reshape(valid_steps[i], chunk, 7))
+        executed[i, :valid_steps[i]] = tokenizer.decode(tok.reshape(valid_steps[i], chunk, ACTION_DIM))
     return tokens, executed, valid_steps
 
 
@@ -195,9 +196,9 @@ def rollout_demos(vec_env, tokenizer: Any, chunk: int, task_ids: Sequence[int], 
     with its last action. `complete` is the simulator's verdict (a demo's success is checked, not assumed);
     `old_log_probs` are zeros (a demonstrator has no log-prob under the policy); `extras["prefix_mask"]` (B, T, chunk*7)
     is True on every token of the valid steps (LUFFY's off-policy tokens)."""
-    from common.rollout import OBS_KEYS, RolloutBatch
+    from common.rollout import OBS_KEYS, RolloutBatch, scatter_calls
 
-    total, n_env, A = len(task_ids), vec_env.num_envs, chunk * 7
+    total, n_env, A = len(task_ids), vec_env.num_envs, chunk * ACTION_DIM
     if demo_actions is not None:
         if len(demo_actions) != total:
             raise ValueError(f"demo_actions has {len(demo_actions)} episodes for {total} (task, trial) starts")
@@ -228,7 +229,7 @@ def rollout_demos(vec_env, tokenizer: Any, chunk: int, task_ids: Sequence[int], 
             rows = np.flatnonzero(live)
             call = {"rows": ep[rows], "t": t, **{key: obs[key][rows] for key in OBS_KEYS}}
             tokens = np.zeros((n_env, A), np.int64)
-            actions = np.zeros((n_env, chunk, 7), np.float32)
+            actions = np.zeros((n_env, chunk, ACTION_DIM), np.float32)
             if demo_actions is not None:  # open-loop replay of the recorded actions, tokenised
                 tokens[rows], actions[rows] = plan_tokens[ep[rows], t], plan_executed[ep[rows], t]
             reward, ended, last = np.zeros(n_env, np.float32), np.zeros(n_env, bool), live.copy()
@@ -266,17 +267,14 @@ def rollout_demos(vec_env, tokenizer: Any, chunk: int, task_ids: Sequence[int], 
     T = int(valid_steps.max()) if total else 0
 
     def gather(key: str, shape: tuple, dtype) -> np.ndarray:
-        out = np.zeros((total, T) + shape, dtype=dtype)
-        for c in calls:
-            out[c["rows"], c["t"]] = c[key]
-        return out
+        return scatter_calls(calls, key, (total, T) + shape, dtype)
 
     step_mask = np.arange(T)[None, :] < valid_steps[:, None]
     return RolloutBatch(
         task_ids=np.asarray(task_ids, np.int64), trial_ids=np.asarray(trial_ids, np.int64),
         group_ids=np.arange(total, dtype=np.int64), task_names=names, instructions=instructions, complete=complete,
         finish_step=finish_step, valid_steps=valid_steps, invalid=invalid, truncated=truncated, last_obs=last_obs,
-        actions=gather("actions", (chunk, 7), np.float32), rewards=gather("rewards", (), np.float32),
+        actions=gather("actions", (chunk, ACTION_DIM), np.float32), rewards=gather("rewards", (), np.float32),
         dones=gather("dones", (), bool), obs={key: gather(key, calls[0][key].shape[1:], calls[0][key].dtype)
                                              for key in OBS_KEYS} if calls else {},
         tokens=gather("tokens", (A,), np.int64), old_log_probs=np.zeros((total, T, A), np.float32),

@@ -294,11 +294,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     T = int(valid_steps.max()) if total else 0
 
     def gather(key: str, shape: tuple, dtype) -> np.ndarray:
-        """(B, T, *shape) array filled from every policy call's rows (zeros after an episode's end)."""
-        out = np.zeros((total, T) + shape, dtype=dtype)
-        for c in calls:
-            out[c["rows"], c["t"]] = c[key]
-        return out
+        return scatter_calls(calls, key, (total, T) + shape, dtype)
 
     batch = RolloutBatch(
         task_ids=prompts[:, 0].copy(), trial_ids=prompts[:, 1].copy(), group_ids=prompts[:, 2].copy(),
@@ -322,6 +318,15 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     else:
         batch.noise = gather("noise", (chunk, ACTION_DIM), np.float32)
     return batch
+
+
+def scatter_calls(calls: List[Dict[str, np.ndarray]], key: str, shape: tuple, dtype) -> np.ndarray:
+    """A (B, T, ...) array of `shape` filled from per-policy-call records {"rows", "t", key} (zeros where no call
+    was made, i.e. after an episode's end)."""
+    out = np.zeros(shape, dtype=dtype)
+    for c in calls:
+        out[c["rows"], c["t"]] = c[key]
+    return out
 
 
 def success_by_task(batch: RolloutBatch) -> Dict[int, float]:
