@@ -25,6 +25,9 @@ from typing import Dict, List
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from srpo_vs_grpo import curve  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def arm(loss_variant: str, energy: str, schedule: str) -> List[str]:
@@ -56,11 +59,6 @@ def start(arm: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
 def read_rows(arm: str, seed: int, args: argparse.Namespace) -> List[Dict[str, float]]:
     with open(os.path.join(args.out, f"bench_{arm}_s{seed}", "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
-
-
-def curve(rows: List[Dict[str, float]], metric: str):
-    return (np.array([r.get("charts/env_steps", 0.0) for r in rows if metric in r]),
-            np.array([r[metric] for r in rows if metric in r]))
 
 
 if __name__ == "__main__":
