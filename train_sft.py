@@ -58,6 +58,8 @@ class SFTConfig:
     warmup_steps: int = 20  # linear LR warm-up, then cosine decay to lr * min_lr_ratio
     min_lr_ratio: float = 0.1
     max_grad_norm: float = 1.0
+    augment_shift: int = 0  # DrQ random shift: pad each camera image by this many pixels (edge-replicated) and crop
+                            # back at a random offset, per sample and camera; 0 = off
     log_every: int = 10  # steps per logged iteration
     eval_every: int = 100  # steps between evaluations (and checkpoints); 0 = only at the end
     eval_trials: int = 20  # trials per task for evaluation
@@ -86,6 +88,18 @@ class SFTLoss(torch.nn.Module):
         if isinstance(self.policy, FlowPolicy):
             return self.policy.flow_matching_loss(obs, instructions, actions)
         return self.policy.sft_loss(obs, instructions, actions)
+
+
+def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
+    """DrQ augmentation: (B, H, W, C) images edge-padded by `pad` and cropped back to (H, W) at a random offset each."""
+    if pad <= 0:
+        return images
+    b, h, w, _ = images.shape
+    padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
+    dy, dx = rng.integers(0, 2 * pad + 1, (2, b))
+    rows = (dy[:, None] + np.arange(h))[:, :, None]  # (B, H, 1)
+    cols = (dx[:, None] + np.arange(w))[:, None, :]  # (B, 1, W)
+    return padded[np.arange(b)[:, None, None], rows, cols]
 
 
 def load_demos(cfg: Config) -> List[Dict[str, Any]]:
@@ -230,6 +244,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     for step in bar:
         idx = rng.integers(0, num_samples, cfg.sft.batch_size)
         obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
+        for k in ("agentview", "wrist"):
+            obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng)
         loss, info = loss_module(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)

@@ -84,3 +84,25 @@ def test_sft_beats_untrained_policy(tmp_path):
     assert rows[-1]["sft/loss"] < 0.3 * rows[0]["sft/loss"]
     assert summary["best_success"] == 1.0 and greedy_success(trained, [0]).tolist() == [True]
     assert greedy_success(untrained.eval(), [0, 1, 2, 3]).sum() == 0
+
+
+def test_random_shift_is_an_edge_padded_crop():
+    """DrQ: pad 1 and the offset drawn per image; offset (0, 0) of a 3x3 image is its edge-padded top-left crop."""
+    img = np.arange(9, dtype=np.uint8).reshape(1, 3, 3, 1)
+    assert train_sft.random_shift(img, 0, np.random.default_rng(0)) is img  # off: untouched, no random draw
+
+    class Fixed:  # the generator's draw: dy = 0, dx = 2
+        def integers(self, low, high, size):
+            assert (low, high) == (0, 3)
+            return np.array([[0], [2]])
+
+    out = train_sft.random_shift(img, 1, Fixed())[0, :, :, 0]
+    # padded rows: [0 0 1 2 2] / [0 0 1 2 2] / [3 3 4 5 5] / [6 6 7 8 8] / [6 6 7 8 8]; rows 0-2, columns 2-4
+    np.testing.assert_array_equal(out, [[1, 2, 2], [1, 2, 2], [4, 5, 5]])
+    batch = np.random.default_rng(1).integers(0, 255, (16, 8, 8, 3), dtype=np.uint8)
+    shifted = train_sft.random_shift(batch, 2, np.random.default_rng(2))
+    assert shifted.shape == batch.shape and shifted.dtype == np.uint8
+    padded = np.pad(batch, ((0, 0), (2, 2), (2, 2), (0, 0)), mode="edge")
+    for b in range(16):  # every output is one of the 25 crops of its own padded image
+        assert any(np.array_equal(shifted[b], padded[b, y:y + 8, x:x + 8]) for y in range(5) for x in range(5))
+    assert not all(np.array_equal(shifted[b], batch[b]) for b in range(16))
