@@ -7,9 +7,11 @@ more progress. The tabletop simulator knows the truth, so this script rolls out 
 the failures with `compute_embodied_reward` under each encoder, and compares with the simulator's progress:
   progress = grasped the target block at some step (0/1) + how much closer it ended to its goal (1 - d_end / d_start).
 Prints Spearman's rho per encoder (mean over batches; 0 = no signal, 1 = perfect ranking) and the mean reward of
-failures that grasped vs never grasped. Random embeddings (a fixed Gaussian projection) give the chance level.
+failures that grasped vs never grasped, for each encoder with `mean` pooling (the whole video, as siiRL) and with
+`final_spatial` pooling (the final frames, spatially resolved; models/trajectory_encoders.py). Random embeddings
+(a fixed Gaussian projection) give the chance level. `--seed` is the rollout seed: pooling was chosen from seed 0.
 
-    python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 10]
+    python benchmarks/progress_reward_quality.py --sft checkpoints/sft_tabletop_task0 [--batches 10] [--seed 1]
     python benchmarks/progress_reward_quality.py --vjepa2-path facebook/vjepa2-vitl-fpc64-256   # a real world model
 """
 from __future__ import annotations
@@ -78,7 +80,8 @@ if __name__ == "__main__":
     p.add_argument("--n", type=int, default=8, help="group size (rollout.n)")
     p.add_argument("--batches", type=int, default=10)
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="rollout seed: the env, the policy's action sampling (torch) and the trials drawn (numpy)")
     p.add_argument("--vjepa2-path", default=None,
                    help="also score a pretrained V-JEPA 2 (path or hub id, e.g. facebook/vjepa2-vitl-fpc64-256)")
     p.add_argument("--pool", choices=["task", "group"], default="task",
@@ -93,14 +96,17 @@ if __name__ == "__main__":
     policy = TokenPolicy.load(args.sft).eval()
     env = ProgressRecorder(make_vector_env(EnvConfig(task_ids=[args.task_id], num_envs=args.n, image_size=64),
                                            seed=args.seed))
-    encoders = {
-        "V-JEPA 2 (tiny, random init)": make_trajectory_encoder(EncoderConfig(kind="vjepa2"), "cpu"),
-        "pixels 8x8 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels"), "cpu"),
-        "pixels 16x16 x 16 frames": make_trajectory_encoder(EncoderConfig(kind="pixels", pixel_size=16), "cpu"),
-    }
-    if args.vjepa2_path:
-        encoders[f"V-JEPA 2 ({os.path.basename(args.vjepa2_path.rstrip('/'))})"] = make_trajectory_encoder(
-            EncoderConfig(kind="vjepa2", model_path=args.vjepa2_path))
+    encoders = {}
+    for pooling in ("mean", "final_spatial"):  # mean: the whole video (siiRL); final_spatial: the final frames
+        encoders.update({
+            f"V-JEPA 2 tiny random, {pooling}": make_trajectory_encoder(EncoderConfig(pooling=pooling), "cpu"),
+            f"pixels 8x8, {pooling}": make_trajectory_encoder(EncoderConfig(kind="pixels", pooling=pooling)),
+            f"pixels 16x16, {pooling}": make_trajectory_encoder(
+                EncoderConfig(kind="pixels", pixel_size=16, pooling=pooling)),
+        })
+        if args.vjepa2_path:
+            encoders[f"V-JEPA 2 {os.path.basename(args.vjepa2_path.rstrip('/'))}, {pooling}"] = \
+                make_trajectory_encoder(EncoderConfig(kind="vjepa2", model_path=args.vjepa2_path, pooling=pooling))
     rhos = {name: [] for name in [*encoders, "random embedding (chance)"]}
     by_grasp = {name: ([], []) for name in rhos}
     t0 = time.perf_counter()
@@ -132,8 +138,8 @@ if __name__ == "__main__":
 
     print(f"\nSRPO failure reward vs simulator progress, task {args.task_id}, {len(next(iter(rhos.values())))} "
           f"batches of {args.prompts} prompts x {args.n} ({time.perf_counter() - t0:.0f} s)")
-    print(f"  {'encoder':32s} {'Spearman rho':>16s} {'reward | grasped':>17s} {'reward | never':>15s}")
+    print(f"  {'encoder':36s} {'Spearman rho':>16s} {'reward | grasped':>17s} {'reward | never':>15s}")
     for name, values in rhos.items():
         g, ng = by_grasp[name]
-        print(f"  {name:32s} {np.mean(values):7.2f} +- {np.std(values) / max(1, len(values)) ** 0.5:.2f}"
+        print(f"  {name:36s} {np.mean(values):7.2f} +- {np.std(values) / max(1, len(values)) ** 0.5:.2f}"
               f" {np.mean(g) if g else float('nan'):17.3f} {np.mean(ng) if ng else float('nan'):15.3f}")

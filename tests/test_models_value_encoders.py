@@ -98,3 +98,46 @@ def test_pixel_baseline_hand_values():
     assert np.all(z[1] == 0)
     with pytest.raises(ValueError, match="kind must be"):
         make_trajectory_encoder(EncoderConfig(kind="clip"))
+
+
+def test_final_spatial_pooling_shapes_and_final_frames_only():
+    vjepa = make_trajectory_encoder(EncoderConfig(pooling="final_spatial"), device="cpu")
+    assert vjepa.dim == (64 // 16) ** 2 * 64  # 16 patches of the last tubelet x hidden size 64
+    pixels = make_trajectory_encoder(EncoderConfig(kind="pixels", pixel_size=4, pooling="final_spatial"))
+    assert pixels.dim == 4 * 4 * 3  # the last frame only
+    vids = videos()
+    edited = [v.copy() for v in vids]
+    edited[2][:30] = 0  # frames 0..29 of the 40-frame episode (the last tubelet is sampled frames 36 and 39)
+    last = [v.copy() for v in vids]
+    last[2][-1] = 255 - last[2][-1]
+    for enc in (vjepa, pixels):
+        z = enc.embed(vids)
+        assert z.shape == (5, enc.dim) and z.dtype == np.float32
+        assert np.all(z[3:] == 0.0) and np.all(np.abs(z[:3]).sum(1) > 0)  # empty and all-black -> zeros
+        np.testing.assert_array_equal(enc.embed(edited), z)  # early frames do not matter
+        changed = enc.embed(last)
+        assert np.abs(changed[2] - z[2]).max() > 1e-3  # the last frame does
+        np.testing.assert_array_equal(changed[:2], z[:2])
+    # pixels: hand values of the last frame, layout (channel, y, x)
+    enc = make_trajectory_encoder(EncoderConfig(kind="pixels", num_frames=2, pixel_size=2, pooling="final_spatial"))
+    v = np.zeros((3, 4, 4, 3), np.uint8)
+    v[0] = 255
+    v[2, :2, :2] = 255
+    np.testing.assert_allclose(enc.embed([v])[0], np.tile([1.0, 0, 0, 0], 3), atol=1e-6)
+    # vjepa2: the last tubelet's tokens, not averaged: their mean over patches is the model's mean over that tubelet
+    x = vjepa.preprocess(vids[1])
+    assert x.shape == (2, 3, 64, 64)
+    with torch.no_grad():
+        h = vjepa.model(pixel_values_videos=x[None], skip_predictor=True).last_hidden_state[0]
+    np.testing.assert_allclose(vjepa.embed(vids[1:2])[0], h.flatten().numpy(), atol=1e-5)
+    np.testing.assert_allclose(vjepa.embed(vids[1:2])[0].reshape(16, 64).mean(0), h.mean(0).numpy(), atol=1e-5)
+
+
+def test_mean_pooling_is_the_default_and_bad_pooling_errors():
+    assert EncoderConfig().pooling == "mean"
+    vids = videos()
+    np.testing.assert_array_equal(make_trajectory_encoder(EncoderConfig(pooling="mean"), device="cpu").embed(vids),
+                                  make_trajectory_encoder(EncoderConfig(), device="cpu").embed(vids))
+    for kind in ("vjepa2", "pixels"):
+        with pytest.raises(ValueError, match=r"pooling must be one of mean, final_spatial; got 'max'"):
+            make_trajectory_encoder(EncoderConfig(kind=kind, pooling="max"), device="cpu")
