@@ -49,9 +49,10 @@ def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float) -> 
 
 
 def curve(rows: List[Dict[str, float]], metric: str):
-    xs = [r.get("charts/env_steps", 0.0) for r in rows if metric in r]
-    ys = [r[metric] for r in rows if metric in r]
-    return np.array(xs), np.array(ys)
+    """(cumulative env steps, metric) at the rows that logged `metric` (a NaN, logged as null, is left out)."""
+    xs = [r.get("charts/env_steps", 0.0) for r in rows if r.get(metric) is not None]
+    ys = [r[metric] for r in rows if r.get(metric) is not None]
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
 def text_plot(series: Dict[str, tuple], height: int = 21, width: int = 60) -> str:

@@ -1,0 +1,112 @@
+"""benchmarks/compare_algorithms.py's aggregation on fake metric rows (the runs themselves take hours)."""
+import os
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import compare_algorithms as ca  # noqa: E402
+
+
+def fake_run(successes, steps_per_iteration=1000.0, every=2, phases=(1.0, 0.5, 2.0), eval_s=3.0):
+    """Metric rows as the RL scripts log them: the start's evaluation in iteration 1's row, then one every `every`
+    iterations; `successes` = the evaluations in order."""
+    rows, evals = [], iter(successes)
+    n = (len(successes) - 1) * every
+    for it in range(1, n + 1):
+        row = {"iteration": it, "charts/env_steps": it * steps_per_iteration, "time/rollout": phases[0],
+               "time/reward": phases[1], "time/update": phases[2]}
+        if it == 1:
+            row["val/success_rate"] = next(evals)
+        if it % every == 0:
+            row["val/success_rate"], row["time/eval"] = next(evals), eval_s
+        rows.append(row)
+    return rows
+
+
+def test_eval_curve_puts_the_start_at_zero_env_steps():
+    xs, ys = ca.eval_curve(fake_run([0.2, 0.4, 0.6]))
+    assert xs.tolist() == [0.0, 2000.0, 4000.0]
+    assert ys.tolist() == [0.2, 0.4, 0.6]
+
+
+def test_steps_to_reach_the_first_evaluation_at_or_above_the_target():
+    rows = fake_run([0.2, 0.5, 0.4, 0.9])
+    assert ca.steps_to(rows, 0.5) == 2000.0
+    assert ca.steps_to(rows, 0.9) == 6000.0
+    assert ca.steps_to(rows, 0.95) is None
+    assert ca.steps_to(fake_run([0.6, 0.7]), 0.5) == 0.0  # the start already there
+
+
+def test_band_is_mean_and_std_over_seeds_of_the_interpolated_curves():
+    runs = {(0, 1): fake_run([0.0, 0.4]), (0, 2): fake_run([0.2, 0.8])}  # evaluations at 0 and 2000 env steps
+    grid, mean, std, seeds = ca.band(runs, budget=4000.0, points=5)  # 0, 1000, 2000, 3000, 4000
+    assert grid.tolist() == [0.0, 1000.0, 2000.0, 3000.0, 4000.0]
+    np.testing.assert_allclose(seeds[0], [0.0, 0.2, 0.4, 0.4, 0.4])  # held at the last evaluation past it
+    np.testing.assert_allclose(mean, [0.1, 0.35, 0.6, 0.6, 0.6])
+    np.testing.assert_allclose(std, [0.1, 0.15, 0.2, 0.2, 0.2])
+
+
+def test_band_averages_tasks_within_a_seed_before_the_spread_over_seeds():
+    runs = {(0, 1): fake_run([0.0, 0.4]), (1, 1): fake_run([0.2, 0.8])}  # one seed, two tasks
+    _, mean, std, seeds = ca.band(runs, budget=2000.0, points=2)
+    assert len(seeds) == 1
+    np.testing.assert_allclose(mean, [0.1, 0.6])
+    np.testing.assert_allclose(std, [0.0, 0.0])
+
+
+def test_summarize_cells():
+    runs = {(0, 1): fake_run([0.2, 0.5, 0.6]), (0, 2): fake_run([0.4, 0.4, 1.0], steps_per_iteration=2000.0)}
+    cells = ca.summarize(runs, {(0, 1): 100.0, (0, 2): 140.0})
+    assert cells["seeds"] == "1 2"
+    assert cells["iterations"] == "4 ± 0"
+    assert cells["env steps used"] == "6,000 ± 2,000"  # 4,000 and 8,000
+    assert cells["start"] == "0.30 ± 0.10"
+    assert cells["at budget"] == "0.80 ± 0.20"
+    assert cells["to 50%"] == "5.0 k (2/2 runs)"  # 2,000 and 8,000
+    assert cells["to 90%"] == "8.0 k (1/2 runs)"
+    assert (cells["rollout"], cells["reward"], cells["update"]) == ("1.00", "0.50", "2.00")
+    assert cells["eval"] == f"{4 * 3.0 / 8:.2f}"  # 2 evaluations x 3 s per run, over 8 iterations in all
+    assert cells["total wall"] == "120 s ± 20 s"
+    table = ca.markdown_table({"GRPO": cells, "LUFFY": {"seeds": "missing"}})
+    lines = table.splitlines()
+    assert len(lines) == 4 and lines[0].startswith("| algorithm |")
+    assert lines[2].startswith("| GRPO | 1 2 | 4 ± 0 | 6,000 ± 2,000 | 0.30 ± 0.10 | 0.80 ± 0.20 |")
+    assert lines[3].startswith("| LUFFY | missing |")
+
+
+def test_summarize_reads_gae_values_and_flowsar_annotation_as_the_reward_phase():
+    rows = fake_run([0.1, 0.2])
+    for r in rows:
+        r["time/values"] = r.pop("time/reward")
+    assert ca.summarize({(0, 1): rows}, {(0, 1): 10.0})["reward"] == "0.50"
+    for r in rows:
+        r.pop("time/values")
+    assert ca.summarize({(0, 1): rows}, {(0, 1): 10.0})["reward"] == "-"  # LUFFY: no separate phase
+
+
+@pytest.mark.parametrize("script,episodes", [("train_srpo.py", 64), ("train_gae_ppo.py", 64), ("train_luffy.py", 64),
+                                             ("train_flowsar.py", 32)])
+def test_episodes_per_iteration_from_the_shipped_configs(script, episodes):
+    assert ca.episodes_per_iteration(script) == episodes
+
+
+def test_runs_as_its_docstring_writes_it():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "benchmarks/compare_algorithms.py", "--help"], cwd=ca.ROOT,
+                         env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--env-steps" in out.stdout, out.stderr[-2000:]
+
+
+def test_a_missing_or_placeholder_script_is_listed_as_missing(tmp_path, monkeypatch):
+    monkeypatch.setitem(ca.ARMS, "nope", ("Nope", "train_nope.py", [], "token"))
+    args = SimpleNamespace(out=str(tmp_path), reuse=False, env_steps=1000, eval_samples=0, evals=5)
+    assert ca.train_arm("nope", 0, 1, {"path": "x", "finished": 1.0}, args)["status"] == "missing"  # nothing ran
+    log = tmp_path / "run.log"
+    log.write_text("error: train_luffy.py is a placeholder: not written yet\n")
+    assert ca.failure("train_luffy.py", str(log)) == "missing"
+    log.write_text("Traceback ...\nRuntimeError: shapes do not match\n")
+    assert ca.failure("train_luffy.py", str(log)) == "failed"
