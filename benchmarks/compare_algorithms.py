@@ -5,6 +5,7 @@ Arms (shipped configs; only the keys named here change):
     srpo      SRPO            train_srpo.py (reward.mode=srpo: world-model progress reward for failures)
     grpo      GRPO            train_srpo.py reward.mode=binary
     drgrpo    Dr.GRPO         train_srpo.py reward.mode=binary algorithm.norm_adv_by_std_in_grpo=false
+                              algorithm.loss_agg_mode=seq-mean-token-sum-norm (no std, no length normalisation)
     adv_grpo  Advanced GRPO   train_srpo.py reward.mode=binary algorithm.adv_estimator=advanced_grpo (seed 002 takes
                               the environment's episode reward, here binary success, and normalises per token)
     gae_ppo   GAE-PPO         train_gae_ppo.py --timesteps <budget>
@@ -50,7 +51,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {  # key -> (label, script, overrides, policy type)
     "srpo": ("SRPO", "train_srpo.py", [], "token"),
     "grpo": ("GRPO", "train_srpo.py", ["reward.mode=binary"], "token"),
-    "drgrpo": ("Dr.GRPO", "train_srpo.py", ["reward.mode=binary", "algorithm.norm_adv_by_std_in_grpo=false"], "token"),
+    "drgrpo": ("Dr.GRPO", "train_srpo.py", ["reward.mode=binary", "algorithm.norm_adv_by_std_in_grpo=false",
+               "algorithm.loss_agg_mode=seq-mean-token-sum-norm"], "token"),
     "adv_grpo": ("Advanced GRPO", "train_srpo.py", ["reward.mode=binary", "algorithm.adv_estimator=advanced_grpo"],
                  "token"),
     "gae_ppo": ("GAE-PPO", "train_gae_ppo.py", [], "token"),
@@ -203,12 +205,8 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
 
 # ---- aggregation (pure: unit-tested on fake rows in tests/test_compare_algorithms.py)
 def eval_curve(rows: List[dict]) -> Tuple[np.ndarray, np.ndarray]:
-    """(env steps, METRIC) at every evaluation. The start's evaluation is logged in iteration 1's row, next to that
-    iteration's env steps: it is put at 0 env steps (every run here evaluates every >= 2 iterations)."""
-    xs, ys = curve(rows, METRIC)
-    if len(xs) and rows[0].get("iteration") == 1 and rows[0].get(METRIC) is not None:
-        xs[0] = 0.0
-    return xs, ys
+    """(env steps, METRIC) at every evaluation; the start's evaluation is row 0, at 0 env steps."""
+    return curve(rows, METRIC)
 
 
 def steps_to(rows: List[dict], target: float) -> Optional[float]:

@@ -11,15 +11,14 @@ import compare_algorithms as ca  # noqa: E402
 
 
 def fake_run(successes, steps_per_iteration=1000.0, every=2, phases=(1.0, 0.5, 2.0), eval_s=3.0):
-    """Metric rows as the RL scripts log them: the start's evaluation in iteration 1's row, then one every `every`
+    """Metric rows as the RL scripts log them: the start's evaluation as row 0 at 0 env steps, then one every `every`
     iterations; `successes` = the evaluations in order."""
-    rows, evals = [], iter(successes)
+    rows, evals = [{"iteration": 0, "charts/env_steps": 0, "val/success_rate": successes[0], "time/eval": eval_s}], \
+        iter(successes[1:])
     n = (len(successes) - 1) * every
     for it in range(1, n + 1):
         row = {"iteration": it, "charts/env_steps": it * steps_per_iteration, "time/rollout": phases[0],
                "time/reward": phases[1], "time/update": phases[2]}
-        if it == 1:
-            row["val/success_rate"] = next(evals)
         if it % every == 0:
             row["val/success_rate"], row["time/eval"] = next(evals), eval_s
         rows.append(row)
@@ -68,7 +67,7 @@ def test_summarize_cells():
     assert cells["to 50%"] == "5.0 k (2/2 runs)"  # 2,000 and 8,000
     assert cells["to 90%"] == "8.0 k (1/2 runs)"
     assert (cells["rollout"], cells["reward"], cells["update"]) == ("1.00", "0.50", "2.00")
-    assert cells["eval"] == f"{4 * 3.0 / 8:.2f}"  # 2 evaluations x 3 s per run, over 8 iterations in all
+    assert cells["eval"] == f"{6 * 3.0 / 8:.2f}"  # 3 evaluations (the start's too) x 3 s per run, over 8 iterations
     assert cells["total wall"] == "120 s ± 20 s"
     table = ca.markdown_table({"GRPO": cells, "LUFFY": {"seeds": "missing"}})
     lines = table.splitlines()
@@ -79,10 +78,10 @@ def test_summarize_cells():
 
 def test_summarize_reads_gae_values_and_flowsar_annotation_as_the_reward_phase():
     rows = fake_run([0.1, 0.2])
-    for r in rows:
+    for r in rows[1:]:
         r["time/values"] = r.pop("time/reward")
     assert ca.summarize({(0, 1): rows}, {(0, 1): 10.0})["reward"] == "0.50"
-    for r in rows:
+    for r in rows[1:]:
         r.pop("time/values")
     assert ca.summarize({(0, 1): rows}, {(0, 1): 10.0})["reward"] == "-"  # LUFFY: no separate phase
 
