@@ -202,6 +202,9 @@ if __name__ == "__main__":
             # 4. advantages: GRPO over each group, broadcast to the valid action tokens (finish_step mask); then the
             #    valid policy steps as rows (an observation with its chunk of A action tokens)
             steps = None
+            rows_per_process = run.gather([int(batch.valid_steps.sum())])  # policy steps (update rows) per process
+            on_policy = cfg.train.recompute_old_log_prob and cfg.train.ppo_epochs == 1 and \
+                max(rows_per_process) <= cfg.train.ppo_mini_batch_size  # one optimizer step: see 5.
             if len(batch):
                 T = batch.num_steps
                 response_mask = make_response_mask(torch.as_tensor(batch.valid_steps), T, A)  # (B, T*A)
@@ -214,18 +217,22 @@ if __name__ == "__main__":
                 metrics["train/advantage_abs_mean"] = float(masked_mean(steps.tensor("advantages").abs(),
                                                                         steps.tensor("mask")))
 
-                # 5. old log-probs (forward only) and reference log-probs (adapters off: the RL start)
+                # 5. old log-probs (forward only) and reference log-probs (adapters off: the RL start). With one epoch
+                #    of one mini-batch the update's own forward sees the same weights: its detached log-probs are the
+                #    old ones (verl's on-policy case), so the separate pass is skipped
                 def log_probs(rows: slice) -> torch.Tensor:
                     part = steps.take(rows)
                     return policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)[0].cpu()
 
+                t0 = time.perf_counter()
                 with torch.no_grad():
                     chunks = [slice(s, s + mb) for s in range(0, len(steps), mb)]
-                    if cfg.train.recompute_old_log_prob:
+                    if cfg.train.recompute_old_log_prob and not on_policy:
                         steps.data["old_log_probs"] = torch.cat([log_probs(c) for c in chunks]).numpy()
                     if cfg.algorithm.use_kl_loss:
                         with policy.reference():
                             steps.data["ref_log_probs"] = torch.cat([log_probs(c) for c in chunks]).numpy()
+                metrics["time/old_log_prob"] = time.perf_counter() - t0
 
             # 6. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
             t0 = time.perf_counter()
@@ -239,9 +246,12 @@ if __name__ == "__main__":
                     micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
                     for part in micro:
                         log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
+                        if not cfg.algorithm.entropy_coeff:
+                            entropy = entropy.detach()  # logged only: no backward through it (its gradient is 0)
+                        old_log_prob = log_prob.detach() if on_policy else part.tensor("old_log_probs", device)
                         mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
-                            part.tensor("old_log_probs", device), log_prob, adv, mask,
+                            old_log_prob, log_prob, adv, mask,
                             clip_ratio_low=cfg.algorithm.clip_ratio_low, clip_ratio_high=cfg.algorithm.clip_ratio_high,
                             clip_ratio_c=cfg.algorithm.clip_ratio_c, loss_agg_mode=cfg.algorithm.loss_agg_mode)
                         entropy_loss = agg_loss(entropy, mask, cfg.algorithm.loss_agg_mode)
@@ -250,18 +260,18 @@ if __name__ == "__main__":
                             kl = kl_penalty(log_prob, part.tensor("ref_log_probs", device), cfg.algorithm.kl_loss_type)
                             kl_loss = agg_loss(kl, mask, cfg.algorithm.loss_agg_mode)
                             loss = loss + cfg.algorithm.kl_loss_coef * kl_loss
-                            stats["kl_loss"].append(kl_loss.item())
+                            stats["kl_loss"].append(kl_loss.detach())
                         (loss / len(micro)).backward()
                         for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
                                      ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
-                            stats[k].append(v.item())
+                            stats[k].append(v.detach())  # read once after the update: no host sync here
                     average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
-                    stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)))
+                    stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip))
                     optimizer.step()
                     scheduler.step()
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
-            metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
+            metrics.update({f"train/{k}": float(np.mean(torch.stack(v).tolist())) for k, v in stats.items() if v})
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter

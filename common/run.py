@@ -4,7 +4,7 @@
         policy = ...                                        # from run.resume_path + "/policy" when resuming
         run.attach(policy, {"actor": opt}, {"actor": sched}, eval_kwargs=dict(temperature=...))  # restores state
         for iteration in run.iterations():
-            metrics = run.begin_iteration(iteration)        # evaluation before the first iteration
+            metrics = run.begin_iteration(iteration)        # row 0: the starting policy evaluated
             ...rollout, advantages, update...
             run.end_iteration(iteration, metrics, console_keys)  # evaluation, metrics.jsonl/PNG/wandb, checkpoint
 
@@ -197,9 +197,14 @@ class Run:
         return metrics
 
     def begin_iteration(self, iteration: int) -> Dict[str, float]:
-        """The iteration's metrics dict, with the evaluation of the starting policy before a new run's first one."""
+        """The iteration's (empty) metrics dict. Before a new run's first iteration the starting policy is evaluated
+        and logged as row 0, at 0 env steps, so every curve starts where the policy started."""
         if self.cfg.eval.every > 0 and iteration == self.start_iteration == 0:
-            return {k: v for k, v in self.evaluate(0).items() if k != "time/eval"}
+            metrics = {**self.evaluate(0), "charts/env_steps": 0}
+            if self.is_main:
+                self.logger.log(metrics, 0)
+                print(format_line(0, metrics, ["val/success_rate", "val/sampled_success_rate", "time/eval"]),
+                      flush=True)
         return {}
 
     def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:

@@ -167,9 +167,9 @@ class TokenPolicy(nn.Module):
             raise ValueError(f"tokens have shape {tuple(tokens.shape)}; expected ({batch}, {n}) or ({batch}, "
                              f"{self.action_chunk}, 7)")
         tokens = tokens.reshape(batch, n).long()
-        if int(tokens.min()) < 0 or int(tokens.max()) >= self.cfg.n_bins:
-            raise ValueError(f"token ids must lie in [0, {self.cfg.n_bins}), got [{int(tokens.min())}, "
-                             f"{int(tokens.max())}]")
+        lo, hi = torch.stack(torch.aminmax(tokens)).tolist()  # one host sync
+        if lo < 0 or hi >= self.cfg.n_bins:
+            raise ValueError(f"token ids must lie in [0, {self.cfg.n_bins}), got [{lo}, {hi}]")
         return tokens
 
 

@@ -25,7 +25,7 @@ ENV = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true", OMP_NUM_THREADS="1"
 def weak_flow_sft(tmp_path_factory):
     """Flow SFT start (the FlowSAR config's auto_sft recipe): path of the exported policy."""
     out = tmp_path_factory.mktemp("sft_flow")
-    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", "policy.type=flow", "sft.num_demos=20",
+    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", "policy.type=flow", "sft.num_demos=20", "sft.augment_shift=0",
            f"sft.output_path={out}/policy", "sft.eval_every=0", "sft.eval_trials=20", f"log.output_dir={out}/runs",
            f"log.plots_dir={out}/plots"]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=1500)
@@ -44,9 +44,9 @@ def test_flowsar_raises_held_out_success_from_weak_flow_sft(weak_flow_sft, tmp_p
     with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     evals = [r for r in rows if "val/success_rate" in r]
-    assert [r["iteration"] for r in evals] == [1, 5, 10, 15, 20, 25]  # before learning, then every 5
+    assert [r["iteration"] for r in evals] == [0, 5, 10, 15, 20, 25]  # before learning (row 0), then every 5
     greedy = np.array([r["val/success_rate"] for r in evals])
-    practice = np.array([r["rollout/success_rate"] for r in rows])
+    practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out greedy success (trials 30-49): {greedy.round(2).tolist()}; practice (trials 0-9) first/last 5 "
           f"iterations {practice[:5].mean():.2f} / {practice[-5:].mean():.2f}")
     assert 0.05 <= greedy[0] <= 0.5, greedy  # a weak start, as intended

@@ -34,12 +34,12 @@ def test_gae_ppo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
     with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     evals = [r for r in rows if "val/success_rate" in r]
-    assert [r["iteration"] for r in evals] == [1, 10, 20]  # before learning, then every 10
+    assert [r["iteration"] for r in evals] == [0, 10, 20]  # before learning (row 0), then every 10
     greedy = np.array([r["val/success_rate"] for r in evals])
     sampled = np.array([r["val/sampled_success_rate"] for r in evals])
-    practice = np.array([r["rollout/success_rate"] for r in rows])
-    value_loss = np.array([r["train/value_loss"] for r in rows])
-    ev = np.array([r["train/explained_variance"] for r in rows])
+    practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
+    value_loss = np.array([r["train/value_loss"] for r in rows[1:]])  # rows 1..: iterations
+    ev = np.array([r["train/explained_variance"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; practice "
           f"first/last 5 {practice[:5].mean():.2f} / {practice[-5:].mean():.2f}; value loss first/last 5 "
           f"{value_loss[:5].mean():.4f} / {value_loss[-5:].mean():.4f}; explained variance {ev.round(2).tolist()}")

@@ -35,10 +35,10 @@ def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
     with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     evals = [r for r in rows if "val/success_rate" in r]
-    assert [r["iteration"] for r in evals] == [1, 10, 20, 30, 40, 50, 60]  # before learning, then every 10
+    assert [r["iteration"] for r in evals] == [0, 10, 20, 30, 40, 50, 60]  # before learning (row 0), then every 10
     greedy = np.array([r["val/success_rate"] for r in evals])
     sampled = np.array([r["val/sampled_success_rate"] for r in evals])
-    practice = np.array([r["rollout/success_rate"] for r in rows])
+    practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out success (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; "
           f"practice (trials 0-9) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
     assert greedy[-3:].mean() >= greedy[0] + 0.15, greedy

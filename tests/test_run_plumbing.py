@@ -64,7 +64,7 @@ def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path):
         assert f.read() == saved  # never overwritten
     assert "n: 4" in saved and "entropy_coeff: 0.01" in saved and "filter_accuracy: false" in saved
     ra, rb = rows(a), rows(b)
-    assert [r["iteration"] for r in rb] == [1, 2, 3, 4]
+    assert [r["iteration"] for r in rb] == [0, 1, 2, 3, 4]  # row 0: the start evaluated
     assert [deterministic(r) for r in ra] == [deterministic(r) for r in rb]
     wa, wb, w1 = weights(a, 4), weights(b, 4), weights(a, 1)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
@@ -87,7 +87,7 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resume_logs_each_once(tmp
     while time.time() < deadline:  # interrupt as soon as iteration 2 is logged: somewhere inside iteration 3
         if os.path.isdir(tmp_path / "runs") and os.listdir(tmp_path / "runs"):
             metrics = os.path.join(the_run(tmp_path / "runs"), "metrics.jsonl")
-            if os.path.isfile(metrics) and len(open(metrics).read().splitlines()) >= 2:
+            if os.path.isfile(metrics) and len(open(metrics).read().splitlines()) >= 3:  # rows 0, 1, 2
                 break
         time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
@@ -97,14 +97,14 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resume_logs_each_once(tmp
     run_dir = the_run(tmp_path / "runs")
     before = rows(run_dir)
     done = before[-1]["iteration"]
-    assert done >= 2 and [r["iteration"] for r in before] == list(range(1, done + 1))
+    assert done >= 2 and [r["iteration"] for r in before] == list(range(0, done + 1))
     assert f"interrupted: iterations 1..{done} are saved" in stdout and f"--resume {run_dir}" in stdout, stdout[-600:]
     assert os.listdir(os.path.join(run_dir, "checkpoints")) == [f"iter_{done:06d}"]  # written though not due
 
     srpo(["--resume", run_dir])
     after = rows(run_dir)
-    assert [r["iteration"] for r in after] == [1, 2, 3, 4, 5, 6]  # each exactly once
-    assert after[:done] == before  # nothing before the interrupt lost or rewritten
+    assert [r["iteration"] for r in after] == [0, 1, 2, 3, 4, 5, 6]  # each exactly once
+    assert after[:done + 1] == before  # nothing before the interrupt lost or rewritten
 
 
 def test_two_accelerate_processes_on_cpu(tmp_path):
@@ -118,9 +118,9 @@ def test_two_accelerate_processes_on_cpu(tmp_path):
     assert "policy weights identical on all 2 processes" in out.stdout
     run_dir = the_run(tmp_path / "runs")  # one run folder, one metrics file, written by the main process
     logged = rows(run_dir)
-    assert [r["iteration"] for r in logged] == [1, 2]
+    assert [r["iteration"] for r in logged] == [0, 1, 2]
     # each process rolls out its own 2 prompts x 4 samples of at most 16 steps: both are counted
-    assert all(r["rollout/env_steps"] == 2 * 2 * 4 * 16 for r in logged)
+    assert all(r["rollout/env_steps"] == 2 * 2 * 4 * 16 for r in logged[1:])
 
 
 def test_one_process_when_two_were_asked_is_refused(tmp_path):

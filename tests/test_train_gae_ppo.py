@@ -215,12 +215,12 @@ def test_smoke_two_updates_then_resume_is_exact(tmp_path):
     run_dir = str(tmp_path / "a" / "runs" / name)
     assert name.startswith("gae_ppo__tabletop__t0__s1__")
     rows = read_metrics(run_dir)
-    assert [r["iteration"] for r in rows] == [1, 2]
-    for r in rows:
+    assert [r["iteration"] for r in rows] == [0, 1, 2]  # row 0: the start evaluated
+    for r in rows[1:]:
         assert all(k in r for k in SEED_METRICS), sorted(set(SEED_METRICS) - set(r))
         assert r["rollout/mean_length"] == 16 and r["rollout/truncated_fraction"] == 1.0  # all cut at max_steps
         assert r["rollout/env_steps"] == 8 * 16 and r["train/actor_grad_norm"] > 0 and r["train/critic_grad_norm"] > 0
-    assert rows[1]["charts/env_steps"] == 2 * 8 * 16
+    assert rows[0]["charts/env_steps"] == 0 and rows[2]["charts/env_steps"] == 2 * 8 * 16
     plots = tmp_path / "a" / "plots" / name
     assert runs_in(plots) == ["training_curves.png", "training_curves_update00001.png",
                               "training_curves_update00002.png"]
@@ -231,7 +231,7 @@ def test_smoke_two_updates_then_resume_is_exact(tmp_path):
     out = run(["--task-id", "0", "train.iterations=3", "--resume", run_dir], tmp_path / "a")
     assert "resumed at iteration 2" in out.stdout
     resumed = read_metrics(run_dir)
-    assert [r["iteration"] for r in resumed] == [1, 2, 3] and resumed[:2] == rows
+    assert [r["iteration"] for r in resumed] == [0, 1, 2, 3] and resumed[:3] == rows
     assert "training_curves_update00003.png" in runs_in(plots)
 
     run(["--task-id", "0", "train.iterations=3", "log.checkpoint_every=1"], tmp_path / "b")  # never interrupted
@@ -252,7 +252,7 @@ def test_timesteps_budget_stops_evaluates_and_checkpoints_value_free_baseline(tm
     (name,) = runs_in(tmp_path / "runs")
     run_dir = str(tmp_path / "runs" / name)
     rows = read_metrics(run_dir)
-    assert [r["iteration"] for r in rows] == [1, 2] and rows[-1]["charts/env_steps"] == 256
+    assert [r["iteration"] for r in rows] == [0, 1, 2] and rows[-1]["charts/env_steps"] == 256
     assert "val/success_rate" in rows[-1] and runs_in(os.path.join(run_dir, "checkpoints")) == ["iter_000002"]
     ckpt = os.path.join(run_dir, "checkpoints", "iter_000002")
     assert not os.path.isdir(os.path.join(ckpt, "modules"))
@@ -294,7 +294,8 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
     assert " x2 | " in out.stdout and "policy weights identical on all 2 processes" in out.stdout
     (name,) = runs_in(tmp_path / "runs")
     rows = read_metrics(str(tmp_path / "runs" / name))
-    assert [r["iteration"] for r in rows] == [1, 2]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]
+    rows = rows[1:]  # the training iterations
     assert all(r["rollout/env_steps"] == 2 * 4 * 16 for r in rows)  # both processes' episodes counted
     assert all(r["train/critic_grad_norm"] > 0 for r in rows)
     assert "train/actor_grad_norm" not in rows[0] and rows[1]["train/actor_grad_norm"] > 0  # the actor waited

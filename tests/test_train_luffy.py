@@ -172,8 +172,8 @@ def test_smoke_from_scratch_demos_carry_the_all_failed_groups_then_resume_exactl
     out = run(["--task-id", "0", "train.iterations=3", "--resume", run_dir], resumed)
     assert "resumed at iteration 2" in out.stdout
     rows, again = read_metrics(only_run(straight / "runs")), read_metrics(run_dir)
-    assert [r["iteration"] for r in rows] == [r["iteration"] for r in again] == [1, 2, 3]
-    for r in rows:  # a scratch policy fails every rollout; the expert's demo succeeds and carries the group
+    assert [r["iteration"] for r in rows] == [r["iteration"] for r in again] == [0, 1, 2, 3]  # row 0: the start
+    for r in rows[1:]:  # a scratch policy fails every rollout; the expert's demo succeeds and carries the group
         assert r["rollout/success_rate"] == 0.0 and r["demos/success_rate"] == 1.0 and r["demos/dropped"] == 0.0
         assert r["sampling/kept_fraction"] == 1.0 and r["sampling/all_failure_groups"] == 2.0
         assert r["train/demo_advantage_mean"] == pytest.approx(0.75)  # 1 - mean(0, 0, 0, 1)

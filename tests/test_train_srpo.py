@@ -33,12 +33,16 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
         text = f.read()
     assert "n: 4" in text and "filter_accuracy: false" in text and "suite: tabletop" in text
     rows = read_metrics(run_dir)
-    assert [r["iteration"] for r in rows] == [1, 2]
-    for r in rows:  # filter off: the update ran on every episode, all of which failed from scratch
+    assert [r["iteration"] for r in rows] == [0, 1, 2]  # row 0: the start evaluated, at 0 env steps
+    assert rows[0]["charts/env_steps"] == 0 and 0.0 <= rows[0]["val/success_rate"] <= 1.0
+    for r in rows[1:]:  # filter off: the update ran on every episode, all of which failed from scratch
         assert r["train/skipped_update"] == 0.0 and r["sampling/kept_fraction"] == 1.0
         assert r["train/pg_loss"] == pytest.approx(0.0, abs=1e-6)  # zero advantages in all-fail groups
         assert r["rollout/success_rate"] == 0.0 and 0.0 <= r["val/success_rate"] <= 1.0
         assert r["rollout/mean_length"] == 16 and r["charts/SPS"] > 0
+        # 16 policy steps = one mini-batch of one epoch: the old log-probs are the update's own forward, detached (no
+        # separate pass), so the ratio is exactly 1; a separate pass differs in the last bits (batching)
+        assert r["train/ppo_kl"] == 0.0 and r["train/pg_clipfrac"] == 0.0 and "time/old_log_prob" in r
     assert os.path.isfile(tmp_path / "plots" / name / "training_curves.png")
     ckpts = sorted(os.listdir(os.path.join(run_dir, "checkpoints")))
     assert ckpts == ["iter_000001", "iter_000002"]
@@ -48,8 +52,8 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
               tmp_path)
     assert "resumed at iteration 2" in out.stdout
     rows = read_metrics(run_dir)
-    assert [r["iteration"] for r in rows] == [1, 2, 3]
-    lrs = [r["train/lr"] for r in rows]  # linear warmup, continued (not restarted) after the resume
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
+    lrs = [r["train/lr"] for r in rows[1:]]  # linear warmup, continued (not restarted) after the resume
     steps = lrs[0] / 1e-4 * 1000  # optimizer steps taken in iteration 1 (config lr 1e-4)
     assert 0 < lrs[0] < lrs[1] < lrs[2] < 1e-4 and lrs[2] - lrs[1] == pytest.approx(lrs[1] - lrs[0], rel=0.5)
     assert steps == pytest.approx(round(steps))
