@@ -45,7 +45,7 @@ import numpy as np
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from srpo_vs_grpo import curve  # noqa: E402
+from srpo_vs_grpo import curve, steps_to_reach  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ARMS = {  # key -> (label, script, overrides, policy type)
@@ -211,9 +211,7 @@ def eval_curve(rows: List[dict]) -> Tuple[np.ndarray, np.ndarray]:
 
 def steps_to(rows: List[dict], target: float) -> Optional[float]:
     """Env steps at the first evaluation with METRIC >= target (None if never)."""
-    xs, ys = eval_curve(rows)
-    hit = np.flatnonzero(ys >= target)
-    return float(xs[hit[0]]) if len(hit) else None
+    return steps_to_reach(rows, METRIC, target)
 
 
 def band(runs: Dict[Tuple[int, int], List[dict]], budget: float, points: int = 41):

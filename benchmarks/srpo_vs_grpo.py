@@ -43,7 +43,7 @@ def read_rows(mode: str, seed: int, args: argparse.Namespace) -> List[Dict[str, 
 def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float) -> Optional[float]:
     """Cumulative env steps at the first evaluation with `metric` >= target (None if never)."""
     for r in rows:
-        if r.get(metric, -1) >= target:
+        if r.get(metric) is not None and r[metric] >= target:  # a NaN is logged as null
             return r.get("charts/env_steps", 0.0)
     return None
 
