@@ -48,11 +48,21 @@ def random_actions(rng: np.random.Generator, n: int) -> np.ndarray:
     return a
 
 
+def gl_renderer() -> str:
+    """The current OpenGL context's vendor and renderer (which GPU, or llvmpipe = Mesa on the CPU)."""
+    try:
+        from OpenGL import GL
+        return f"{GL.glGetString(GL.GL_VENDOR).decode()} / {GL.glGetString(GL.GL_RENDERER).decode()}"
+    except Exception as e:  # no current context or no PyOpenGL: say so rather than fail the benchmark
+        return f"unknown ({type(e).__name__}: {e})"
+
+
 def bench_single(cfg: EnvConfig, steps: int) -> Dict[str, float]:
     t0 = time.perf_counter()
     env = LiberoEnv(cfg)
     env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 0})  # builds the simulator
     build = time.perf_counter() - t0
+    print(f"# {cfg.image_size} px, fast render {cfg.fast_render}: OpenGL {gl_renderer()}", flush=True)
     t0 = time.perf_counter()
     env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 1})
     reset = time.perf_counter() - t0

@@ -232,6 +232,9 @@ class Run:
         last = done == cfg.train.iterations if last is None else last
         if cfg.eval.every > 0 and (done % cfg.eval.every == 0 or last):
             metrics.update(self.evaluate(done))
+        if self.device.type == "cuda":  # peak since the start of the process, as verl's perf/max_memory_allocated_gb
+            metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
+            metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         rng_states = self._rng_states()
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
