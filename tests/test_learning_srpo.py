@@ -1,13 +1,14 @@
-"""Learning test: from a weak SFT checkpoint on tabletop task 0, SRPO raises success on fixed held-out trials
-(deterministic seeds, CPU, about 10 minutes).
+"""Learning test: from the default SFT start on tabletop task 0, SRPO raises success on fixed held-out trials
+(deterministic seeds, one thread, CPU).
 
-The weak SFT policy (the default recipe: 10 expert demos recorded from the suite's demo starts, 1000 steps, last
-checkpoint) never sees an evaluation trial; it solves about 30% of them. SRPO (configs/srpo.yaml) then practises on
-trials 0-9 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10
-iterations on trials 30-49, which it never practises on: one greedy episode and 8 sampled episodes per trial. One
-evaluation swings by about +-0.1 (sampled) to +-0.2 (greedy), so the test compares the first evaluation with the mean
-of the last three. Measured with configs/srpo.yaml (lr 1e-4 after a 50-step warmup), mean of the last three:
-seed 1 greedy 0.35 -> 0.63, sampled 0.26 -> 0.49; seed 2 greedy 0.35 -> 0.52, sampled 0.31 -> 0.51.
+The SFT start (configs/sft.yaml: 10 expert demos from the suite's demo starts, DrQ random shift) never sees an
+evaluation trial; it solves 40% of them greedily. SRPO (configs/srpo.yaml) then practises on trials 0-29 (8 prompts x
+8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10 iterations on trials 30-49,
+which it never practises on: one greedy episode and 8 sampled episodes per trial. One evaluation swings by about
++-0.1 (sampled) to +-0.15 (greedy), so the test compares the first evaluation with the mean of the last three.
+Measured (seed 1, one thread, about 6 minutes after the 2-minute SFT): greedy 0.40 -> 0.70 (0.60, 0.75, 0.75),
+sampled 0.45 -> 0.60, practice success (trials 0-29) 0.53 -> 0.72 over the first / last 10 iterations. The old start
+(no DrQ, 15% held out, practice on trials 0-9) gained greedy 0.35 -> 0.63 with transformers < 5.23.
 """
 import json
 import os
@@ -20,11 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true")
 
 
-def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
+def test_srpo_raises_held_out_success_from_sft(drq_sft, tmp_path):
     cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "1", "reward.mode=srpo",
-           "init.mode=checkpoint", f"init.path={weak_sft}", "train.iterations=60", "train.lr=1e-4",
-           "train.lr_warmup_steps=50",
-           "rollout.train_trials=10", "rollout.prompts_per_iteration=8", "rollout.n=8", "eval.every=10",
+           "init.mode=checkpoint", f"init.path={drq_sft}", "train.iterations=60",
+           "rollout.train_trials=30", "rollout.prompts_per_iteration=8", "rollout.n=8", "eval.every=10",
            "eval.trial_start=30", "eval.trials_per_task=20", "eval.samples_per_trial=8",
            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "log.checkpoint_every=100"]
     # one thread: the run is then bitwise reproducible (the measured figures above were taken this way)
@@ -40,8 +40,8 @@ def test_srpo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
     sampled = np.array([r["val/sampled_success_rate"] for r in evals])
     practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out success (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; "
-          f"practice (trials 0-9) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
-    assert greedy[-3:].mean() >= greedy[0] + 0.15, greedy
+          f"practice (trials 0-29) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
+    assert greedy[-3:].mean() >= greedy[0] + 0.2, greedy
     assert sampled[-3:].mean() >= sampled[0] + 0.1, sampled
     assert practice[-10:].mean() >= practice[:10].mean() + 0.1, practice  # success on the practised trials rose too
     assert rows[-1]["train/ppo_kl"] < 0.1  # small, clipped steps: no collapse
