@@ -177,6 +177,11 @@ def check_run_config(cfg: Any) -> None:
     if cfg.train.iterations < 1:
         raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
     envs.check_task_ids(cfg.env)
+    practice, first = getattr(getattr(cfg, "rollout", None), "train_trials", None), cfg.eval.trial_start
+    if cfg.eval.every > 0 and practice is not None and first is not None and first < practice:
+        print(f"[config] warning: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} overlap the "
+              f"practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ success is not on "
+              f"held-out starts; set eval.trial_start>={practice} (or null) for a held-out evaluation", flush=True)
 
 
 def config_to_yaml(cfg: Any) -> str:

@@ -4,7 +4,8 @@ from typing import Optional
 
 import pytest
 
-from common.config import ConfigError, EnvConfig, LogConfig, load_config, parse_cli, resolve_run_dir
+from common.config import (ConfigError, EnvConfig, LogConfig, check_run_config, load_config, parse_cli,
+                           resolve_run_dir)
 
 
 @dataclass
@@ -113,3 +114,14 @@ def test_resolve_run_dir_new_and_resume(tmp_path):
     assert resolve_run_dir(log, "srpo__tabletop__t0__s1", "auto")[0] == "srpo__tabletop__t0__s1__20260102-000000"
     with pytest.raises(ConfigError, match="no such run folder"):
         resolve_run_dir(log, "x", str(tmp_path / "missing"))
+
+
+def test_run_config_warns_when_evaluation_trials_are_practised(capsys):
+    import train_srpo
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["--task-id", "0"])
+    check_run_config(cfg)  # the default: practice 0..29, evaluation 30..49
+    assert capsys.readouterr().out == ""
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["--task-id", "0", "rollout.train_trials=40"])
+    check_run_config(cfg)
+    out = capsys.readouterr().out
+    assert "evaluation trials 30..49 overlap the practice trials 0..39" in out and "eval.trial_start>=40" in out
