@@ -27,6 +27,7 @@ RECIPES = {  # name -> overrides on configs/sft.yaml
     "weak": ["sft.augment_shift=0"],  # 10 demos, 1000 steps, no augmentation (the recipe before DrQ)
     "drq": ["sft.augment_shift=4"],  # the same + DrQ random shift of 4 px (configs/sft.yaml's default)
     "drq20": ["sft.augment_shift=4", "sft.num_demos=20", "sft.steps=2000"],
+    "drq40": ["sft.augment_shift=4", "sft.num_demos=40", "sft.steps=3000"],  # for the long two-object task 9
     "strong": ["sft.num_demos=40", "sft.steps=2500", "sft.batch_size=32"],
 }
 
