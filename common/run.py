@@ -320,6 +320,10 @@ class Run:
                 self.envs.close()
             except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
                 pass
+        if self.world > 1 and torch.distributed.is_initialized():
+            # tear the process group down before interpreter exit: left to the finaliser, gloo's threads sometimes
+            # abort a rank ("terminate called without an active exception", seen once in 4 two-process runs)
+            torch.distributed.destroy_process_group()
         if exc_type is KeyboardInterrupt:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, ConfigError):  # a bad input found at start: one line
