@@ -63,6 +63,8 @@ METRIC = "val/success_rate"  # held-out greedy success (one episode per trial 30
 PHASES = {"rollout": ["time/rollout"], "reward": ["time/reward", "time/values", "time/annotation"],
           "update": ["time/update"]}  # reward: SRPO's reward, GAE-PPO's value pass, FlowSAR's self-annotation
 TARGETS = (0.5, 0.9)
+HOLD = 2  # a target counts as reached at the first of 2 evaluations in a row at or above it (one is +-0.15 noise)
+LATE = 2 / 3  # "late mean": the mean of the evaluations from this fraction of the budget on
 MAX_SEGMENTS = 6  # runs resumed at most this many times to reach the budget
 
 
@@ -94,8 +96,8 @@ def read_rows(run_dir: str) -> List[dict]:
 
 def sh(cmd: List[str], log_path: str) -> Tuple[int, float]:
     """Run `cmd` (one thread, output appended to log_path); (exit code, wall seconds)."""
-    print("$", " ".join(["python"] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:]]),
-          flush=True)
+    print("$ " + " ".join(["python"] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:]]),
+          flush=True)  # one string: two threads printing at once do not interleave it
     t0 = time.time()
     with open(log_path, "a") as log:
         code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -129,7 +131,7 @@ def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
     """The SFT start of `policy_type` for `task` (train_sft.py, configs/sft.yaml + --sft-overrides)."""
     name = f"sft_{policy_type}_t{task}"
     path, info_path = os.path.join(args.out, name + "_policy"), os.path.join(args.out, "logs", name + ".json")
-    cmd = [sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-id", str(task), "--no-wandb",
+    cmd = [sys.executable, "train_sft.py", "--task-id", str(task), "--no-wandb",
            f"policy.type={policy_type}", f"sft.output_path={path}", f"log.output_dir={args.out}/sft_runs",
            f"log.run_name={name}", f"log.plots_dir={args.out}/plots", *args.sft_overrides]
     if args.reuse and os.path.isdir(path) and os.path.isfile(info_path):
@@ -138,6 +140,8 @@ def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
         if info.get("ok") and info.get("cmd") == cmd[1:]:
             return info
         print(f"[reuse] {name}: made with other overrides (or failed); training it again", flush=True)
+    if os.path.isfile(info_path):
+        os.remove(info_path)  # an interrupted re-run must not pass for the finished one
     shutil.rmtree(path, ignore_errors=True)
     shutil.rmtree(os.path.join(args.out, "sft_runs", name), ignore_errors=True)
     log_path = os.path.join(args.out, "logs", name + ".log")
@@ -165,6 +169,8 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
             info = json.load(f)
         if info["status"] == "ok" and all(info.get(k) == v for k, v in same.items()):
             return info
+    if os.path.isfile(info_path):
+        os.remove(info_path)  # an interrupted re-run must not pass for the finished one
     shutil.rmtree(run_dir, ignore_errors=True)
     log_path = os.path.join(args.out, "logs", name + ".log")
     open(log_path, "w").close()
@@ -174,7 +180,7 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
     # holds the start's evaluation alone (an evaluation after iteration 1 would overwrite it in that row)
     every = max(2, round(iters / args.evals))
     info = {"status": "ok", "wall_s": 0.0, "segments": 0, "log": log_path, **same}
-    base = [sys.executable, os.path.join(ROOT, script), "--task-id", str(task), "--seed", str(seed), "--no-wandb",
+    base = [sys.executable, script, "--task-id", str(task), "--seed", str(seed), "--no-wandb",
             "init.mode=checkpoint", f"init.path={sft['path']}", f"eval.every={every}", "eval.trial_start=30",
             "eval.trials_per_task=20", f"eval.samples_per_trial={args.eval_samples}", f"log.output_dir={args.out}",
             f"log.run_name={name}", f"log.plots_dir={args.out}/plots", "log.checkpoint_every=100000", *overrides]
@@ -194,7 +200,7 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
         if steps >= budget or script == "train_gae_ppo.py" or info["segments"] >= MAX_SEGMENTS:
             break
         more = math.ceil((budget - steps) / (steps / done))  # at the env steps per iteration measured so far
-        cmd = [sys.executable, os.path.join(ROOT, script), "--resume", run_dir, "--no-wandb",
+        cmd = [sys.executable, script, "--resume", run_dir, "--no-wandb",
                f"train.iterations={done + more}"]
     print(f"[{label} task {task} seed {seed}] {info['status']} in {info['wall_s']:.0f} s "
           f"({info['segments']} segment(s)); log {os.path.relpath(log_path, ROOT)}", flush=True)
@@ -210,8 +216,15 @@ def eval_curve(rows: List[dict]) -> Tuple[np.ndarray, np.ndarray]:
 
 
 def steps_to(rows: List[dict], target: float) -> Optional[float]:
-    """Env steps at the first evaluation with METRIC >= target (None if never)."""
-    return steps_to_reach(rows, METRIC, target)
+    """Env steps at the first of HOLD evaluations in a row with METRIC >= target (None if never)."""
+    return steps_to_reach(rows, METRIC, target, hold=HOLD)
+
+
+def late_mean(rows: List[dict], budget: float) -> Optional[float]:
+    """Mean METRIC over the evaluations at >= LATE * budget env steps (None if there are none)."""
+    xs, ys = eval_curve(rows)
+    late = ys[xs >= LATE * budget]
+    return float(late.mean()) if len(late) else None
 
 
 def band(runs: Dict[Tuple[int, int], List[dict]], budget: float, points: int = 41):
@@ -251,8 +264,9 @@ def kilo(x: float) -> str:
     return f"{x / 1000:.1f} k"
 
 
-def summarize(runs: Dict[Tuple[int, int], List[dict]], walls: Dict[Tuple[int, int], float]) -> Dict[str, str]:
-    """The table cells of one algorithm from its runs' metric rows ((task, seed) -> rows) and wall seconds."""
+def summarize(runs: Dict[Tuple[int, int], List[dict]], walls: Dict[Tuple[int, int], float],
+              budget: float) -> Dict[str, str]:
+    """The table cells of one algorithm from its runs' metric rows ((task, seed) -> rows), wall seconds and budget."""
     def evals(rows):
         return eval_curve(rows)[1]
 
@@ -260,7 +274,8 @@ def summarize(runs: Dict[Tuple[int, int], List[dict]], walls: Dict[Tuple[int, in
     cells = {"seeds": " ".join(str(s) for s in seeds),
              "env steps used": mean_std(per_seed(runs, lambda r: r[-1].get("charts/env_steps")), "{:,.0f}"),
              "start": mean_std(per_seed(runs, lambda r: evals(r)[0] if len(evals(r)) else None)),
-             "at budget": mean_std(per_seed(runs, lambda r: evals(r)[-1] if len(evals(r)) else None))}
+             "at budget": mean_std(per_seed(runs, lambda r: evals(r)[-1] if len(evals(r)) else None)),
+             "late mean": mean_std(per_seed(runs, lambda r: late_mean(r, budget)))}
     for target in TARGETS:
         reach = [steps_to(rows, target) for rows in runs.values()]
         hit = [r for r in reach if r is not None]
@@ -278,13 +293,14 @@ def summarize(runs: Dict[Tuple[int, int], List[dict]], walls: Dict[Tuple[int, in
     return cells
 
 
-COLUMNS = ["algorithm", "seeds", "iterations", "env steps used", "start", "at budget", "to 50%", "to 90%", "rollout",
-           "reward", "update", "eval", "total wall"]
+COLUMNS = ["algorithm", "seeds", "iterations", "env steps used", "start", "at budget", "late mean", "to 50%", "to 90%",
+           "rollout", "reward", "update", "eval", "total wall"]
 
 
 def markdown_table(rows: Dict[str, Dict[str, str]]) -> str:
     head = ["algorithm", "seeds", "iterations", "env steps used", "held-out greedy at start",
-            "held-out greedy at budget", "env steps to 50%", "env steps to 90%", "rollout s/it", "reward s/it",
+            "held-out greedy at budget", "mean of the evaluations from 2/3 of the budget on",
+            f"env steps to 50% ({HOLD} evaluations in a row)", "env steps to 90%", "rollout s/it", "reward s/it",
             "update s/it", "eval s/it", "wall per run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, cells in rows.items():
@@ -365,7 +381,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             table[label] = {"seeds": " / ".join(bad)}
             continue
         walls = {(t, s): infos[(arm, t, s)]["wall_s"] for t, s in done}
-        table[label] = summarize(done, walls)
+        table[label] = summarize(done, walls, args.env_steps)
         if bad:
             table[label]["seeds"] += f" ({' / '.join(bad)}: {len(jobs) // len(args.arms) - len(done)} runs)"
         bands[label] = band(done, args.env_steps)
@@ -382,8 +398,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"`python benchmarks/compare_algorithms.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         f"Held-out greedy success (`{METRIC}`, one episode per trial 30-49): the first evaluation (the SFT start) and "
-        f"the last (at the budget), mean ± std over seeds (tasks averaged within a seed). Env steps to 50% / 90%: mean "
-        f"over the runs that reached it at an evaluation (how many did). Seconds per iteration by phase, mean over "
+        f"the last (at the budget), mean ± std over seeds (tasks averaged within a seed), and the mean of the evaluations "
+        f"from {LATE:.2f} of the budget on (less noisy than one evaluation of 20 trials). Env steps to 50% / 90%: mean "
+        f"over the runs that reached it, at the first of {HOLD} evaluations in a row at or above it (how many did). Seconds per iteration by phase, mean over "
         f"iterations (reward = SRPO's progress reward, GAE-PPO's value pass, FlowSAR's self-annotation; LUFFY's demos "
         f"are in its rollout); eval = all evaluations' seconds / iterations. Wall per run: mean over runs, one thread "
         f"each, {args.jobs} at a time. SFT starts (train_sft.py configs/sft.yaml"

@@ -40,11 +40,13 @@ def read_rows(mode: str, seed: int, args: argparse.Namespace) -> List[Dict[str, 
         return [json.loads(line) for line in f]
 
 
-def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float) -> Optional[float]:
-    """Cumulative env steps at the first evaluation with `metric` >= target (None if never)."""
-    for r in rows:
-        if r.get(metric) is not None and r[metric] >= target:  # a NaN is logged as null
-            return r.get("charts/env_steps", 0.0)
+def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float, hold: int = 1) -> Optional[float]:
+    """Cumulative env steps at the first evaluation that starts `hold` evaluations in a row with `metric` >= target
+    (None if never; a run that ends before `hold` evaluations have passed has not held it)."""
+    evals = [r for r in rows if r.get(metric) is not None]  # a NaN is logged as null
+    for i in range(len(evals) - hold + 1):
+        if all(r[metric] >= target for r in evals[i:i + hold]):
+            return evals[i].get("charts/env_steps", 0.0)
     return None
 
 

@@ -4,6 +4,7 @@
    iterations 2.. of time/rollout, time/old_log_prob, time/update and (old log-prob + update) / rollout.
 2. Takes one rollout of a scratch policy in-process and times the update's pieces on its policy steps (rows): the
    old-log-prob pass, forward / backward per micro-batch, the optimizer step, and the vision tower's share of a forward.
+3. On the same rows: forward + backward per row for micro-batches of 16-256, and fp32 against bf16 CPU autocast.
 
     python benchmarks/update_profile.py [--iterations 4] [--threads 2] [--prompts 8] [--n 8]
 """
@@ -97,6 +98,28 @@ def profile_pieces(args) -> None:
           f"{100 * t_vis / t_old:.0f}%) -> {n_micro * t_old:.2f} s per iteration")
     print(f"  PPO micro-batch: forward {t_fwd * 1e3:.0f} ms, backward {t_bwd * 1e3:.0f} ms -> "
           f"{n_micro * (t_fwd + t_bwd):.2f} s per epoch; optimizer step {t_opt * 1e3:.1f} ms per mini-batch")
+
+    # 3. would bigger micro-batches or bf16 autocast on the CPU make the same work cheaper? (same run, same rows)
+    def fwd_bwd_ms_per_row(rows, bf16: bool = False) -> float:
+        toks = rows.tensor("tokens")
+
+        def step():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                log_prob, _ = policy.log_prob(rows.obs, rows.instructions, toks)
+            (-log_prob.float().mean()).backward()
+
+        step()  # warm-up
+        return timed(step, 3) * 1e3 / len(rows)
+
+    # interleaved rounds, median per setting: a shared machine's load changes within seconds
+    sizes = [s for s in (16, 32, 64, 128, 256) if s <= len(steps)]
+    rounds = [{s: fwd_bwd_ms_per_row(steps.take(slice(0, s))) for s in sizes} for _ in range(3)]
+    print("  forward + backward per row by micro-batch size (median of 3 interleaved rounds): "
+          + ", ".join(f"{s}: {np.median([r[s] for r in rounds]):.2f} ms" for s in sizes))
+    pairs = np.array([(fwd_bwd_ms_per_row(part), fwd_bwd_ms_per_row(part, bf16=True)) for _ in range(5)])
+    fp32, bf16 = np.median(pairs, 0)
+    print(f"  micro-batch {mb}: fp32 {fp32:.2f} ms per row, bf16 autocast {bf16:.2f} ms per row, median of 5 "
+          f"interleaved pairs (fp32 / bf16 {fp32 / bf16:.2f}; per pair {np.round(pairs[:, 0] / pairs[:, 1], 2).tolist()})")
 
 
 if __name__ == "__main__":
