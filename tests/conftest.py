@@ -47,18 +47,3 @@ def weak_sft(tmp_path_factory):
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert res.returncode == 0, res.stderr[-3000:]
     return str(out / "policy")
-
-
-@pytest.fixture(scope="session")
-def very_weak_sft(tmp_path_factory):
-    """A very weak start for LUFFY's learning test (as benchmarks/luffy_vs_grpo.py makes it): one expert demo, 300 SFT
-    steps, tabletop task 0, token policy, one thread: 5% greedy success on the held-out trials 30-49, ~10% on the
-    practice trials, so about half of GRPO's groups of 8 fail entirely. Path of the policy."""
-    out = tmp_path_factory.mktemp("sft_very_weak")
-    env = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true", OMP_NUM_THREADS="1")  # one thread: bitwise the same
-    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", "sft.num_demos=1", "sft.steps=300",
-           "sft.eval_every=0", "sft.eval_trial_start=30", "sft.eval_trials=20", f"sft.output_path={out}/policy",
-           f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return str(out / "policy")
