@@ -398,11 +398,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         f"`python benchmarks/compare_algorithms.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
         f"Held-out greedy success (`{METRIC}`, one episode per trial 30-49): the first evaluation (the SFT start) and "
-        f"the last (at the budget), mean ± std over seeds (tasks averaged within a seed), and the mean of the evaluations "
-        f"from {LATE:.2f} of the budget on (less noisy than one evaluation of 20 trials). Env steps to 50% / 90%: mean "
-        f"over the runs that reached it, at the first of {HOLD} evaluations in a row at or above it (how many did). Seconds per iteration by phase, mean over "
-        f"iterations (reward = SRPO's progress reward, GAE-PPO's value pass, FlowSAR's self-annotation; LUFFY's demos "
-        f"are in its rollout); eval = all evaluations' seconds / iterations. Wall per run: mean over runs, one thread "
+        f"the last (at the budget), mean ± std over seeds (tasks averaged within a seed), and the mean of the "
+        f"evaluations from {LATE:.2f} of the budget on (less noisy than one evaluation of 20 trials). Env steps to "
+        f"50% / 90%: mean over the runs that reached it, at the first of {HOLD} evaluations in a row at or above it "
+        f"(how many did). Seconds per iteration by phase, mean over iterations (reward = SRPO's progress reward, "
+        f"GAE-PPO's value pass, FlowSAR's self-annotation; LUFFY's demos are in its rollout); eval = all evaluations' "
+        f"seconds / iterations. Wall per run: mean over runs, one thread "
         f"each, {args.jobs} at a time. SFT starts (train_sft.py configs/sft.yaml"
         f"{' ' + ' '.join(args.sft_overrides) if args.sft_overrides else ''}): {sft_walls}.",
         "",

@@ -118,8 +118,9 @@ def profile_pieces(args) -> None:
           + ", ".join(f"{s}: {np.median([r[s] for r in rounds]):.2f} ms" for s in sizes))
     pairs = np.array([(fwd_bwd_ms_per_row(part), fwd_bwd_ms_per_row(part, bf16=True)) for _ in range(5)])
     fp32, bf16 = np.median(pairs, 0)
+    per_pair = np.round(pairs[:, 0] / pairs[:, 1], 2).tolist()
     print(f"  micro-batch {mb}: fp32 {fp32:.2f} ms per row, bf16 autocast {bf16:.2f} ms per row, median of 5 "
-          f"interleaved pairs (fp32 / bf16 {fp32 / bf16:.2f}; per pair {np.round(pairs[:, 0] / pairs[:, 1], 2).tolist()})")
+          f"interleaved pairs (fp32 / bf16 {fp32 / bf16:.2f}; per pair {per_pair})")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ Policy shaping p / (p + 0.1) and no PPO clip stay as in LUFFY. 8 prompts per ite
 cut at 60 steps, 60 iterations (~126 k env steps), greedy evaluation every 10 on trials 30-49, which are never
 practised and never demonstrated. Measured (seed 1, one thread): held-out greedy 0 -> 0, 0.05, 0.10, 0.10, 0.20, 0.25
 (iterations 10-60); practice 0 over the first 10 iterations, 0.07 over the last 10; demo tokens' probability 0.016 ->
-0.83; about 6 minutes on one core. Seed 2 rose less (0 -> 0.05 0.05 0.20 0.05 0.05). From the very weak 1-demo start
-LUFFY's own recipe rises too (0.05 -> 0.35), but there GRPO rises as well (README).
+0.83; about 5 minutes on one core (4.9 alone, 4.6 in the full suite). Seed 2 rose less (0 -> 0.05 0.05 0.20 0.05
+0.05). From the very weak 1-demo start LUFFY's own recipe rises too (0.05 -> 0.35), but there GRPO rises as well
+(README).
 """
 import numpy as np
 
