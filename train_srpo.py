@@ -72,6 +72,7 @@ class TrainConfig:
     lr: float = 5e-6
     lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps (verl's lr_warmup_steps): Adam's first
                               # steps move every weight by about lr, enough to knock a sharp SFT policy off its skill
+    lr_schedule: str = "constant"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup
     weight_decay: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 64  # policy steps (observation + its chunk of action tokens) per optimizer step
@@ -114,6 +115,8 @@ def check_config(cfg: Config) -> None:
     if cfg.algorithm.use_kl_loss and cfg.policy.lora_rank <= 0:
         raise ConfigError("algorithm.use_kl_loss needs policy.lora_rank > 0: the reference policy is the same model "
                           "with its LoRA adapters disabled")
+    if cfg.train.lr_schedule not in ("constant", "cosine"):
+        raise ConfigError(f"train.lr_schedule={cfg.train.lr_schedule!r}: use constant or cosine")
     if cfg.train.ppo_epochs < 1 or cfg.train.ppo_micro_batch_size < 1:
         raise ConfigError("train.ppo_epochs and train.ppo_micro_batch_size must be >= 1")
     if cfg.train.ppo_mini_batch_size % cfg.train.ppo_micro_batch_size:
@@ -137,7 +140,13 @@ if __name__ == "__main__":
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
         warmup = max(1, cfg.train.lr_warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        clock = {"iteration": 0}  # the cosine schedule's position, set at the start of every iteration (and on resume)
+
+        def lr_factor(step: int) -> float:
+            decay = 0.5 * (1 + math.cos(math.pi * (clock["iteration"] / cfg.train.iterations)))
+            return min(1.0, (step + 1) / warmup) * (decay if cfg.train.lr_schedule == "cosine" else 1.0)
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
@@ -148,6 +157,7 @@ if __name__ == "__main__":
         for iteration in run.iterations():
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
+            clock["iteration"] = iteration
 
             # 1. rollout: prompts (task, trial) x n samples, temperature sampling
             tasks = run.prompt_rng.choice(cfg.env.task_ids, cfg.rollout.prompts_per_iteration).tolist()

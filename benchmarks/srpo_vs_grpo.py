@@ -81,6 +81,8 @@ if __name__ == "__main__":
     p.add_argument("--metric", default="val/sampled_success_rate", help="val/sampled_success_rate | val/success_rate")
     p.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.9],
                    help="success levels to report env steps for")
+    p.add_argument("--hold", type=int, default=2,
+                   help="a target counts as reached at the first of this many evaluations in a row at or above it")
     p.add_argument("--reuse", action="store_true", help="skip training runs whose metrics.jsonl already exists")
     p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_srpo_vs_grpo"))
@@ -114,10 +116,10 @@ if __name__ == "__main__":
             xs, ys = curve(rows, args.metric)
             print(f"  {label[mode]:4s} seed {seed}: " + " ".join(f"{int(x)}:{y:.2f}" for x, y in zip(xs, ys)))
     for target in args.targets:
-        print(f"\nenv steps to reach {target:.0%} evaluation success")
+        print(f"\nenv steps to reach {target:.0%} evaluation success ({args.hold} evaluations in a row)")
         reach = {}
         for mode, runs in results.items():
-            reach[mode] = [steps_to_reach(rows, args.metric, target) for rows in runs]
+            reach[mode] = [steps_to_reach(rows, args.metric, target, args.hold) for rows in runs]
             shown = ", ".join("not reached" if s is None else f"{int(s)}" for s in reach[mode])
             print(f"  {label[mode]}: {shown}")
         ok = [(a, b) for a, b in zip(reach["srpo"], reach["binary"]) if a is not None and b is not None]

@@ -60,6 +60,17 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
     assert "iter_000003" in os.listdir(os.path.join(run_dir, "checkpoints"))
 
 
+def test_cosine_lr_schedule_decays_over_the_run(tmp_path):
+    run(["--task-id", "0", "train.iterations=3", "algorithm.filter_accuracy=false", "train.lr_warmup_steps=0",
+         "train.lr_schedule=cosine", "train.lr=1e-3"], tmp_path)
+    _, run_dir = only_run(tmp_path)
+    lrs = [r["train/lr"] for r in read_metrics(run_dir)[1:]]
+    # logged after iteration i's last step: the lr of the next step, 1e-3 * (1 + cos(pi * i / 3)) / 2 for i = 0, 1, 2
+    assert lrs == pytest.approx([1e-3, 0.75e-3, 0.25e-3], rel=1e-9)
+    out = run(["--task-id", "0", "train.lr_schedule=linear"], tmp_path, check=False)
+    assert out.returncode != 0 and "train.lr_schedule='linear': use constant or cosine" in out.stderr
+
+
 def test_every_group_filtered_out_skips_the_update(tmp_path):
     run(["--task-id", "1", "train.iterations=1", "eval.every=0", "reward.encoder.kind=pixels"], tmp_path)
     _, run_dir = only_run(tmp_path)
