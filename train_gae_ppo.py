@@ -50,7 +50,7 @@ class AlgorithmConfig:
     use_gae: bool = True  # false = seed 003's value-free baseline: discounted reward-to-go, no value head
     gamma: float = 0.99  # discount per policy step (one action chunk)
     gae_lambda: float = 0.95
-    normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (per process)
+    normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1; a huge value switches it off)
@@ -267,8 +267,11 @@ if __name__ == "__main__":
             # 4. advantages: GAE over policy steps (gae_lambda=1 with V=0 for the value-free baseline: discounted
             #    reward-to-go), broadcast to the step's A action tokens; returns = A + V are the value targets
             advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
-                                                 alg.gamma, alg.gae_lambda if use_gae else 1.0,
-                                                 alg.normalize_advantages)
+                                                 alg.gamma, alg.gae_lambda if use_gae else 1.0, normalize=False)
+            valid = np.asarray(run.gather(advantages[step_mask].tolist()), np.float64)  # every process's steps
+            if alg.normalize_advantages and valid.size:  # one mean and std for the whole batch, as one process
+                advantages = np.where(step_mask, (advantages - valid.mean()) / (valid.std() + 1e-8), 0.0)
+                advantages = advantages.astype(np.float32)
             steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
                                   values=values)
             if use_gae:

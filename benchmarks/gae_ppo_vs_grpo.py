@@ -91,6 +91,8 @@ if __name__ == "__main__":
     p.add_argument("--eval-every", type=int, default=5)
     p.add_argument("--metric", default="val/sampled_success_rate", help="val/sampled_success_rate | val/success_rate")
     p.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7])
+    p.add_argument("--hold", type=int, default=2,
+                   help="a target counts as reached at the first of this many evaluations in a row at or above it")
     p.add_argument("--reuse", action="store_true", help="skip training runs whose metrics.jsonl already exists")
     p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_gae_ppo_vs_grpo"))
@@ -122,9 +124,9 @@ if __name__ == "__main__":
             print(f"| {LABEL[arm]} seed {seed} | {int(rows[-1]['charts/env_steps'])} | {' | '.join(cells)} |")
 
     for target in args.targets:
-        print(f"\nenv steps to reach {target:.0%} ({args.metric})")
+        print(f"\nenv steps to reach {target:.0%} ({args.metric}, {args.hold} evaluations in a row)")
         for arm, runs in results.items():
-            reach = [steps_to_reach(rows, args.metric, target) for rows in runs]
+            reach = [steps_to_reach(rows, args.metric, target, args.hold) for rows in runs]
             print(f"  {LABEL[arm]}: " + ", ".join("not reached" if s is None else f"{int(s)}" for s in reach))
 
     means = {}

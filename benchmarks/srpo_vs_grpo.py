@@ -28,7 +28,8 @@ def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
     cmd = [sys.executable, "train_srpo.py", "--task-id", str(args.task_id), "--seed", str(seed), "--no-wandb",
            f"reward.mode={mode}", "init.mode=checkpoint", f"init.path={args.sft}",
            f"train.iterations={args.iterations}", f"eval.every={args.eval_every}", f"log.output_dir={args.out}",
-           f"log.run_name={name}", "log.checkpoint_every=1000", *args.overrides]
+           f"log.run_name={name}", f"log.plots_dir={os.path.join(args.out, 'plots')}", "log.checkpoint_every=1000",
+           *args.overrides]
     print("$", " ".join(cmd[1:]), flush=True)
     with open(os.path.join(args.out, f"{name}.log"), "w") as log:  # the child keeps its own handle
         return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,

@@ -337,18 +337,22 @@ class Run:
         return False
 
     def check_replicas(self) -> None:
-        """With several processes: the policy's weights must be identical on every one (gradients are averaged, so
-        they move in lockstep); prints that they are, raises if they drifted apart."""
+        """With several processes: the policy and every tracked module (value head, EMA) must be identical on every
+        one (gradients are averaged, so they move in lockstep); prints that they are, raises if they drifted apart."""
         if self.world == 1:
             return
-        policy = self._tracked["policy"]
-        checksum = float(sum(p.detach().double().sum().item() for p in policy.parameters()))
-        sums = self.gather([checksum])
-        if max(sums) != min(sums):
-            raise RuntimeError(f"policy weights differ between processes (checksums {sums}): gradients were not "
-                               f"averaged identically")
+        tracked = {"policy": self._tracked["policy"], **self._tracked["modules"]}
+        checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
+                     for m in tracked.values()]
+        per_process = self.gather([checksums])  # one list of checksums per process
+        for i, name in enumerate(tracked):
+            sums = [c[i] for c in per_process]
+            if max(sums) != min(sums):
+                raise RuntimeError(f"{name} weights differ between processes (checksums {sums}): gradients were not "
+                                   f"averaged identically")
         if self.is_main:
-            print(f"[{self.script}] policy weights identical on all {self.world} processes", flush=True)
+            print(f"[{self.script}] {' and '.join(tracked)} weights identical on all {self.world} processes",
+                  flush=True)
 
     def _on_interrupt(self) -> None:
         if not self.is_main:

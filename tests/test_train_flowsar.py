@@ -184,7 +184,7 @@ def test_two_processes(tmp_path):
            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert " x2 | tasks [0]" in out.stdout and "policy weights identical on all 2 processes" in out.stdout
+    assert " x2 | tasks [0]" in out.stdout and "policy and ema weights identical on all 2 processes" in out.stdout
     (run_dir,) = run_dirs(tmp_path)
     rows = read_metrics(run_dir)
     assert [r["iteration"] for r in rows] == [1, 2]

@@ -291,7 +291,7 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
            "rollout.episodes_per_iteration=4", "train.critic_warmup_iterations=1", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert " x2 | " in out.stdout and "policy weights identical on all 2 processes" in out.stdout
+    assert " x2 | " in out.stdout and "policy and value_head weights identical on all 2 processes" in out.stdout
     (name,) = runs_in(tmp_path / "runs")
     rows = read_metrics(str(tmp_path / "runs" / name))
     assert [r["iteration"] for r in rows] == [0, 1, 2]
