@@ -81,13 +81,14 @@ if __name__ == "__main__":
         args.sft = os.path.join(ROOT, "checkpoints", f"sft_flow_tabletop_task{args.task_id}")
         if not os.path.isdir(args.sft):
             subprocess.run([sys.executable, "train_sft.py", "--task-id", str(args.task_id), "--no-wandb",
-                            "policy.type=flow", "sft.num_demos=20", f"sft.output_path={args.sft}"], cwd=ROOT,
-                           check=True)  # the start configs/flowsar.yaml's auto_sft makes
+                            "policy.type=flow", "sft.num_demos=20", "sft.augment_shift=0",
+                            f"sft.output_path={args.sft}"], cwd=ROOT, check=True)  # configs/flowsar.yaml's auto_sft
 
     os.makedirs(args.out, exist_ok=True)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
     if args.reuse:
-        jobs = [(a, s) for a, s in jobs if not os.path.exists(os.path.join(args.out, f"bench_{a}_s{s}", "metrics.jsonl"))]
+        jobs = [(a, s) for a, s in jobs
+                if not os.path.exists(os.path.join(args.out, f"bench_{a}_s{s}", "metrics.jsonl"))]
     procs: List[subprocess.Popen] = []
     for job in jobs:  # at most args.jobs at once; logs in <out>/bench_<arm>_s<seed>.log
         while sum(p.poll() is None for p in procs) >= args.jobs:
@@ -118,7 +119,8 @@ if __name__ == "__main__":
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for (arm, runs), color in zip(results.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red")):
+    for (arm, runs), color in zip(results.items(), ("tab:blue", "tab:orange", "tab:green", "tab:red",
+                                                           "tab:purple")):
         for i, rows in enumerate(runs):
             ax.plot(*curve(rows, args.metric), color=color, alpha=0.8, label=arm if i == 0 else None)
     ax.set_xlabel("environment steps")
