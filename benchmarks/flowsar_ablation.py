@@ -110,7 +110,7 @@ if __name__ == "__main__":
         ys = [curve(rows, args.metric)[1] for rows in runs]
         first, last = np.mean([y[0] for y in ys]), np.mean([y[-args.last:].mean() for y in ys])
         steps = np.mean([rows[-1]["charts/env_steps"] for rows in runs])
-        sec = np.mean([r["time/iteration"] for rows in runs for r in rows])
+        sec = np.mean([r["time/iteration"] for rows in runs for r in rows if "time/iteration" in r])
         print(f"| {arm} | {first:.2f} | {last:.2f} | {last - first:+.2f} | {int(steps)} | {sec:.1f} |")
 
     import matplotlib
