@@ -141,7 +141,7 @@ def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, s
     b, t = np.nonzero(step_mask)
     bootstrap = np.where(truncated[b] & dones[b, t], gamma * last_values[b], 0.0)
     adv, ret = compute_gae(rewards[b, t] + bootstrap, values[b, t], dones[b, t], gamma, gae_lambda, normalize)
-    advantages, returns = np.zeros(step_mask.shape, np.float32), np.zeros(step_mask.shape, np.float32)
+    advantages, returns = np.zeros(step_mask.shape, adv.dtype), np.zeros(step_mask.shape, np.float32)
     advantages[b, t], returns[b, t] = adv, ret
     return advantages, returns
 
@@ -268,10 +268,11 @@ if __name__ == "__main__":
             #    reward-to-go), broadcast to the step's A action tokens; returns = A + V are the value targets
             advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
                                                  alg.gamma, alg.gae_lambda if use_gae else 1.0, normalize=False)
-            valid = np.asarray(run.gather(advantages[step_mask].tolist()), np.float64)  # every process's steps
-            if alg.normalize_advantages and valid.size:  # one mean and std for the whole batch, as one process
-                advantages = np.where(step_mask, (advantages - valid.mean()) / (valid.std() + 1e-8), 0.0)
-                advantages = advantages.astype(np.float32)
+            valid = torch.tensor(run.gather(advantages[step_mask].tolist()), dtype=torch.float64)  # all processes
+            if alg.normalize_advantages and valid.numel():  # one mean and std over the whole batch (compute_gae's)
+                mean, std = valid.mean().item(), valid.std(unbiased=False).item()
+                advantages = np.where(step_mask, (advantages - mean) / (std + 1e-8), 0.0)
+            advantages = advantages.astype(np.float32)
             steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
                                   values=values)
             if use_gae:
