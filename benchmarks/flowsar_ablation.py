@@ -25,10 +25,9 @@ from typing import Dict, List
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from srpo_vs_grpo import curve  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
+from srpo_vs_grpo import curve  # noqa: E402
 
 def arm(loss_variant: str, energy: str, schedule: str) -> List[str]:
     return [f"algorithm.flow_sar_loss_variant={loss_variant}", f"algorithm.flow_sar_energy_type={energy}",
@@ -79,10 +78,14 @@ if __name__ == "__main__":
     args = p.parse_args()
     if args.sft is None:
         args.sft = os.path.join(ROOT, "checkpoints", f"sft_flow_tabletop_task{args.task_id}")
-        if not os.path.isdir(args.sft):
-            subprocess.run([sys.executable, "train_sft.py", "--task-id", str(args.task_id), "--no-wandb",
-                            "policy.type=flow", "sft.num_demos=20", "sft.augment_shift=0",
-                            f"sft.output_path={args.sft}"], cwd=ROOT, check=True)  # configs/flowsar.yaml's auto_sft
+        if not os.path.isdir(args.sft):  # the start configs/flowsar.yaml's auto_sft makes (its init.sft_args)
+            from common.config import load_config
+            from common.run import sft_command
+            from train_flowsar import Config
+
+            cfg = load_config(Config, os.path.join(ROOT, "configs", "flowsar.yaml"),
+                              [f"env.task_ids=[{args.task_id}]", "log.wandb=false"])
+            subprocess.run(sft_command(cfg, args.sft, "flow"), cwd=ROOT, check=True)
 
     os.makedirs(args.out, exist_ok=True)
     jobs = [(arm, seed) for seed in args.seeds for arm in args.arms]
