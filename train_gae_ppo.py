@@ -136,8 +136,8 @@ def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, s
 
     The episodes' valid steps are laid end to end (a done closes each one). A truncated episode is not terminal: its
     last reward gets + gamma * V(s_last), which is exactly delta = r + gamma * V(s_last) - V; a terminated one adds
-    nothing. Returns (advantages, returns = A + V before normalisation), (B, T), zero past each episode's end;
-    `normalize` standardises the advantages over the valid steps only."""
+    nothing. Returns (advantages in the compute dtype, float32 returns = A + V before normalisation), (B, T), zero past
+    each episode's end; `normalize` standardises the advantages over the valid steps only."""
     b, t = np.nonzero(step_mask)
     bootstrap = np.where(truncated[b] & dones[b, t], gamma * last_values[b], 0.0)
     adv, ret = compute_gae(rewards[b, t] + bootstrap, values[b, t], dones[b, t], gamma, gae_lambda, normalize)
@@ -268,10 +268,11 @@ if __name__ == "__main__":
             #    reward-to-go), broadcast to the step's A action tokens; returns = A + V are the value targets
             advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
                                                  alg.gamma, alg.gae_lambda if use_gae else 1.0, normalize=False)
-            valid = torch.tensor(run.gather(advantages[step_mask].tolist()), dtype=torch.float64)  # all processes
-            if alg.normalize_advantages and valid.numel():  # one mean and std over the whole batch (compute_gae's)
-                mean, std = valid.mean().item(), valid.std(unbiased=False).item()
-                advantages = np.where(step_mask, (advantages - mean) / (std + 1e-8), 0.0)
+            if alg.normalize_advantages:  # one mean and std over every process's valid steps, in float64 as compute_gae
+                valid = torch.tensor(run.gather(advantages[step_mask].tolist()), dtype=torch.float64)
+                if valid.numel():
+                    mean, std = valid.mean().item(), valid.std(unbiased=False).item()
+                    advantages = np.where(step_mask, (advantages - mean) / (std + 1e-8), 0.0)
             advantages = advantages.astype(np.float32)
             steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
                                   values=values)
