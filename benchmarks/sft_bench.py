@@ -1,6 +1,6 @@
 """SFT recipes on the embedded suite: held-out greedy success per task and seed, and wall time.
 
-    python benchmarks/sft_bench.py                                      # weak vs drq recipe, tasks 0 4 9, seeds 0 1 2
+    python benchmarks/sft_bench.py                                      # weak, drq128, drq: tasks 0 4 9, seeds 0 1 2
     python benchmarks/sft_bench.py --recipes drq --tasks 0 --seeds 0    # one run
     python benchmarks/sft_bench.py --recipes strong --tasks 0           # the strong (near-expert) recipe
 
@@ -24,11 +24,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RECIPES = {  # name -> overrides on configs/sft.yaml
-    "weak": ["sft.augment_shift=0"],  # 10 demos, 1000 steps, no augmentation (the recipe before DrQ)
-    "drq": ["sft.augment_shift=4"],  # the same + DrQ random shift of 4 px (configs/sft.yaml's default)
-    "drq20": ["sft.augment_shift=4", "sft.num_demos=20", "sft.steps=2000"],
-    "drq40": ["sft.augment_shift=4", "sft.num_demos=40", "sft.steps=3000"],  # for the long two-object task 9
-    "strong": ["sft.num_demos=40", "sft.steps=2500", "sft.batch_size=32"],
+    "weak": ["sft.augment_shift=0", "policy.token.hidden_size=128"],  # 10 demos, 1000 steps, no augmentation, 128 wide
+    "drq128": ["sft.augment_shift=4", "policy.token.hidden_size=128"],  # the same + DrQ random shift of 4 px
+    "drq": ["sft.augment_shift=4", "policy.token.hidden_size=256"],  # the same, 256 wide (configs/sft.yaml's default)
+    "drq20": ["sft.augment_shift=4", "sft.num_demos=20", "sft.steps=2000", "policy.token.hidden_size=128"],
+    "drq40": ["sft.augment_shift=4", "sft.num_demos=40", "sft.steps=3000",  # for the long two-object task 9
+              "policy.token.hidden_size=128"],
+    "strong": ["sft.num_demos=40", "sft.steps=2500", "sft.batch_size=32", "policy.token.hidden_size=128"],
 }
 
 
@@ -52,7 +54,7 @@ def run_one(recipe: str, task: int, seed: int, args: argparse.Namespace) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--recipes", nargs="+", default=["weak", "drq"], choices=list(RECIPES))
+    p.add_argument("--recipes", nargs="+", default=["weak", "drq128", "drq"], choices=list(RECIPES))
     p.add_argument("--tasks", nargs="+", type=int, default=[0, 4, 9])
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--eval-every", type=int, default=250)
