@@ -1,15 +1,19 @@
-"""Learning test: from the default SFT start on tabletop task 0, SRPO raises success on fixed held-out trials
+"""Learning test: from the DrQ SFT start on tabletop task 0, SRPO raises success on fixed held-out trials
 (deterministic seeds, one thread, CPU).
 
-The SFT start (configs/sft.yaml: the 256-wide tiny token policy, 10 expert demos from the suite's demo starts, DrQ
-random shift) never sees an evaluation trial; it solves 40% of them greedily. SRPO (configs/srpo.yaml) then practises
-on trials 0-29 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10
-iterations on trials 30-49, which it never practises on: one greedy episode and 8 sampled episodes per trial. One
-evaluation swings by about +-0.1 (sampled) to +-0.15 (greedy), so the test compares the first evaluation with the mean
-of the last three. Measured (seed 1, one thread): greedy 0.40 -> 0.77 (0.75, 0.75, 0.80), sampled 0.35 -> 0.72,
-practice success (trials 0-29) 0.41 -> 0.73 over the first / last 10 iterations. With the 128-wide policy before
-(its start also 40%) the same test measured greedy 0.40 -> 0.70, sampled 0.45 -> 0.60, practice 0.53 -> 0.72, and
-asserted +0.2 / +0.1 / +0.1.
+The start is configs/sft.yaml's recipe with the 128-wide policy it had before (the default is now 256 wide): from the
+256-wide start (also 40%) this test measured greedy 0.40 -> 0.77, sampled 0.35 -> 0.72, practice 0.41 -> 0.73, but
+took 15 minutes (2.5x per iteration), over the suite's 8 minutes per learning test, and at 40 iterations its gain
+(+0.22 / +0.21) is too thin to assert; README: "A wider policy".
+
+The SFT start (configs/sft.yaml: 10 expert demos from the suite's demo starts, DrQ random shift) never sees an
+evaluation trial; it solves 40% of them greedily. SRPO (configs/srpo.yaml) then practises on trials 0-29 (8 prompts x
+8 samples per iteration, no demonstrations) for 60 iterations and is evaluated every 10 iterations on trials 30-49,
+which it never practises on: one greedy episode and 8 sampled episodes per trial. One evaluation swings by about
++-0.1 (sampled) to +-0.15 (greedy), so the test compares the first evaluation with the mean of the last three.
+Measured (seed 1, one thread, about 6 minutes after the 2-minute SFT): greedy 0.40 -> 0.70 (0.60, 0.75, 0.75),
+sampled 0.45 -> 0.60, practice success (trials 0-29) 0.53 -> 0.72 over the first / last 10 iterations. The old start
+(no DrQ, 15% held out, practice on trials 0-9) gained greedy 0.35 -> 0.63 with transformers < 5.23.
 """
 import json
 import os
@@ -42,7 +46,7 @@ def test_srpo_raises_held_out_success_from_sft(drq_sft, tmp_path):
     practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out success (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; "
           f"practice (trials 0-29) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
-    assert greedy[-3:].mean() >= greedy[0] + 0.3, greedy
-    assert sampled[-3:].mean() >= sampled[0] + 0.25, sampled
-    assert practice[-10:].mean() >= practice[:10].mean() + 0.2, practice  # success on the practised trials rose too
+    assert greedy[-3:].mean() >= greedy[0] + 0.2, greedy
+    assert sampled[-3:].mean() >= sampled[0] + 0.1, sampled
+    assert practice[-10:].mean() >= practice[:10].mean() + 0.1, practice  # success on the practised trials rose too
     assert rows[-1]["train/ppo_kl"] < 0.1  # small, clipped steps: no collapse
