@@ -28,6 +28,21 @@ PANELS: Dict[str, Sequence[str]] = {
 }
 
 
+def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> list:
+    """(label, iterations, values) per key; a key whose series equals an earlier one's (e.g. sampling/success_rate and
+    rollout/success_rate in one process) joins that label instead of drawing a second line on top of it."""
+    series: list = []
+    for key in keys:
+        xs = [s for s in sorted(history) if key in history[s]]
+        ys = [history[s][key] for s in xs]
+        same = next((i for i, (_, x0, y0) in enumerate(series) if x0 == xs and y0 == ys), None)
+        if same is None:
+            series.append((key, xs, ys))
+        else:
+            series[same] = (f"{series[same][0]} = {key}", xs, ys)
+    return series
+
+
 def _to_float(value: Any) -> Optional[float]:
     """A plain float from a python/numpy/torch scalar; None for anything that is not one number."""
     try:
@@ -170,20 +185,20 @@ class Logger:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import EngFormatter
 
         steps = sorted(self.history)
         by_env_steps = all("charts/env_steps" in self.history[s] for s in steps if s > 0)
         x_of = {s: self.history[s].get("charts/env_steps", 0.0) if by_env_steps else s for s in steps}
         fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
         for ax, (title, chosen) in zip(axes[0], panels.items()):
-            for key in chosen:
-                xs = [s for s in steps if key in self.history[s]]
-                evaluated = key.startswith("val/")  # evaluation points are marked: they are sparse
-                ax.plot([x_of[s] for s in xs], [self.history[s][key] for s in xs],
-                        marker="o" if evaluated or len(xs) < 30 else None, markersize=4 if evaluated else 3,
-                        label=key)
+            for label, xs, ys in panel_series(self.history, chosen):
+                evaluated = label.startswith("val/")  # evaluation points are marked: they are sparse
+                ax.plot([x_of[s] for s in xs], ys, marker="o" if evaluated or len(xs) < 30 else None,
+                        markersize=4 if evaluated else 3, label=label)
             ax.set_title(title)
             ax.set_xlabel("env steps (cumulative)" if by_env_steps else "iteration")
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 50k, 100k, 1M: full numbers overlap
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
             if title == "Success rate":

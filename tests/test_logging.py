@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from common.config import LogConfig
-from common.logging import Logger, format_line
+from common.logging import Logger, format_line, panel_series
 
 torch.set_num_threads(1)
 os.environ["WANDB_SILENT"] = "true"
@@ -78,3 +78,17 @@ def test_format_line():
                             "train/steps": 4096}, ["charts/SPS", "rollout/success_rate", "train/policy_loss",
                                                    "train/steps", "missing"])
     assert line == "iter 12 | SPS 812.4 | success_rate 0.625 | policy_loss -0.01321 | steps 4096"
+
+
+def test_panel_series_merges_identical_curves_so_none_hides_another():
+    history = {0: {"rollout/success_rate": 0.2, "sampling/success_rate": 0.2, "val/success_rate": 0.4},
+               1: {"rollout/success_rate": 0.5, "sampling/success_rate": 0.5},
+               2: {"rollout/success_rate": 0.6, "sampling/success_rate": 0.7}}
+    keys = ["rollout/success_rate", "sampling/success_rate", "val/success_rate"]
+    assert panel_series(history, keys) == [("rollout/success_rate", [0, 1, 2], [0.2, 0.5, 0.6]),
+                                           ("sampling/success_rate", [0, 1, 2], [0.2, 0.5, 0.7]),
+                                           ("val/success_rate", [0], [0.4])]
+    history[2]["sampling/success_rate"] = 0.6  # now the same series: one line, both names in its label
+    assert panel_series(history, keys)[0] == ("rollout/success_rate = sampling/success_rate", [0, 1, 2],
+                                              [0.2, 0.5, 0.6])
+    assert len(panel_series(history, keys)) == 2
