@@ -14,7 +14,7 @@ import re
 import uuid
 import warnings
 from dataclasses import asdict, is_dataclass
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from common.config import LogConfig
 
@@ -28,12 +28,13 @@ PANELS: Dict[str, Sequence[str]] = {
 }
 
 
-def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> list:
+def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> List[Tuple[str, List[int], List[float]]]:
     """(label, iterations, values) per key; a key whose series equals an earlier one's (e.g. sampling/success_rate and
     rollout/success_rate in one process) joins that label instead of drawing a second line on top of it."""
-    series: list = []
+    steps = sorted(history)
+    series: List[Tuple[str, List[int], List[float]]] = []
     for key in keys:
-        xs = [s for s in sorted(history) if key in history[s]]
+        xs = [s for s in steps if key in history[s]]
         ys = [history[s][key] for s in xs]
         same = next((i for i, (_, x0, y0) in enumerate(series) if x0 == xs and y0 == ys), None)
         if same is None:
