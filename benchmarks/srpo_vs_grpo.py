@@ -7,6 +7,7 @@ arms in parallel processes (one thread each). Writes the curves to plots/srpo_vs
 
     python benchmarks/srpo_vs_grpo.py --task-id 0 --iterations 60 --seeds 1 2
     python benchmarks/srpo_vs_grpo.py --sft checkpoints/sft_tabletop_task0 -- rollout.n=8   # extra overrides
+    python benchmarks/srpo_vs_grpo.py --task-id 4 --srpo-args algorithm.accuracy_lower_bound=0   # SRPO arm only
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
            f"reward.mode={mode}", "init.mode=checkpoint", f"init.path={args.sft}",
            f"train.iterations={args.iterations}", f"eval.every={args.eval_every}", f"log.output_dir={args.out}",
            f"log.run_name={name}", f"log.plots_dir={os.path.join(args.out, 'plots')}", "log.checkpoint_every=1000",
-           *args.overrides]
+           *args.overrides, *(args.srpo_args if mode == "srpo" else args.grpo_args)]
     print("$", " ".join(cmd[1:]), flush=True)
     with open(os.path.join(args.out, f"{name}.log"), "w") as log:  # the child keeps its own handle
         return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
@@ -87,6 +88,11 @@ if __name__ == "__main__":
     p.add_argument("--reuse", action="store_true", help="skip training runs whose metrics.jsonl already exists")
     p.add_argument("--jobs", type=int, default=2, help="training runs at a time (one thread each)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_srpo_vs_grpo"))
+    p.add_argument("--srpo-args", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="train_srpo.py overrides for the SRPO arm only (e.g. algorithm.accuracy_lower_bound=0: keep "
+                        "all-failure groups, which only the progress reward can grade)")
+    p.add_argument("--grpo-args", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="train_srpo.py overrides for the GRPO arm only")
     p.add_argument("overrides", nargs="*", help="train_srpo.py overrides for both arms (after --)")
     args = p.parse_args()
     if args.sft is None:

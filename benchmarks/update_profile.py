@@ -1,12 +1,13 @@
 """Where SRPO's update time goes, against the rollout's (issue #18: the update should cost no more than the rollout).
 
-1. Runs `train_srpo.py` for --iterations (scratch policy, every group kept, no evaluation) and prints the means over
-   iterations 2.. of time/rollout, time/old_log_prob, time/update and (old log-prob + update) / rollout.
+1. Runs `train_srpo.py` for --iterations (scratch policy, every group kept, no evaluation) twice, with siiRL's old-log-
+   prob recompute and with the rollout's log-probs (the default), and prints the means over iterations 2.. of
+   time/rollout, time/old_log_prob, time/update and (old log-prob + update) / rollout for each.
 2. Takes one rollout of a scratch policy in-process and times the update's pieces on its policy steps (rows): the
    old-log-prob pass, forward / backward per micro-batch, the optimizer step, and the vision tower's share of a forward.
 3. On the same rows: forward + backward per row for micro-batches of 16-256, and fp32 against bf16 CPU autocast.
 
-    python benchmarks/update_profile.py [--iterations 4] [--threads 2] [--prompts 8] [--n 8]
+    python benchmarks/update_profile.py [--iterations 4] [--threads 2] [--prompts 8] [--n 8] [-- key=value ...]
 """
 import argparse
 import json
@@ -30,23 +31,28 @@ from models.vla_backbone import _to_pixels  # noqa: E402
 
 
 def run_script(args) -> None:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "init.mode=scratch",
-               "algorithm.filter_accuracy=false", "eval.every=0", f"train.iterations={args.iterations}",
-               f"rollout.prompts_per_iteration={args.prompts}", f"rollout.n={args.n}", "log.run_name=update_profile",
-               f"log.output_dir={out}", f"log.plots_dir={out}"]
-        env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-        subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = [json.loads(line) for line in open(os.path.join(out, "update_profile", "metrics.jsonl"))]
-    rows = rows[1:] or rows  # the first iteration pays for warm-up
-    mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
-            for k in ("time/rollout", "time/old_log_prob", "time/update", "time/iteration")}
-    update = mean["time/old_log_prob"] + mean["time/update"]
-    print(f"train_srpo.py, {args.prompts} x {args.n} episodes, {args.threads} threads, mean of iterations "
-          f"{rows[0]['iteration']}-{rows[-1]['iteration']}:")
-    print(f"  rollout {mean['time/rollout']:.2f} s | old log-probs {mean['time/old_log_prob']:.2f} s | PPO epochs "
-          f"{mean['time/update']:.2f} s | (old + PPO) / rollout = {update / mean['time/rollout']:.2f} | iteration "
-          f"{mean['time/iteration']:.2f} s")
+    """Both old-log-prob sources, one after the other in the same run: siiRL's recompute (a second forward) and the
+    rollout's own log-probs (the default)."""
+    for recompute in (True, False):
+        with tempfile.TemporaryDirectory() as out:
+            cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "init.mode=scratch",
+                   "algorithm.filter_accuracy=false", "eval.every=0", f"train.iterations={args.iterations}",
+                   f"rollout.prompts_per_iteration={args.prompts}", f"rollout.n={args.n}",
+                   f"train.recompute_old_log_prob={str(recompute).lower()}", "log.run_name=update_profile",
+                   f"log.output_dir={out}", f"log.plots_dir={out}", *args.overrides]
+            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
+            subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            rows = [json.loads(line) for line in open(os.path.join(out, "update_profile", "metrics.jsonl"))]
+        rows = [r for r in rows if r["iteration"] >= 2] or rows  # row 0 is the start; iteration 1 pays for warm-up
+        mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
+                for k in ("time/rollout", "time/old_log_prob", "time/update", "time/iteration")}
+        update = mean["time/old_log_prob"] + mean["time/update"]
+        print(f"train_srpo.py, {args.prompts} x {args.n} episodes, {args.threads} threads, "
+              f"train.recompute_old_log_prob={str(recompute).lower()}, mean of iterations "
+              f"{rows[0]['iteration']}-{rows[-1]['iteration']}:")
+        print(f"  rollout {mean['time/rollout']:.2f} s | old log-probs {mean['time/old_log_prob']:.2f} s | PPO "
+              f"epochs {mean['time/update']:.2f} s | (old + PPO) / rollout = {update / mean['time/rollout']:.2f} | "
+              f"iteration {mean['time/iteration']:.2f} s")
 
 
 def timed(fn, repeats: int = 1) -> float:
@@ -130,6 +136,8 @@ if __name__ == "__main__":
     p.add_argument("--prompts", type=int, default=8, help="(task, trial) prompts per iteration")
     p.add_argument("--n", type=int, default=8, help="samples per prompt")
     p.add_argument("--skip-script", action="store_true", help="only the in-process breakdown (part 2)")
+    p.add_argument("overrides", nargs="*", help="train_srpo.py overrides for part 1 (after --), e.g. "
+                                                "init.mode=checkpoint init.path=checkpoints/sft_tabletop_task0")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     if not args.skip_script:

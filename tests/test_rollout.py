@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from common.config import EnvConfig
-from common.rollout import collect_rollouts, make_prompts, success_by_task
+from common.rollout import collect_rollouts, flatten_steps, make_prompts, success_by_task
 from envs import make_vector_env
 from models import TokenPolicy, TokenPolicyConfig
 
@@ -79,3 +79,22 @@ def test_token_policy_rollout_chunks_and_partial_last_block():
     decoded = policy.action_tokenizer.decode(torch.as_tensor(batch.tokens[0, 0]).view(8, 7))
     np.testing.assert_allclose(np.asarray(decoded), batch.actions[0, 0], atol=1e-6)
     assert batch.stats["rollout/env_steps"] == 120
+
+
+def test_rollout_log_probs_are_the_old_log_probs():
+    """train_srpo.py uses the rollout's log-probs as PPO's old log-probs (train.recompute_old_log_prob=false): they come
+    from the same module and weights, so a separate forward over the stored steps (batched differently) gives the same
+    values up to float rounding, as does the update's own forward over shuffled micro-batches."""
+    torch.manual_seed(0)
+    policy = TokenPolicy(TokenPolicyConfig()).eval()
+    env = make_vector_env(EnvConfig(num_envs=4, max_steps=24), seed=0)
+    batch = collect_rollouts(env, policy, [0, 4], [0, 1], n_samples=3, temperature=1.3, progress=False)
+    steps = flatten_steps(batch)
+    assert len(steps) == 18  # 6 episodes x ceil(24 / 8) policy steps
+    for order in (np.arange(len(steps)), np.random.default_rng(0).permutation(len(steps))):
+        recomputed = torch.empty(len(steps), 56)
+        with torch.no_grad():
+            for s in range(0, len(steps), 5):  # micro-batches of 5, unlike the rollout's batches of 4 envs
+                part = steps.take(order[s:s + 5])
+                recomputed[order[s:s + 5]] = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), 1.3)[0]
+        torch.testing.assert_close(recomputed, steps.tensor("old_log_probs"), rtol=0, atol=1e-5)
