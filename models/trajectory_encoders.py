@@ -14,7 +14,8 @@ A zero-length or all-black episode embeds to all zeros (the reward marks those r
                   Either way the embedding depends on the episode's final frames only. V-JEPA 2 has no absolute
                   position embedding, so averaging over space forgets where things ended, and a whole-video average
                   makes failures that never grasp look like successes. On the tabletop suite this pooling ranks
-                  failures by simulator progress better than `mean` (benchmarks/progress_reward_quality.py; README).
+                  failures by simulator progress better than `mean` (benchmarks/progress_reward_quality.py;
+                  docs/results.md).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@
 The start is configs/sft.yaml's recipe with the 128-wide policy it had before (the default is now 256 wide): from the
 256-wide start (also 40%) this test measured greedy 0.40 -> 0.77, sampled 0.35 -> 0.72, practice 0.41 -> 0.73, but
 took 15 minutes (2.5x per iteration), over the suite's 8 minutes per learning test, and at 40 iterations its gain
-(+0.22 / +0.21) is too thin to assert; README: "A wider policy".
+(+0.22 / +0.21) is too thin to assert; docs/results.md: "SRPO on task 0".
 
 The SFT start (configs/sft.yaml: 10 expert demos from the suite's demo starts, DrQ random shift) never sees an
 evaluation trial; it solves 40% of them greedily. SRPO (configs/srpo.yaml) then practises on trials 0-29 (8 prompts x
