@@ -6,8 +6,13 @@ starts, 1000 steps; no evaluation trial is ever in a demo): about 20-25% greedy 
 (configs/flowsar.yaml: mse_branch, fixed EMA, lr 3e-4, 10 Euler steps) then practises on trials 0-9 (8 prompts x 4
 episodes per iteration) and is evaluated every 5 iterations on trials 30-49. One evaluation of 20 greedy episodes swings
 by about +-0.1, so the test compares the first evaluation with the mean of the last three, and the practice success
-of the first and last 5 iterations (160 episodes each). Measured (seed 1, this recipe): held-out greedy
-[0.2, 0.1, 0.1, 0.45, 0.25, 0.35], practice 0.15 -> 0.35.
+of the first and last 5 iterations (160 episodes each). 60 iterations (~130 k env steps): FlowSAR's rise on this
+tier comes between iterations 25 and 60 (docs/results.md, FlowSAR). The test ran 25 iterations until a fresh install
+of the same pins (another float rounding: the start solves 15% instead of 20%) stayed flat there (greedy 0.15 ->
+0.25 0.25 0.35 0.25 0.25, practice 0.20 -> 0.18). Measured on that install (seed 1, one thread): held-out greedy
+0.15, then 0.25 0.25 0.35 0.25 0.25 0.10 0.10 0.15 0.45 0.35 0.30 0.45 at iterations 5-60 (last three 0.37); practice
+success 0.20 over the first 5 iterations, 0.34 over the last 5. On the machine the figures were first taken on, the
+same seed at 25 iterations: greedy [0.2, 0.1, 0.1, 0.45, 0.25, 0.35], practice 0.15 -> 0.35.
 """
 import json
 import os
@@ -35,7 +40,7 @@ def weak_flow_sft(tmp_path_factory):
 
 def test_flowsar_raises_held_out_success_from_weak_flow_sft(weak_flow_sft, tmp_path):
     cmd = [sys.executable, "train_flowsar.py", "--task-id", "0", "--no-wandb", "--seed", "1", "init.mode=checkpoint",
-           f"init.path={weak_flow_sft}", "train.iterations=25", "eval.every=5", "eval.trial_start=30",
+           f"init.path={weak_flow_sft}", "train.iterations=60", "eval.every=5", "eval.trial_start=30",
            "eval.trials_per_task=20", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots",
            "log.checkpoint_every=100"]
     res = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=2400)
@@ -44,7 +49,7 @@ def test_flowsar_raises_held_out_success_from_weak_flow_sft(weak_flow_sft, tmp_p
     with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
         rows = [json.loads(line) for line in f]
     evals = [r for r in rows if "val/success_rate" in r]
-    assert [r["iteration"] for r in evals] == [0, 5, 10, 15, 20, 25]  # before learning (row 0), then every 5
+    assert [r["iteration"] for r in evals] == list(range(0, 61, 5))  # before learning (row 0), then every 5
     greedy = np.array([r["val/success_rate"] for r in evals])
     practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     print(f"held-out greedy success (trials 30-49): {greedy.round(2).tolist()}; practice (trials 0-9) first/last 5 "
