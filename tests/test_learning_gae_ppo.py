@@ -9,13 +9,13 @@ episodes each). Measured (seed 1, the fixture's SFT checkpoint, one thread): hel
 10) -> 0.75 (iteration 20), sampled 0.18 -> 0.52 -> 0.54; practice success 0.24 (iterations 1-5) -> 0.58 (16-20);
 value loss 0.025 (iterations 1-5) -> 0.012 (16-20); explained variance 0.0 at iteration 1 (fresh head), 0.07 at 2,
 0.23-0.58 from iteration 3 on. 515 s on a loaded machine (load average ~7 on 2 cores), ~4 min when idle.
-On a fresh install of the same pins (another float rounding: the same fixture solves 25% instead of 15%) the same
+On another CPU (an AMD EPYC without AVX-512: other float rounding; the same fixture solves 25% instead of 15%) the same
 command measured held-out greedy 0.25 -> 0.20 -> 0.15, sampled 0.22 -> 0.36 -> 0.26; practice 0.18 -> 0.46; value
 loss 0.018 -> 0.014; explained variance 0.0, 0.08, then 0.14-0.64. Continued to 40 iterations there, practice reached
 0.65 while held-out stayed level (greedy 0.10 / 0.45, sampled 0.26 / 0.37 at iterations 30 / 40): from this start
 GAE-PPO gets better at the trials it practises first. So the test asserts the practice rise, a rise of held-out
 sampled success on average over the two evaluations, a falling value loss and a positive explained variance; it no
-longer asserts greedy held-out success, which fell on that install, nor a 30% drop of the value loss (18% there).
+longer asserts greedy held-out success, which fell on that machine, nor a 30% drop of the value loss (18% there).
 """
 import json
 import os
