@@ -81,7 +81,7 @@ class TrainConfig:
     recompute_old_log_prob: bool = False  # True = seed 000's actor_old_log_prob node, a second forward over every
                                           # step. The rollout's own log-probs come from the same module and weights:
                                           # they differ from a recompute by <1e-6, as much as the recompute differs
-                                          # from the update's own forward (benchmarks/update_profile.py), so False
+                                          # from the update's own forward (tests/test_rollout.py), so False
                                           # saves that forward (~20% of an iteration) and changes nothing else
 
 

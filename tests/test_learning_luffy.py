@@ -15,11 +15,11 @@ practised and never demonstrated. Measured (seed 1, one thread): held-out greedy
 0.83; about 5 minutes on one core (4.9 alone, 4.6 in the full suite). Seed 2 rose less (0 -> 0.05 0.05 0.20 0.05
 0.05). From the very weak 1-demo start LUFFY's own recipe rises too (0.05 -> 0.35), but there GRPO rises as well
 (docs/results.md).
-On another CPU (an AMD EPYC with AVX2 but no AVX-512: torch's kernels round differently; same seed and command)
-the held-out rise was smaller:
-greedy 0 -> 0, 0.05, 0.05, 0.05, 0, 0.05; practice 0 over the first 10 iterations, 0.056 over the last 10; demo
-tokens' p 0.016 -> 0.85. The test asserted a held-out mean of >= 0.1 over the last three evaluations until then; it
-now asserts what both machines show: the policy starts to succeed on practised trials and at held-out evaluations.
+On another CPU (an AMD EPYC with AVX2 but no AVX-512: torch's kernels round differently; same seed and command) the
+held-out rise was smaller: greedy 0 -> 0, 0.05, 0.05, 0.05, 0, 0.05; practice 0 over the first 10 iterations, 0.056 over
+the last 10; demo tokens' p 0.016 -> 0.85. The test asserted a held-out mean of >= 0.1 over the last three evaluations
+until then; it now asserts what both machines show: the policy starts to succeed on practised trials and at held-out
+evaluations.
 """
 import numpy as np
 
@@ -51,6 +51,5 @@ def test_luffy_raises_held_out_success_from_scratch_where_grpo_has_no_signal(tmp
     # success appears where GRPO from scratch never had any (0 at every evaluation and iteration over 131 k env steps):
     # on the practised trials (18 and 22 of the last 320 rollouts on the two machines in the docstring) and on
     # held-out trials at two or more of the six evaluations
-    assert practice[-10:].mean() >= 0.03, practice
     assert (greedy[1:] > 0).sum() >= 2, greedy
     assert practice[-10:].mean() >= 0.03, practice

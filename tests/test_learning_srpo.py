@@ -14,11 +14,10 @@ which it never practises on: one greedy episode and 8 sampled episodes per trial
 Measured (seed 1, one thread, about 6 minutes after the 2-minute SFT): greedy 0.40 -> 0.70 (0.60, 0.75, 0.75),
 sampled 0.45 -> 0.60, practice success (trials 0-29) 0.53 -> 0.72 over the first / last 10 iterations. The old start
 (no DrQ, 15% held out, practice on trials 0-9) gained greedy 0.35 -> 0.63 with transformers < 5.23.
-On another CPU (an AMD EPYC with AVX2 but no AVX-512, where torch's kernels round differently), with the old
-log-probs taken from the rollout (train.recompute_old_log_prob=false, the default now), the same fixture solves 55%
-and the run measured
-greedy 0.55 -> 0.75 (0.75, 0.80, 0.70; iteration 10 dipped to 0.30), sampled 0.375 -> 0.685, practice 0.48 -> 0.75:
-the greedy gain sits exactly on its +0.2 bound there (15 + 7 minutes with two other runs sharing the 2 cores). The
+On another CPU (an AMD EPYC with AVX2 but no AVX-512, where torch's kernels round differently), with the old log-probs
+taken from the rollout (train.recompute_old_log_prob=false, the default now), the same fixture solves 55% and the run
+measured greedy 0.55 -> 0.75 (0.75, 0.80, 0.70; iteration 10 dipped to 0.30), sampled 0.375 -> 0.685, practice 0.48 ->
+0.75: the greedy gain sits exactly on its +0.2 bound there (15 + 7 minutes with two other runs sharing the 2 cores). The
 SFT start moves with the float rounding of the CPU's kernels; any single run's trajectory moves with it.
 """
 import json
