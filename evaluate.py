@@ -127,7 +127,7 @@ def write_bar_chart(results: Dict[str, Any], path: str) -> str:
     ax.set_ylabel("success rate")
     means = ", ".join(f"{m} {results['mean_' + m]:.1%}" for m in modes)
     name = os.path.normpath(results["checkpoint"])
-    name = name if len(name) <= 70 else "..." + name[-67:]
+    name = name if len(name) <= 90 else "..." + name[-87:]
     at = f" (iteration {results['iteration']})" if results.get("iteration") is not None else ""
     ax.set_title(f"{name}{at}\n{means} | trials {results['trial_range']} ({results['trials']} per task)", fontsize=8)
     ax.legend(fontsize=8)

@@ -205,12 +205,13 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
 
-    state = {"defer": False, "pending": False}
+    state = {"defer": False, "pending": False, "stopping": False}
 
     def on_signal(signum, frame):  # Ctrl-C / SIGTERM stop at once, except while an update or a save is under way
-        if state["defer"]:
-            state["pending"] = True
+        if state["defer"] or state["stopping"]:  # a second signal never cuts the save of the first one short
+            state["pending"] = not state["stopping"]
             return
+        state["stopping"] = True
         raise KeyboardInterrupt
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -340,7 +341,7 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
         finally:
             signals["defer"] = False
             if signals["pending"]:
-                signals["pending"] = False
+                signals["pending"], signals["stopping"] = False, True
                 raise KeyboardInterrupt
 
     def save_policies(step: int, success: float) -> None:

@@ -37,6 +37,7 @@ from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+QUIET_LAUNCH = "--num_machines 1 --mixed_precision no --dynamo_backend no"  # accelerate warns when it picks these
 
 
 def requested_processes() -> Optional[int]:
@@ -65,7 +66,7 @@ def make_accelerator():
     if asked is not None and asked > 1 and accelerator.num_processes == 1:
         raise ConfigError(f"accelerate launch asked for {asked} processes but started 1 (without a multi-process "
                           f"accelerate config it runs one): use `accelerate launch --multi_gpu --num_processes {asked} "
-                          f"...` (works on CPU machines too)")
+                          f"{QUIET_LAUNCH} ...` (works on CPU machines too)")
     if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
         world = accelerator.num_processes
         omp = os.environ.get("OMP_NUM_THREADS", "")
@@ -138,7 +139,8 @@ class Run:
         if self.resume_path is not None:
             saved_world = len(read_rng_states(self.resume_path))
             if saved_world != self.world:
-                launch = (f"accelerate launch --multi_gpu --num_processes {saved_world} {self.script_file()}"
+                launch = (f"accelerate launch --multi_gpu --num_processes {saved_world} {QUIET_LAUNCH} "
+                          f"{self.script_file()}"
                           if saved_world > 1 else f"python {self.script_file()}")
                 raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
                                   f"(prompts are per process, so the batch would change): resume with `{launch} "
@@ -488,9 +490,12 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
             proc = subprocess.Popen(cmd)
             try:
                 code = proc.wait()
-            except KeyboardInterrupt:  # Ctrl-C reached the SFT too; a SIGTERM to this process alone is passed on
-                proc.send_signal(signal.SIGTERM)
-                proc.wait()  # the SFT saves its progress and prints how to resume it
+            except KeyboardInterrupt:  # Ctrl-C reached the SFT too (it saves and says how to resume); a SIGTERM
+                try:                   # to this process alone is passed on
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait()
                 raise
             if code == INTERRUPTED:
                 raise KeyboardInterrupt
