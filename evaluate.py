@@ -193,7 +193,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     try:
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e}); choose a writable folder") from None
+        raise ValueError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e}); choose a writable "
+                         f"folder") from None
     check_writable(out_dir, f"--out-dir {out_dir}")
 
     if args.gpu is not None:

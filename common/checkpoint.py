@@ -129,8 +129,8 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
         if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit: cleaned up, then on their way
             raise
         reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
-        raise CheckpointError(f"could not write checkpoint {final}: {type(e).__name__}: {reason} (no partial checkpoint "
-                              f"was left; earlier checkpoints are intact)") from None
+        raise CheckpointError(f"could not write checkpoint {final}: {type(e).__name__}: {reason} (no partial "
+                              f"checkpoint was left; earlier checkpoints are intact)") from None
 
     for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)

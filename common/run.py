@@ -10,7 +10,10 @@
 
 Resume continues the same run: every random stream (python, numpy, torch, the prompt sampler, the environments) is
 saved per process and restored, and metrics rows past the checkpoint are dropped. Ctrl-C / SIGTERM stop at once,
-save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130.
+save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130. A new
+run's folder is created exclusively (never shared with another run) and checked writable, with its plots folder,
+before the model is built; a failed checkpoint write ends the run in one line with the command that continues it; the
+run ends with a one-line summary (`run_summary`).
 """
 from __future__ import annotations
 
