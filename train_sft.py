@@ -214,7 +214,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         state["stopping"] = True
         raise KeyboardInterrupt
 
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread: Ctrl-C is the caller's
+            pass
     progress: Dict[str, Any] = {}  # the last completed step and its RNG states; filled by train()
     try:
         return train(cfg, accelerator, run_name, run_dir, state, progress)
@@ -292,8 +297,8 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
     def lr_lambda(step: int) -> float:
         if step < cfg.sft.warmup_steps:
             return (step + 1) / cfg.sft.warmup_steps
-        progress = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
-        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
+        frac = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
+        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * min(1.0, frac)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 
