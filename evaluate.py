@@ -5,7 +5,9 @@ a PNG bar chart, and a GIF of success and failure episodes side by side.
 
 `--checkpoint` may be a policy folder (what `policy.save` writes), a training checkpoint `.../iter_XXXXXX` (uses its
 `policy/`, checked against its manifest), an SFT run folder (uses `best/`, else `last/`) or an RL run folder (uses its
-newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Success is measured by
+newest complete checkpoint). By default it evaluates the trials the checkpoint's training never practised on (an RL
+run's evaluation trials, eval.trial_start onwards, else rollout.train_trials onwards; trials that overlap practice
+are refused unless --allow-practice-trials). Outputs go to `plots/eval__<checkpoint name>/`. Success is measured by
 `common.evaluation.evaluate_policy`, the same function the training scripts log `val/*` with.
 """
 from __future__ import annotations
@@ -21,23 +23,57 @@ import numpy as np
 import torch
 import yaml
 
-from common.config import EnvConfig
+from common.config import EnvConfig, check_writable
 from common.evaluation import evaluate_policy
 from models.saved import TRAIN_CONFIG, PolicyLoadError, load_saved_policy, policy_type, resolve_policy_dir
 
 
-def saved_env_config(path: str) -> Optional[EnvConfig]:
-    """The env section of the training config saved with a checkpoint (beside it or in its run folder), if any."""
+def saved_train_config(path: str) -> Dict[str, Any]:
+    """The training config saved with a checkpoint (beside it, in its training checkpoint or its run folder) as a
+    dict; {} when there is none."""
     policy_dir = resolve_policy_dir(path)
     for candidate in (os.path.join(policy_dir, TRAIN_CONFIG), os.path.join(policy_dir, "..", "config.yaml"),
                       os.path.join(policy_dir, "..", "..", "..", "config.yaml"), os.path.join(path, "config.yaml")):
         if os.path.isfile(candidate):
             with open(candidate) as f:
-                env = (yaml.safe_load(f) or {}).get("env")
-            if isinstance(env, dict):
-                known = EnvConfig.__dataclass_fields__
-                return EnvConfig(**{k: v for k, v in env.items() if k in known})
-    return None
+                saved = yaml.safe_load(f) or {}
+            if isinstance(saved, dict) and isinstance(saved.get("env"), dict):
+                return saved
+    return {}
+
+
+def saved_env_config(path: str) -> Optional[EnvConfig]:
+    """The env section of the training config saved with a checkpoint, if any."""
+    env = saved_train_config(path).get("env")
+    if not isinstance(env, dict):
+        return None
+    known = EnvConfig.__dataclass_fields__
+    return EnvConfig(**{k: v for k, v in env.items() if k in known})
+
+
+def practice_trials(saved: Dict[str, Any]) -> int:
+    """How many trials (0..N-1) the checkpoint's training saw: an RL run practises on rollout.train_trials; an SFT run
+    on its demos' trials when they were recorded from trials (sft.demo_starts false), none otherwise."""
+    rollout, sft = saved.get("rollout") or {}, saved.get("sft") or {}
+    if isinstance(rollout, dict) and isinstance(rollout.get("train_trials"), int):
+        return int(rollout["train_trials"])
+    if isinstance(sft, dict) and sft.get("demo_starts") is False and not sft.get("demo_paths"):
+        return int(sft.get("num_demos") or 0)
+    return 0
+
+
+def checkpoint_iteration(path: str) -> Optional[int]:
+    """The training iteration (RL) or step (SFT) of a policy that lives in a training checkpoint; None otherwise."""
+    state = os.path.join(resolve_policy_dir(path), "..", "state.json")
+    try:
+        with open(state) as f:
+            return int(json.load(f)["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def trial_range(trial_ids: Sequence[int]) -> str:
+    return f"{trial_ids[0]}-{trial_ids[-1]}" if len(trial_ids) > 1 else str(trial_ids[0])
 
 
 def _bordered(frames: np.ndarray, color, scale: int) -> np.ndarray:
@@ -83,15 +119,17 @@ def write_bar_chart(results: Dict[str, Any], path: str) -> str:
     x = np.arange(len(rows))
     modes = [m for m in ("greedy", "sampled") if m in rows[0]]
     width = 0.8 / len(modes)
-    fig, ax = plt.subplots(figsize=(max(4.0, 1.0 + 0.8 * len(rows)), 3.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.8 * len(rows)), 3.8))
     for k, mode in enumerate(modes):
         ax.bar(x + (k - (len(modes) - 1) / 2) * width, [r[mode] for r in rows], width, label=mode)
     ax.set_xticks(x, [f"task {r['task_id']}" for r in rows], rotation=30 if len(rows) > 5 else 0)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate")
     means = ", ".join(f"{m} {results['mean_' + m]:.1%}" for m in modes)
-    ax.set_title(f"{os.path.basename(results['checkpoint'].rstrip('/'))}: {means} ({results['trials']} trials/task)",
-                 fontsize=9)
+    name = os.path.normpath(results["checkpoint"])
+    name = name if len(name) <= 90 else "..." + name[-87:]
+    at = f" (iteration {results['iteration']})" if results.get("iteration") is not None else ""
+    ax.set_title(f"{name}{at}\n{means} | trials {results['trial_range']} ({results['trials']} per task)", fontsize=8)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -124,8 +162,13 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
     p.add_argument("--task-ids", type=int, nargs="+", default=None,
                    help="tasks to evaluate (default: the tasks the checkpoint was trained on, else task 0)")
-    p.add_argument("--trials", type=int, default=50, help="trials (initial states) per task")
-    p.add_argument("--trial-start", type=int, default=0, help="first trial id (trials are start..start+N-1)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials (initial states) per task (default: every trial from --trial-start on)")
+    p.add_argument("--trial-start", type=int, default=None,
+                   help="first trial id (trials are start..start+N-1; default: held out from the checkpoint's "
+                        "training: an RL run's eval.trial_start, else its rollout.train_trials; 0 for SFT)")
+    p.add_argument("--allow-practice-trials", action="store_true",
+                   help="evaluate on trials the checkpoint's training practised on (refused otherwise)")
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
     p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
@@ -136,6 +179,23 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
     args = p.parse_args(argv)
+    for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
+                             ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),
+                             ("--gifs", args.gifs, 0)):
+        if value is not None and value < low:
+            raise ValueError(f"{flag} {value}: must be >= {low}")
+    if not args.temperature > 0:
+        raise ValueError(f"--temperature {args.temperature}: must be > 0")
+
+    # the output folder first: a folder that cannot be written is found before the evaluation, not after it
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
+    out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e}); choose a writable "
+                         f"folder") from None
+    check_writable(out_dir, f"--out-dir {out_dir}")
 
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
@@ -143,12 +203,13 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     policy = load_saved_policy(args.checkpoint, device=device)
+    saved = saved_train_config(args.checkpoint)
     env_cfg = saved_env_config(args.checkpoint) or EnvConfig()
     if args.suite:
         env_cfg.suite = args.suite
-    if args.num_envs:
+    if args.num_envs is not None:
         env_cfg.num_envs = args.num_envs
-    if args.max_steps:
+    if args.max_steps is not None:
         env_cfg.max_steps = args.max_steps
     env_cfg.image_size = policy.cfg.image_size
     import envs
@@ -156,10 +217,19 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     task_ids = args.task_ids if args.task_ids is not None else list(env_cfg.task_ids)
     envs.check_task_ids(env_cfg, task_ids)
     n_trials = envs.num_trials(env_cfg)
-    if not 1 <= args.trials or args.trial_start + args.trials > n_trials:
-        raise SystemExit(f"--trial-start {args.trial_start} --trials {args.trials}: suite '{env_cfg.suite}' has trial "
-                         f"ids 0..{n_trials - 1}")
-    trial_ids = list(range(args.trial_start, args.trial_start + args.trials))
+    practice = practice_trials(saved) if not args.suite or args.suite == saved.get("env", {}).get("suite") else 0
+    run_first = (saved.get("eval") or {}).get("trial_start") if practice else None  # the run's own val/ trials
+    default_start = run_first if isinstance(run_first, int) and run_first >= practice else practice
+    start = default_start if args.trial_start is None else args.trial_start
+    count = n_trials - start if args.trials is None else args.trials
+    if count < 1 or start + count > n_trials:
+        raise ValueError(f"--trial-start {start} --trials {count}: suite '{env_cfg.suite}' has trial ids "
+                         f"0..{n_trials - 1}")
+    trial_ids = list(range(start, start + count))
+    if practice and start < practice and not args.allow_practice_trials:
+        raise ValueError(f"trials {trial_range(trial_ids)} overlap the trials 0-{practice - 1} this checkpoint's "
+                         f"training practised on, so success there is not a held-out score: drop --trial-start (the "
+                         f"default starts at {practice}), or pass --allow-practice-trials to measure them anyway")
     names = envs.suite_tasks(env_cfg)
     vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(task_ids) * len(trial_ids)))
 
@@ -173,12 +243,12 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     runs = {mode: {"batch": b, "success_rate": metrics[f"val/{'success' if mode == 'greedy' else 'sampled_success'}"
                                                         f"_rate"]} for mode, b in batches.items()}
 
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
-    out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")
-    os.makedirs(out_dir, exist_ok=True)
     results: Dict[str, Any] = {
         "checkpoint": args.checkpoint, "policy_type": policy_type(resolve_policy_dir(args.checkpoint)),
-        "suite": env_cfg.suite, "task_ids": list(task_ids), "trial_ids": trial_ids, "trials": len(trial_ids),
+        "iteration": checkpoint_iteration(args.checkpoint), "suite": env_cfg.suite, "task_ids": list(task_ids),
+        "trial_ids": trial_ids, "trial_range": trial_range(trial_ids), "trials": len(trial_ids),
+        "practice_trials": f"0-{practice - 1}" if practice else None,
+        "held_out": not (practice and start < practice),
         "temperature": args.temperature if args.sampled else None, "seconds": round(elapsed, 1), "per_task": [],
     }
     for t in task_ids:
@@ -193,6 +263,9 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     for mode, run in runs.items():
         results[f"mean_{mode}"] = run["success_rate"]
 
+    at = f" at iteration {results['iteration']}" if results["iteration"] is not None else ""
+    print(f"{args.checkpoint}{at}: trials {results['trial_range']} per task"
+          + ("" if results["held_out"] else f" (overlapping the practice trials {results['practice_trials']})"))
     print(format_table(results))
     files = {"json": os.path.join(out_dir, "results.json"),
              "chart": write_bar_chart(results, os.path.join(out_dir, "success.png"))}

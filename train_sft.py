@@ -14,6 +14,7 @@ import dataclasses
 import os
 import random
 import shutil
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -24,8 +25,10 @@ from accelerate import Accelerator
 from tqdm import tqdm
 
 import envs
-from common.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from common.config import EnvConfig, LogConfig, default_run_prefix, parse_cli, resolve_run_dir, save_config
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
+                               read_rng_state, save_checkpoint)
+from common.config import (ConfigError, EnvConfig, LogConfig, create_run_dir, default_run_prefix, parse_cli,
+                           remove_if_empty, resolve_run_dir, save_config)
 from common.demos import demos_to_samples, generate_expert_demos
 from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
@@ -33,6 +36,9 @@ from models.saved import TRAIN_CONFIG, load_saved_policy
 from models.action_tokenizer import ActionTokenizer
 from models.flow_policy import FlowPolicy, FlowPolicyConfig
 from models.token_policy import TokenPolicy, TokenPolicyConfig
+
+
+INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (as the RL scripts')
 
 
 @dataclass
@@ -147,18 +153,118 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
     os.replace(tmp, dst)
 
 
+def check_config(cfg: Config) -> None:
+    """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run."""
+    try:
+        envs.check_task_ids(cfg.env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    sft = cfg.sft
+    if sft.steps < 1:
+        raise ConfigError(f"sft.steps={sft.steps}: needs at least 1 gradient step (0 would export the untrained "
+                          f"policy as the best one)")
+    if sft.batch_size < 1 or sft.log_every < 1:
+        raise ConfigError(f"sft.batch_size={sft.batch_size} and sft.log_every={sft.log_every} must be >= 1")
+    if sft.eval_every < 0 or sft.eval_trials < 1 or sft.warmup_steps < 0 or sft.augment_shift < 0:
+        raise ConfigError(f"sft.eval_every={sft.eval_every} (>= 0, 0 = only at the end), sft.eval_trials="
+                          f"{sft.eval_trials} (>= 1), sft.warmup_steps={sft.warmup_steps} (>= 0), sft.augment_shift="
+                          f"{sft.augment_shift} (>= 0)")
+    if sft.num_demos < 1 and not sft.demo_paths:
+        raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
+    if not sft.lr > 0:
+        raise ConfigError(f"sft.lr={sft.lr}: must be > 0")
+    if cfg.policy.type not in ("token", "flow"):
+        raise ConfigError(f"policy.type={cfg.policy.type!r}: use token or flow")
+    if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
+        raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
+                          f"must be >= 1")
+
+
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
-    cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__.split("\n")[0], argv)
-    envs.check_task_ids(cfg.env)
-    for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
-        section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
+    """Parse, check, train; bad input is one line (`error: ...`), Ctrl-C / SIGTERM save the last completed step and
+    exit 130 with the command that resumes it, a failed checkpoint write is one line with the same command."""
+    cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__.split("\n")[0], argv, script="train_sft",
+                            resumable=("resume", "log.", "sft.output_path"))
+    try:
+        check_config(cfg)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
     if cfg.sft.output_path == "auto":
         cfg.sft.output_path = os.path.join("checkpoints",
                                            f"sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}")
-    run_name, run_dir = resolve_run_dir(
-        cfg.log, default_run_prefix("train_sft", cfg.env.suite, cfg.env.task_ids, cfg.seed), cfg.resume)
     accelerator = Accelerator()
     is_main = accelerator.is_main_process
+    prefix = default_run_prefix("train_sft", cfg.env.suite, cfg.env.task_ids, cfg.seed)
+    try:
+        if cfg.resume:
+            run_name, run_dir = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
+        elif is_main:  # a new run gets a folder of its own, created exclusively
+            run_name, run_dir = create_run_dir(cfg.log, prefix)
+        else:
+            run_name, run_dir = "", ""
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+
+    state = {"defer": False, "pending": False, "stopping": False}
+
+    def on_signal(signum, frame):  # Ctrl-C / SIGTERM stop at once, except while an update or a save is under way
+        if state["defer"] or state["stopping"]:  # a second signal never cuts the save of the first one short
+            state["pending"] = not state["stopping"]
+            return
+        state["stopping"] = True
+        raise KeyboardInterrupt
+
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            old[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread: Ctrl-C is the caller's
+            pass
+    progress: Dict[str, Any] = {}  # the last completed step and its RNG states; filled by train()
+    try:
+        return train(cfg, accelerator, run_name, run_dir, state, progress)
+    except KeyboardInterrupt:
+        for sig in old:
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the save short
+        code = interrupted(cfg, run_dir, progress, is_main)
+        raise SystemExit(code) from None
+    except CheckpointError as e:
+        raise SystemExit(f"error: {e}; free the space (or fix the folder) and continue with: python train_sft.py "
+                         f"--resume {run_dir}") from None
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        if is_main and not cfg.resume:
+            remove_if_empty(run_dir, os.path.join(cfg.log.plots_dir, run_name))  # a start that wrote nothing
+
+
+def interrupted(cfg: Config, run_dir: str, progress: Dict[str, Any], is_main: bool) -> int:
+    """Save the last completed step (unless its checkpoint exists), say how to resume; the exit code (130)."""
+    if not is_main:
+        return INTERRUPTED
+    step = progress.get("step", 0)
+    if step > progress.get("saved", 0):
+        try:
+            save_checkpoint(run_dir, step, progress["policy"], {"policy": progress["optimizer"]},
+                            {"policy": progress["scheduler"]}, config=cfg, extra={"best": progress["best"]},
+                            keep_last=cfg.log.keep_checkpoints, rng_states=[progress["rng"]])
+            progress["saved"] = step
+        except CheckpointError as e:
+            print(f"\n[sft] interrupted; could not save step {step} ({e})", flush=True)
+    if progress.get("saved", 0) > 0:
+        print(f"\n[sft] interrupted: steps 1..{progress['saved']} are saved in {run_dir}/checkpoints; continue with: "
+              f"python train_sft.py --resume {run_dir}", flush=True)
+    else:
+        print("\n[sft] interrupted before the first step finished: nothing to save", flush=True)
+    return INTERRUPTED
+
+
+def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: Dict[str, bool],
+          progress: Dict[str, Any]) -> Dict[str, float]:
+    """The SFT run; `progress` always holds the last completed step, for the interrupt path to save."""
+    is_main = accelerator.is_main_process
+    for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
+        section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
 
     # seeding
     random.seed(cfg.seed)
@@ -191,48 +297,80 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     def lr_lambda(step: int) -> float:
         if step < cfg.sft.warmup_steps:
             return (step + 1) / cfg.sft.warmup_steps
-        progress = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
-        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * min(1.0, progress)))
+        frac = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
+        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * min(1.0, frac)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 
-    # resume
+    # resume: weights, optimizer, schedule, every random stream (a one-thread resume is bitwise the uninterrupted run)
     start_step, best = 0, {"success": -1.0, "step": -1}
+    rng = np.random.default_rng([cfg.seed, accelerator.process_index, start_step])
     if cfg.resume:
         ckpt = latest_checkpoint(run_dir)
         if ckpt is None:
-            print(f"[sft] --resume: no valid checkpoint in {run_dir}; starting from scratch")
-        else:
-            policy.load_state_dict(load_saved_policy(ckpt).state_dict())
-            policy.train()
-            start_step, extra = load_training_state(ckpt, {"policy": optimizer}, {"policy": scheduler})
-            best = extra.get("best", best)
-            print(f"[sft] resumed from {ckpt} at step {start_step}")
+            raise SystemExit(f"error: --resume: {run_dir} has no complete checkpoint to continue from; start a new run "
+                             f"without --resume")
+        policy.load_state_dict(load_saved_policy(ckpt).state_dict())
+        policy.train()
+        start_step, extra = load_training_state(ckpt, {"policy": optimizer}, {"policy": scheduler})
+        best = extra.get("best", best)
+        saved_rng = read_rng_state(ckpt)
+        if "sft" in saved_rng:
+            rng.bit_generator.state = saved_rng["sft"]
+        else:  # a checkpoint from before the sampler's state was saved
+            rng = np.random.default_rng([cfg.seed, accelerator.process_index, start_step])
+        print(f"[sft] resumed from {ckpt} at step {start_step}")
 
     loss_module = SFTLoss(policy)
     loss_module, optimizer, scheduler = accelerator.prepare(loss_module, optimizer, scheduler)
     policy = accelerator.unwrap_model(loss_module).policy
     policy.train()
-    logger = Logger(run_dir, run_name, cfg, cfg.log) if is_main else None
-    if is_main:
-        save_config(cfg, os.path.join(run_dir, "config.yaml"))
-    rng = np.random.default_rng([cfg.seed, accelerator.process_index, start_step])
+    logger = Logger(run_dir, run_name, cfg, cfg.log, resume_iteration=start_step if cfg.resume else None) \
+        if is_main else None
+    if is_main and not cfg.resume:  # a resumed run keeps the config it was started with
+        save_config(cfg, os.path.join(run_dir, "config.yaml"), script="train_sft", exclusive=True)
     eval_env = envs.make_vector_env(cfg.env, min(cfg.env.num_envs, len(eval_trials) * len(cfg.env.task_ids))) \
         if eval_trials and is_main else None
+
+    def rng_state() -> Dict[str, Any]:
+        return {**capture_rng_state(), "sft": rng.bit_generator.state}
+
+    progress.update(step=start_step, saved=start_step, rng=rng_state(), best=best, policy=policy, optimizer=optimizer,
+                    scheduler=scheduler)
+
+    def deferred_signals(fn, *args):
+        """fn(*args) with Ctrl-C / SIGTERM held back until it returns (an update or a save is never cut in half)."""
+        signals["defer"] = True
+        try:
+            return fn(*args)
+        finally:
+            signals["defer"] = False
+            if signals["pending"]:
+                signals["pending"], signals["stopping"] = False, True
+                raise KeyboardInterrupt
+
+    def save_policies(step: int, success: float) -> None:
+        policy.save(os.path.join(run_dir, "last"))
+        if success >= best["success"]:  # ties go to the later (longer trained) policy
+            best.update(success=success, step=step)
+            policy.save(os.path.join(run_dir, "best"))
+        save_checkpoint(run_dir, step, policy, {"policy": optimizer}, {"policy": scheduler}, config=cfg,
+                        extra={"best": best}, keep_last=cfg.log.keep_checkpoints, rng_states=[rng_state()])
+        progress["saved"] = step
 
     def evaluate_and_save(step: int) -> Dict[str, float]:
         """Greedy success on the evaluation trials; keep best/ and last/, write a training checkpoint."""
         out: Dict[str, float] = {}
         if eval_env is not None:
             out.update(evaluate_policy(eval_env, policy, cfg.env.task_ids, eval_trials)[0])
-        policy.save(os.path.join(run_dir, "last"))
-        success = out.get("val/success_rate", 0.0)
-        if success >= best["success"]:  # ties go to the later (longer trained) policy
-            best.update(success=success, step=step)
-            policy.save(os.path.join(run_dir, "best"))
-        save_checkpoint(run_dir, step, policy, {"policy": optimizer}, {"policy": scheduler}, config=cfg,
-                        extra={"best": best}, keep_last=cfg.log.keep_checkpoints)
+        deferred_signals(save_policies, step, out.get("val/success_rate", 0.0))
         return out
+
+    def update(step: int) -> float:
+        optimizer.step()
+        scheduler.step()
+        progress.update(step=step + 1, rng=rng_state())
+        return scheduler.get_last_lr()[0]
 
     # training loop
     bar = tqdm(range(start_step, cfg.sft.steps), initial=start_step, total=cfg.sft.steps, desc="sft",
@@ -250,9 +388,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         optimizer.zero_grad(set_to_none=True)
         accelerator.backward(loss)
         grad_norm = accelerator.clip_grad_norm_(params, cfg.sft.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": scheduler.get_last_lr()[0]}.items():
+        lr = deferred_signals(update, step)
+        for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": lr}.items():
             window.setdefault(k, []).append(float(v))
 
         done = step + 1
@@ -267,8 +404,10 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
             metrics["charts/elapsed_s"] = time.time() - t_start
             logger.log(metrics, step=done)
             bar.write(format_line(done, metrics, ["charts/samples_per_s", "sft/loss", "sft/flow_mse",
-                                                  "sft/token_accuracy", "train/grad_norm", "val/success_rate"]))
+                                                  "sft/token_accuracy", "train/grad_norm", "val/success_rate"],
+                                  total=cfg.sft.steps))
             window, t_window = {}, time.time()
+            progress["rng"] = rng_state()  # evaluation may draw random numbers too
 
     if is_main:
         if cfg.sft.steps <= start_step:  # nothing left to train: still leave best/ and last/
@@ -277,7 +416,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
         if eval_env is not None:
             eval_env.close()
         if cfg.sft.output_path:
-            export_policy(os.path.join(run_dir, "best"), cfg.sft.output_path, cfg)
+            deferred_signals(export_policy, os.path.join(run_dir, "best"), cfg.sft.output_path, cfg)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
                   f"{cfg.sft.output_path}")
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],

@@ -49,6 +49,16 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def readable_files(folder: str) -> None:
+    """Give every file under `folder` the mode a normally created file gets (0666 less the umask, usually 0644):
+    safetensors writes its files 0600, which colleagues sharing a cluster cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
+
+
 def capture_rng_state() -> Dict[str, Any]:
     """This process's python, numpy, torch (and CUDA) RNG states, as `rng.pt` stores them."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
@@ -114,10 +124,13 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except OSError as e:
+    except BaseException as e:  # noqa: BLE001 - safetensors' SafetensorError, torch.save's RuntimeError, OSError, ...
         shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"could not write checkpoint {final}: {e.strerror or e} (no partial checkpoint was "
-                              f"left; earlier checkpoints are intact)") from None
+        if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit: cleaned up, then on their way
+            raise
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
+        raise CheckpointError(f"could not write checkpoint {final}: {type(e).__name__}: {reason} (no partial "
+                              f"checkpoint was left; earlier checkpoints are intact)") from None
 
     for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
@@ -149,6 +162,7 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
 
         save_config(config, os.path.join(tmp, "config.yaml"))
     files = {}
+    readable_files(tmp)
     for dirpath, _, filenames in os.walk(tmp):
         for name in filenames:
             path = os.path.join(dirpath, name)
@@ -231,9 +245,14 @@ def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
 
 def read_rng_state(path: str, rank: int = 0) -> Dict[str, Any]:
     """Process `rank`'s RNG dict from a checkpoint (`capture_rng_state()` keys + the script's extra streams)."""
-    states = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
-    states = [states] if isinstance(states, dict) else states
+    states = read_rng_states(path)
     if rank >= len(states):
         raise CheckpointError(f"checkpoint {path} holds RNG states of {len(states)} process(es); resume with that "
                               f"many processes (this is process {rank})")
     return states[rank]
+
+
+def read_rng_states(path: str) -> List[Dict[str, Any]]:
+    """Every process's RNG dict of a checkpoint (one per process of the run that wrote it)."""
+    states = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
+    return [states] if isinstance(states, dict) else list(states)

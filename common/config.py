@@ -9,6 +9,7 @@ import argparse
 import difflib
 import os
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
@@ -189,10 +190,35 @@ def config_to_yaml(cfg: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
-def save_config(cfg: Any, path: str) -> None:
+def save_config(cfg: Any, path: str, script: Optional[str] = None, exclusive: bool = False) -> None:
+    """The resolved config as YAML at `path`; `script` (e.g. "srpo") goes in a first comment line that --resume reads
+    to name the script a run belongs to; `exclusive` never replaces an existing file (a run's config.yaml)."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w") as f:
-        f.write(config_to_yaml(cfg))
+    header = f"# {SCRIPT_MARK} {script} (continue with: python {script_file(script)} --resume <this folder>)\n" \
+        if script else ""
+    with open(path, "x" if exclusive else "w") as f:
+        f.write(header + config_to_yaml(cfg))
+
+
+SCRIPT_MARK = "run of script"
+
+
+def script_file(script: str) -> str:
+    """train_srpo.py for "srpo"; train_sft.py for "train_sft"."""
+    return f"{script}.py" if script.startswith("train_") else f"train_{script}.py"
+
+
+def saved_script(run_dir: str) -> Optional[str]:
+    """The script a run folder belongs to: its config.yaml's first line, else its default name's prefix."""
+    try:
+        with open(os.path.join(run_dir, "config.yaml")) as f:
+            first = f.readline()
+    except OSError:
+        first = ""
+    if first.startswith(f"# {SCRIPT_MARK} "):
+        return first.split()[4]
+    head = os.path.basename(run_dir.rstrip("/")).split("__")[0]
+    return head if head in ("srpo", "gae_ppo", "luffy", "flowsar", "train_sft") else None
 
 
 def build_arg_parser(description: str, default_config: str,
@@ -295,6 +321,10 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
     if not os.path.isfile(saved_path):
         raise ConfigError(f"--resume {args.resume}: {run_dir} has no config.yaml, so it is not a run folder of these "
                           f"scripts (runs live in {cfg.log.output_dir}/<run name>/)")
+    owner = saved_script(run_dir)
+    if script and owner and owner != script:
+        raise ConfigError(f"--resume {args.resume}: {run_dir} is a run of {script_file(owner)}, not of "
+                          f"{script_file(script)}: continue it with python {script_file(owner)} --resume {run_dir}")
     saved = load_config(schema, saved_path)
     resumed = load_config(schema, saved_path, overrides + [f"resume={run_dir}"])
     check_resume_overrides(saved, resumed, resumable)
@@ -306,12 +336,12 @@ def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: i
 
 
 def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exist: bool = False) -> Tuple[str, str]:
-    """(run_name, run_dir): a new timestamped run, or the run to continue when `resume` is "auto" or a folder
-    (`must_exist`: ConfigError when there is none to continue)."""
+    """(run_name, run_dir): the run to continue when `resume` is "auto" or a folder (`must_exist`: ConfigError when
+    there is none to continue), else the name a new run would get (`create_run_dir` makes it exclusively)."""
     if resume not in (None, "", "auto"):
         run_dir = resume.rstrip("/")
         if os.path.basename(run_dir).startswith("iter_"):  # a checkpoint folder was given: use its run
-            run_dir = os.path.dirname(os.path.dirname(run_dir))
+            run_dir = _run_of_checkpoint(run_dir, resume)
         if not os.path.isdir(run_dir):
             raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/<run name>/; "
                               f"a bare --resume picks the latest one)")
@@ -319,7 +349,7 @@ def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exi
     if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
         return log.run_name, os.path.join(log.output_dir, log.run_name)
     if resume == "auto" and os.path.isdir(log.output_dir):
-        previous = sorted(d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__"))
+        previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=_run_order)
         if previous:
             return previous[-1], os.path.join(log.output_dir, previous[-1])
     if must_exist:
@@ -327,3 +357,92 @@ def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exi
                           f"or drop --resume to start a new run")
     name = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
     return name, os.path.join(log.output_dir, name)
+
+
+def _run_order(name: str) -> Tuple[str, int]:
+    """Sort key of run folder names: the timestamp, then the collision suffix (-2, -3, ...) as a number."""
+    stem, _, suffix = name.rpartition("-")
+    return (stem, int(suffix)) if suffix.isdigit() and len(suffix) < 4 else (name, 0)
+
+
+def _run_of_checkpoint(path: str, given: str) -> str:
+    """The run folder of `<run>/checkpoints/iter_XXXXXX`, which must be the run's newest complete checkpoint (a resume
+    continues from there; an older or pruned one is refused, naming those that exist)."""
+    from common.checkpoint import _iteration_dirs, latest_checkpoint
+
+    run_dir = os.path.dirname(os.path.dirname(path))
+    existing = [os.path.basename(d) for d in _iteration_dirs(run_dir)]
+    if not os.path.isdir(path):
+        raise ConfigError(f"--resume {given}: that checkpoint does not exist (pruned?); {run_dir} has "
+                          f"{', '.join(existing) or 'no checkpoints'}: resume with --resume {run_dir} (its newest)")
+    newest = latest_checkpoint(run_dir, check_hashes=False)
+    if newest is None or os.path.realpath(newest) != os.path.realpath(path):
+        raise ConfigError(f"--resume {given}: a run continues from its newest complete checkpoint "
+                          f"({os.path.basename(newest) if newest else 'none'} of {', '.join(existing)}), not an "
+                          f"earlier one: resume with --resume {run_dir}, or evaluate that checkpoint with evaluate.py")
+    return run_dir
+
+
+def check_writable(folder: str, what: str) -> None:
+    """ConfigError unless a file can be created in `folder` (checked by writing and removing a probe file)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_probe_"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
+
+
+def create_run_dir(log: LogConfig, prefix: str) -> Tuple[str, str]:
+    """Create a new run's folder exclusively (os.mkdir, race-free across processes) and check that it and
+    `<plots_dir>/<run_name>` are writable; returns (run_name, run_dir). A timestamped name taken by a run started in
+    the same second gets a suffix (-2, -3, ...); an explicit `log.run_name` that exists is refused (--resume continues
+    it). Every failure is a one-line ConfigError."""
+    try:
+        os.makedirs(log.output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"log.output_dir={log.output_dir}: cannot create it ({e.strerror or e}); choose a writable "
+                          f"folder") from None
+    if log.run_name:
+        names = [log.run_name]
+    else:
+        stamp = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
+        names = [stamp] + [f"{stamp}-{k}" for k in range(2, 1000)]
+    for name in names:
+        run_dir = os.path.join(log.output_dir, name)
+        try:
+            os.mkdir(run_dir)
+        except FileExistsError:
+            if log.run_name:
+                raise ConfigError(f"log.run_name={log.run_name}: {run_dir} already exists; continue that run with "
+                                  f"--resume {run_dir}, or choose another name (a new run never writes into an "
+                                  f"existing folder)") from None
+            continue
+        except OSError as e:
+            raise ConfigError(f"log.output_dir={log.output_dir}: cannot create the run folder {run_dir} "
+                              f"({e.strerror or e}); choose a writable folder") from None
+        break
+    else:
+        raise ConfigError(f"log.output_dir={log.output_dir}: 999 runs named {stamp}* exist; wait a second")
+    check_writable(run_dir, f"log.output_dir={log.output_dir}")
+    plots = os.path.join(log.plots_dir, name)
+    try:
+        os.makedirs(plots, exist_ok=True)
+    except OSError as e:
+        os.rmdir(run_dir)
+        raise ConfigError(f"log.plots_dir={log.plots_dir}: cannot create {plots} ({e.strerror or e}); choose a "
+                          f"writable folder") from None
+    try:
+        check_writable(plots, f"log.plots_dir={log.plots_dir}")
+    except ConfigError:
+        os.rmdir(run_dir)
+        raise
+    return name, run_dir
+
+
+def remove_if_empty(*folders: str) -> None:
+    """Remove the folders of a new run that a failed start left empty, so a bare --resume does not pick them."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass

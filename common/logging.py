@@ -58,23 +58,44 @@ def _to_float(value: Any) -> Optional[float]:
     return None
 
 
-def format_line(iteration: int, metrics: Dict[str, Any], keys: Sequence[str]) -> str:
-    """One concise console line, e.g. `iter 12 | SPS 812 | success_rate 0.625 | policy_loss -0.0132`."""
-    parts = [f"iter {iteration}"]
-    short = [key.rsplit("/", 1)[-1] for key in keys]
+def duration(seconds: float) -> str:
+    """Seconds with a unit: 5.7s, 3m12s, 1h02m."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def display_name(key: str) -> str:
+    """A metric's one console spelling: the key without the `charts/` or `train/` namespace (SPS, pg_loss, grad_norm);
+    every other key in full (rollout/success_rate and val/success_rate are different metrics)."""
+    for prefix in ("charts/", "train/"):
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def format_line(iteration: int, metrics: Dict[str, Any], keys: Sequence[str], total: Optional[int] = None,
+                eta_s: Optional[float] = None) -> str:
+    """One concise console line, e.g. `iter 12/30 | SPS 812 | rollout/success_rate 0.625 | pg_loss -0.0132 |
+    time/iteration 5.7s | ETA 1m40s`: each metric always spelled the same, seconds (time/*, *_s) with a unit."""
+    parts = [f"iter {iteration}" + (f"/{total}" if total else "")]
     for key in keys:
         value = _to_float(metrics.get(key)) if key in metrics else None
         if value is None:
             continue
-        name = key.rsplit("/", 1)[-1]
-        if short.count(name) > 1:  # e.g. rollout/success_rate and val/success_rate: keep the namespace
-            name = key
-        if value == int(value) and abs(value) >= 10:
+        name = display_name(key)
+        if key.startswith("time/") or key.endswith("_s"):
+            parts.append(f"{name} {duration(value)}")
+        elif value == int(value) and abs(value) >= 10:
             parts.append(f"{name} {int(value)}")
         elif abs(value) >= 100:
             parts.append(f"{name} {value:.1f}")
         else:
             parts.append(f"{name} {value:.4g}")
+    if eta_s is not None:
+        parts.append(f"ETA {duration(eta_s)}")
     return " | ".join(parts)
 
 

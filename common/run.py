@@ -10,7 +10,10 @@
 
 Resume continues the same run: every random stream (python, numpy, torch, the prompt sampler, the environments) is
 saved per process and restored, and metrics rows past the checkpoint are dropped. Ctrl-C / SIGTERM stop at once,
-save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130.
+save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130. A new
+run's folder is created exclusively (never shared with another run) and checked writable, with its plots folder,
+before the model is built; a failed checkpoint write ends the run in one line with the command that continues it; the
+run ends with a one-line summary (`run_summary`).
 """
 from __future__ import annotations
 
@@ -29,13 +32,15 @@ import numpy as np
 import torch
 
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
-                               read_rng_state, save_checkpoint)
-from common.config import ROOT, ConfigError, default_run_prefix, resolve_run_dir, save_config
+                               read_rng_state, read_rng_states, save_checkpoint)
+from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
+                           remove_if_empty, resolve_run_dir, save_config, script_file)
 from common.evaluation import eval_trials, evaluate_policy
-from common.logging import Logger, format_line
+from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+QUIET_LAUNCH = "--num_machines 1 --mixed_precision no --dynamo_backend no"  # accelerate warns when it picks these
 
 
 def requested_processes() -> Optional[int]:
@@ -64,7 +69,7 @@ def make_accelerator():
     if asked is not None and asked > 1 and accelerator.num_processes == 1:
         raise ConfigError(f"accelerate launch asked for {asked} processes but started 1 (without a multi-process "
                           f"accelerate config it runs one): use `accelerate launch --multi_gpu --num_processes {asked} "
-                          f"...` (works on CPU machines too)")
+                          f"{QUIET_LAUNCH} ...` (works on CPU machines too)")
     if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
         world = accelerator.num_processes
         omp = os.environ.get("OMP_NUM_THREADS", "")
@@ -113,13 +118,36 @@ class Run:
         np.random.seed(cfg.seed + self.rank)
         torch.manual_seed(cfg.seed + self.rank)
         self.prompt_rng = np.random.default_rng([cfg.seed, self.rank])
+        self.t_start = time.perf_counter()
         prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
-        self.run_name, self.run_dir = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=bool(cfg.resume))
-        self.run_name, self.run_dir = self.gather([(self.run_name, self.run_dir)])[0]  # the main process's name
+        self.created = False  # a new run folder made by this process (removed again if the start fails empty)
+        error, named = None, ("", "")
+        if self.is_main:  # only the main process creates (exclusively) or checks the folder; the others take its name
+            try:
+                if cfg.resume:
+                    named = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
+                    check_writable(named[1], f"--resume {named[1]}")
+                else:
+                    named = create_run_dir(cfg.log, prefix)
+                    self.created = True
+            except ConfigError as e:
+                error = str(e)
+        error, (self.run_name, self.run_dir) = self.gather([(error, named)])[0]
+        if error:
+            raise ConfigError(error)
         self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
         if cfg.resume and self.resume_path is None:
             raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
                               f"without --resume")
+        if self.resume_path is not None:
+            saved_world = len(read_rng_states(self.resume_path))
+            if saved_world != self.world:
+                launch = (f"accelerate launch --multi_gpu --num_processes {saved_world} {QUIET_LAUNCH} "
+                          f"{self.script_file()}"
+                          if saved_world > 1 else f"python {self.script_file()}")
+                raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
+                                  f"(prompts are per process, so the batch would change): resume with `{launch} "
+                                  f"--resume {self.run_dir}`")
         self.start_iteration = 0
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
@@ -129,6 +157,7 @@ class Run:
         self._saved_iteration = 0
         self._old_handlers: Dict[int, Any] = {}
         self._deferring = self._pending_signal = False
+        self._t_first: Optional[tuple] = None
 
     # ---- start
     def gather(self, items: List) -> List:
@@ -166,10 +195,9 @@ class Run:
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         if self.is_main:
-            os.makedirs(self.run_dir, exist_ok=True)
             config_path = os.path.join(self.run_dir, "config.yaml")
-            if self.resume_path is None:  # a resumed run keeps the config it was started with
-                save_config(self.cfg, config_path)
+            if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
+                save_config(self.cfg, config_path, script=self.script, exclusive=True)
             self.logger = Logger(self.run_dir, self.run_name, self.cfg, self.cfg.log,
                                  resume_iteration=self.start_iteration if self.resume_path else None)
             params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
@@ -203,8 +231,10 @@ class Run:
             metrics = {**self.evaluate(0), "charts/env_steps": 0}
             if self.is_main:
                 self.logger.log(metrics, 0)
-                print(format_line(0, metrics, ["val/success_rate", "val/sampled_success_rate", "time/eval"]),
-                      flush=True)
+                print(format_line(0, metrics, ["val/success_rate", "val/sampled_success_rate", "time/eval"],
+                                  total=self.cfg.train.iterations), flush=True)
+        if self._t_first is None:
+            self._t_first = (time.perf_counter(), iteration)  # the ETA counts from the first iteration's start
         return {}
 
     def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
@@ -240,7 +270,11 @@ class Run:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
                 self.logger.log(metrics, done)
-                print(format_line(done, metrics, console_keys), flush=True)
+                eta = None
+                if self._t_first is not None and done > self._t_first[1]:
+                    per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
+                    eta = per_iteration * max(0, cfg.train.iterations - done)
+                print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
                 if done % cfg.log.checkpoint_every == 0 or last:
                     self.save(done, rng_states)
                     self._snapshot = None
@@ -324,16 +358,23 @@ class Run:
             # tear the process group down before interpreter exit: left to the finaliser, gloo's threads sometimes
             # abort a rank ("terminate called without an active exception", seen once in 4 two-process runs)
             torch.distributed.destroy_process_group()
+        if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
+            remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
         if exc_type is KeyboardInterrupt:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, ConfigError):  # a bad input found at start: one line
             raise SystemExit(f"error: {exc}") from None
         if exc_type is not None and issubclass(exc_type, CheckpointError):
-            raise SystemExit(f"error: {exc}; free the space (or fix the folder) and continue with: python "
-                             f"{self.script_file()} --resume {self.run_dir}") from None
+            raise SystemExit(f"error: {exc}; free the space (or fix the folder) and continue from the last saved "
+                             f"iteration ({self._saved_iteration}) with: python {self.script_file()} --resume "
+                             f"{self.run_dir}") from None
         if exc_type is None and self.is_main:
-            print(f"[{self.script}] done: {self.run_dir} (metrics.jsonl, config.yaml, checkpoints/), plots in "
-                  f"{os.path.join(self.cfg.log.plots_dir, self.run_name)}", flush=True)
+            history = self.logger.history if self.logger is not None else {}
+            plot = os.path.join(self.cfg.log.plots_dir, self.run_name, "training_curves.png")
+            print(f"[{self.script}] done: {self.run_dir} (metrics.jsonl, config.yaml, checkpoints/)", flush=True)
+            print(f"[{self.script}] summary: " + run_summary(history, self.state["env_steps"],
+                                                              time.perf_counter() - self.t_start, plot,
+                                                              resumed=self.resume_path is not None), flush=True)
         return False
 
     def check_replicas(self) -> None:
@@ -362,8 +403,11 @@ class Run:
             if snap is not None and snap["iteration"] > self._saved_iteration:
                 self._restore_snapshot(snap)
                 self.save(snap["iteration"], snap["rng"])
-        except (CheckpointError, OSError) as e:
-            print(f"\n[{self.script}] interrupted; could not save iteration {snap['iteration']}: {e}", flush=True)
+        except Exception as e:  # noqa: BLE001 - any failed write: one line, the earlier checkpoints stay
+            saved = (f"iterations 1..{self._saved_iteration} are saved; continue with: python {self.script_file()} "
+                     f"--resume {self.run_dir}" if self._saved_iteration > 0 else "nothing was saved before")
+            print(f"\n[{self.script}] interrupted; could not save iteration {snap['iteration']} "
+                  f"({' '.join(str(e).split())}); {saved}", flush=True)
             return
         if self._saved_iteration > 0:
             print(f"\n[{self.script}] interrupted: iterations 1..{self._saved_iteration} are saved in "
@@ -373,7 +417,29 @@ class Run:
             print(f"\n[{self.script}] interrupted before the first iteration finished: nothing to save", flush=True)
 
     def script_file(self) -> str:
-        return os.path.basename(sys.argv[0]) or f"train_{self.script}.py"
+        return script_file(self.script)
+
+
+def run_summary(history: Dict[int, Dict[str, float]], env_steps: float, wall_s: float, plot: str,
+                key: str = "val/success_rate", resumed: bool = False) -> str:
+    """The end-of-run line: `key` at the start (iteration 0), its best, the mean of the last three evaluations, env
+    steps, wall time and where the plot is."""
+    evals = [(it, row[key]) for it, row in sorted(history.items()) if key in row]
+    parts = []
+    if evals:
+        if evals[0][0] == 0:
+            parts.append(f"start {evals[0][1]:.3f}")
+        best = max(evals, key=lambda e: (e[1], e[0]))
+        parts.append(f"best {best[1]:.3f} (iter {best[0]})")
+        last = evals[-3:]
+        parts.append(f"mean of the last {len(last)} evaluations {np.mean([v for _, v in last]):.3f} (iters "
+                     f"{', '.join(str(it) for it, _ in last)})")
+        parts[0] = f"{key} " + parts[0]
+    else:
+        parts.append(f"no {key} (eval.every=0)")
+    parts += [f"{int(env_steps):,} env steps", f"wall {duration(wall_s)}" + (" (this session)" if resumed else ""),
+              f"plot {plot}"]
+    return " | ".join(parts)
 
 
 def start_run(cfg: Any, script: str) -> Run:
@@ -424,7 +490,19 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
                               f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one")
         if run.is_main:
             print(f"[init] no SFT checkpoint at {path}; running: {shown}", flush=True)
-            if subprocess.run(cmd).returncode != 0:
+            proc = subprocess.Popen(cmd)
+            try:
+                code = proc.wait()
+            except KeyboardInterrupt:  # Ctrl-C reached the SFT too (it saves and says how to resume); a SIGTERM
+                try:                   # to this process alone is passed on
+                    proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait()
+                raise
+            if code == INTERRUPTED:
+                raise KeyboardInterrupt
+            if code != 0:
                 raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
     run.accelerator.wait_for_everyone()
     try:

@@ -332,8 +332,11 @@ class FlowPolicy(nn.Module):
         structure kept), pi0/config.json (the PI0Config), action_stats.json, tokenizer/."""
         from safetensors.torch import save_model
 
+        from common.checkpoint import readable_files
+
         os.makedirs(path, exist_ok=True)
         save_model(self.net, os.path.join(path, "model.safetensors"))
+        readable_files(path)  # safetensors writes 0600: shared-cluster colleagues must read the weights
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump({"policy_type": "flow", **dataclasses.asdict(self.cfg)}, f, indent=2)
         self.pi0_config.save_pretrained(os.path.join(path, PI0_CONFIG_DIR))

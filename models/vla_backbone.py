@@ -283,8 +283,11 @@ def save_policy_files(path: str, net: nn.Module, cfg, encoder: PrefixEncoder, ac
 
     from safetensors.torch import save_model
 
+    from common.checkpoint import readable_files
+
     os.makedirs(path, exist_ok=True)
     save_model(net, os.path.join(path, "model.safetensors"))
+    readable_files(path)  # safetensors writes 0600: shared-cluster colleagues must read the weights
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(dataclasses.asdict(cfg), f, indent=2)
     lm, vis = hf_configs(encoder)

@@ -123,3 +123,61 @@ def test_extra_must_be_json(tmp_path):
     policy, head, opt, sched = make()
     with pytest.raises(TypeError, match="JSON"):
         save_checkpoint(str(tmp_path), 1, policy, {"actor": opt}, extra={"x": torch.zeros(2)})
+
+
+@pytest.mark.parametrize("where, error", [
+    ("policy", lambda: __import__("safetensors").SafetensorError("Error while serializing: IoError(No space left)")),
+    ("torch.save", lambda: RuntimeError("[enforce fail at inline_container.cc:595] . unexpected pos 64 vs 0")),
+    ("fsync", lambda: OSError(28, "No space left on device")),
+    ("policy", lambda: KeyboardInterrupt()),
+])
+def test_any_failed_write_removes_its_temporary_folder_and_keeps_the_earlier_checkpoint(tmp_path, monkeypatch, where,
+                                                                                        error):
+    import common.checkpoint as ck
+
+    policy, head, opt, _ = make()
+    first = save_checkpoint(str(tmp_path), 1, policy, {"actor": opt}, modules={"value": head})
+    exc = error()
+
+    def fail(*args, **kwargs):
+        raise exc
+
+    if where == "policy":
+        monkeypatch.setattr(policy, "save", fail)
+    elif where == "torch.save":
+        monkeypatch.setattr(ck.torch, "save", fail)
+    else:
+        monkeypatch.setattr(ck.os, "fsync", fail)
+    if isinstance(exc, Exception):
+        with pytest.raises(CheckpointError) as e:
+            save_checkpoint(str(tmp_path), 2, policy, {"actor": opt}, modules={"value": head})
+        msg = str(e.value)
+        assert "\n" not in msg and msg.startswith(f"could not write checkpoint {tmp_path}/checkpoints/iter_000002: "
+                                                  f"{type(exc).__name__}: ")
+        assert msg.endswith("(no partial checkpoint was left; earlier checkpoints are intact)")
+    else:  # an interrupt in the middle of a write: cleaned up, then on its way
+        with pytest.raises(KeyboardInterrupt):
+            save_checkpoint(str(tmp_path), 2, policy, {"actor": opt}, modules={"value": head})
+    monkeypatch.undo()
+    assert os.listdir(tmp_path / "checkpoints") == ["iter_000001"]  # no .tmp_iter_* left
+    verify_checkpoint(first)
+    fresh = TinyPolicy.load(os.path.join(first, "policy"))
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), policy.state_dict().values()))
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_weight_files_get_the_mode_of_normal_files(tmp_path, umask):
+    """safetensors writes 0600; every file of a checkpoint and of a saved policy gets 0666 less the umask."""
+    from models import TokenPolicy, TokenPolicyConfig
+
+    old = os.umask(umask)
+    try:
+        policy = TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2))
+        policy.save(str(tmp_path / "policy"))
+        path = save_checkpoint(str(tmp_path / "run"), 1, TinyPolicy(), {"a": torch.optim.AdamW(policy.parameters())},
+                               modules={"value": torch.nn.Linear(2, 1)})
+    finally:
+        os.umask(old)
+    files = [os.path.join(d, f) for root in (str(tmp_path / "policy"), path) for d, _, fs in os.walk(root) for f in fs]
+    assert any(f.endswith("model.safetensors") for f in files) and any(f.endswith("value.safetensors") for f in files)
+    assert {f: os.stat(f).st_mode & 0o777 for f in files} == {f: 0o666 & ~umask for f in files}

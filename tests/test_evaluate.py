@@ -79,3 +79,84 @@ def test_bad_checkpoints_stop_with_one_line(tmp_path):
     assert "could not load the token policy" in bad_input(str(tmp_path / "garbage"))
     with pytest.raises(PolicyLoadError):
         load_saved_policy(str(tmp_path / "garbage"))
+
+
+def rl_checkpoint(tmp_path, train_trials=10, eval_start=30):
+    """An RL run folder as train_srpo.py leaves it: config.yaml (practice trials 0..train_trials-1) + iter_000007."""
+    from common.config import save_config
+    from train_srpo import Config
+
+    torch.manual_seed(0)
+    policy = TokenPolicy(TokenPolicyConfig(**TINY))
+    cfg = Config()
+    cfg.rollout.train_trials, cfg.eval.trial_start = train_trials, eval_start
+    run_dir = tmp_path / "run"
+    save_config(cfg, str(run_dir / "config.yaml"), script="srpo")
+    save_checkpoint(str(run_dir), 7, policy, {"actor": torch.optim.AdamW(policy.parameters())}, config=cfg)
+    return run_dir
+
+
+def test_an_rl_checkpoint_is_evaluated_on_its_held_out_trials(tmp_path):
+    run_dir = rl_checkpoint(tmp_path)
+    results = evaluate.main(["--checkpoint", str(run_dir), "--trials", "2", "--max-steps", "4", "--gifs", "0",
+                             "--out-dir", str(tmp_path / "out")])
+    assert results["trial_ids"] == [30, 31] and results["trial_range"] == "30-31"  # the run's own val/ trials
+    assert results["iteration"] == 7 and results["practice_trials"] == "0-9" and results["held_out"]
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved["iteration"] == 7 and saved["trial_range"] == "30-31"
+    results = evaluate.main(["--checkpoint", str(rl_checkpoint(tmp_path / "b", eval_start=None)), "--max-steps", "4",
+                             "--gifs", "0", "--out-dir", str(tmp_path / "out")])
+    assert results["trial_ids"] == list(range(10, 50))  # no eval.trial_start: every trial not practised
+    msg = bad_input(str(run_dir), "--trial-start", "0")
+    assert "trials 0 overlap the trials 0-9 this checkpoint's training practised on" in msg
+    assert "--allow-practice-trials" in msg
+    results = evaluate.main(["--checkpoint", str(run_dir), "--trial-start", "0", "--trials", "1", "--max-steps", "4",
+                             "--gifs", "0", "--allow-practice-trials", "--out-dir", str(tmp_path / "out")])
+    assert results["trial_ids"] == [0] and not results["held_out"]
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--num-envs", "0", "--num-envs 0: must be >= 1"), ("--max-steps", "0", "--max-steps 0: must be >= 1"),
+    ("--trials", "-1", "--trials -1: must be >= 1"), ("--trial-start", "-3", "--trial-start -3: must be >= 0"),
+    ("--gifs", "-1", "--gifs -1: must be >= 0"), ("--temperature", "0", "--temperature 0.0: must be > 0"),
+])
+def test_nonsense_values_stop_with_one_line(tmp_path, flag, value, message):
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--checkpoint", str(tmp_path / "missing"), flag, value])
+    assert str(e.value) == f"error: {message}"
+
+
+def test_an_unwritable_out_dir_is_refused_before_evaluating(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("x")
+    monkeypatch.setattr(evaluate, "load_saved_policy", lambda *a, **k: pytest.fail("evaluated before the check"))
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--checkpoint", str(tmp_path), "--out-dir", str(tmp_path / "a_file" / "out")])
+    assert str(e.value).startswith(f"error: --out-dir {tmp_path}/a_file/out: cannot create it (")
+    assert "choose a writable folder" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_chart_title_names_checkpoint_iteration_and_trials_uncut(tmp_path):
+    results = {"checkpoint": "runs/srpo__tabletop__t0-1-2-3-4-5-6-7-8-9__s1__20260101-000000/checkpoints/iter_000120",
+               "iteration": 120, "trial_range": "30-49", "trials": 20, "mean_greedy": 0.65,
+               "per_task": [{"task_id": 0, "greedy": 0.65}]}
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    real_savefig, seen = plt.Figure.savefig, {}
+
+    def savefig(fig, *args, **kwargs):  # the title's box must lie inside the figure
+        fig.canvas.draw()
+        title = fig.axes[0].title
+        box = title.get_window_extent(fig.canvas.get_renderer())
+        seen["text"], seen["inside"] = title.get_text(), box.x0 >= 0 and box.x1 <= fig.bbox.width
+        return real_savefig(fig, *args, **kwargs)
+
+    plt.Figure.savefig = savefig
+    try:
+        evaluate.write_bar_chart(results, str(tmp_path / "success.png"))
+    finally:
+        plt.Figure.savefig = real_savefig
+    assert "(iteration 120)" in seen["text"] and "trials 30-49 (20 per task)" in seen["text"]
+    assert "greedy 65.0%" in seen["text"] and seen["inside"]

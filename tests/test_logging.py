@@ -77,7 +77,19 @@ def test_format_line():
     line = format_line(12, {"charts/SPS": 812.4, "rollout/success_rate": 0.625, "train/policy_loss": -0.01321,
                             "train/steps": 4096}, ["charts/SPS", "rollout/success_rate", "train/policy_loss",
                                                    "train/steps", "missing"])
-    assert line == "iter 12 | SPS 812.4 | success_rate 0.625 | policy_loss -0.01321 | steps 4096"
+    assert line == "iter 12 | SPS 812.4 | rollout/success_rate 0.625 | policy_loss -0.01321 | steps 4096"
+    # k/N and an ETA; seconds carry a unit (not `iteration 5.72`, read as a count)
+    line = format_line(5, {"time/iteration": 5.72, "charts/elapsed_s": 192.0, "val/success_rate": 0.5}, [
+        "time/iteration", "charts/elapsed_s", "val/success_rate"], total=30, eta_s=143.0)
+    assert line == "iter 5/30 | time/iteration 5.7s | elapsed_s 3m12s | val/success_rate 0.5 | ETA 2m23s"
+
+
+def test_a_metric_is_spelled_the_same_on_every_line():
+    """Row 0 shows val/success_rate alone, later rows beside rollout/success_rate: one spelling on both."""
+    alone = format_line(0, {"val/success_rate": 0.6}, ["val/success_rate"])
+    beside = format_line(1, {"rollout/success_rate": 0.2, "val/success_rate": 0.6},
+                         ["rollout/success_rate", "val/success_rate"])
+    assert alone == "iter 0 | val/success_rate 0.6" and beside.endswith("| val/success_rate 0.6")
 
 
 def test_panel_series_merges_identical_curves_so_none_hides_another():

@@ -4,6 +4,7 @@ completed iteration and a resume logs every iteration exactly once; two accelera
 is the policy RL started from; and every bad input stops with one line naming the fix."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -130,6 +131,14 @@ def test_one_process_when_two_were_asked_is_refused(tmp_path):
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
     assert "accelerate launch asked for 2 processes but started 1" in out.stderr and "--multi_gpu" in out.stderr
+    assert "had defaults used instead" not in out.stderr  # the flags the README's command passes silence it
+
+
+def test_the_readme_multi_process_command_passes_the_flags_that_silence_accelerate():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = " ".join(f.read().split())
+    launches = re.findall(r"`(accelerate launch [^`]*)`", text)
+    assert launches and all("--num_machines 1 --mixed_precision no --dynamo_backend no" in c for c in launches)
 
 
 @pytest.mark.parametrize("rl_rank", [4, 8])
@@ -203,29 +212,210 @@ def test_bad_values_stop_before_any_work(override, message):
         check_config(load_config(Config, os.path.join(ROOT, "configs", "srpo.yaml"), [override]))
 
 
-def test_unwritable_plots_warn_and_the_checkpoint_is_still_written(tmp_path):
-    (tmp_path / "a_file").write_text("plots cannot go under a file")
-    out = srpo([*FAST, "train.iterations=1", "eval.every=0", f"log.output_dir={tmp_path}/runs",
-                f"log.plots_dir={tmp_path}/a_file/plots"])
-    assert "could not write" in out.stderr and "training goes on" in out.stderr and "Traceback" not in out.stderr
-    assert os.path.isdir(os.path.join(the_run(tmp_path / "runs"), "checkpoints", "iter_000001", "policy"))
+@pytest.mark.parametrize("key", ["log.output_dir", "log.plots_dir"])
+def test_unwritable_output_folders_are_refused_before_the_model_is_built(tmp_path, key):
+    (tmp_path / "a_file").write_text("folders cannot go under a file")
+    paths = {"log.output_dir": f"{tmp_path}/runs", "log.plots_dir": f"{tmp_path}/plots"}
+    paths[key] = f"{tmp_path}/a_file/sub"
+    out = srpo([*FAST, "train.iterations=1", *(f"{k}={v}" for k, v in paths.items())], check=False)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert out.stderr.strip().startswith(f"error: {key}=") and out.stderr.strip().count("\n") == 0, out.stderr
+    assert "choose a writable folder" in out.stderr and "trainable params" not in out.stdout  # no model was built
+    assert not os.path.isdir(tmp_path / "runs") or os.listdir(tmp_path / "runs") == []  # no empty run folder left
 
 
-def test_failed_checkpoint_write_leaves_no_temporary_folder(tmp_path, monkeypatch):
-    import common.checkpoint as ck
+# the clock frozen, so two runs started together are sure to pick the same timestamped name
+FROZEN = ("import runpy, sys, time; time.strftime = lambda *a: '20260101-000000'; sys.argv = sys.argv[1:]; "
+          "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two train_srpo.py processes started together, in the same (frozen) second, into one output folder."""
+    tmp = tmp_path_factory.mktemp("two")
+    args = [*FAST, "train.iterations=3", "log.checkpoint_every=2", f"log.output_dir={tmp}/runs",
+            f"log.plots_dir={tmp}/plots"]
+    procs = [subprocess.Popen([sys.executable, "-c", FROZEN, os.path.join(ROOT, "train_srpo.py"), *args], cwd=ROOT,
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outs):
+        assert p.returncode == 0, stderr[-3000:]
+    return tmp, [o[0] for o in outs]
+
+
+def test_two_runs_started_in_the_same_second_get_a_folder_each(two_runs):
+    tmp, stdouts = two_runs
+    name = "srpo__tabletop__t0__s1__20260101-000000"
+    assert sorted(os.listdir(tmp / "runs")) == [name, name + "-2"]
+    for run_dir in (tmp / "runs" / name, tmp / "runs" / f"{name}-2"):
+        assert [r["iteration"] for r in rows(run_dir)] == [0, 1, 2, 3]  # every row of its own run, none twice
+        with open(run_dir / "config.yaml") as f:
+            assert f.readline().startswith("# run of script srpo")
+        assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter_000002", "iter_000003"]
+    assert sum(f"run {tmp}/runs/{name}-2 " in out for out in stdouts) == 1
+
+
+def test_the_end_of_run_summary_reads_the_run_metrics(two_runs):
+    tmp, stdouts = two_runs
+    stdout = next(out for out in stdouts if f"runs/srpo__tabletop__t0__s1__20260101-000000 |" in out)
+    logged = rows(tmp / "runs" / "srpo__tabletop__t0__s1__20260101-000000")
+    val = [r["val/success_rate"] for r in logged]
+    (summary,) = [line for line in stdout.splitlines() if line.startswith("[srpo] summary: ")]
+    assert f"val/success_rate start {val[0]:.3f} | best {max(val):.3f}" in summary
+    assert f"mean of the last 3 evaluations {np.mean(val[1:]):.3f} (iters 1, 2, 3)" in summary
+    assert f"| {int(logged[-1]['charts/env_steps']):,} env steps | wall " in summary
+    assert summary.endswith("plots/srpo__tabletop__t0__s1__20260101-000000/training_curves.png")
+    progress = [line for line in stdout.splitlines() if line.startswith("iter 2/3 | SPS ")]
+    assert len(progress) == 1 and " | ETA " in progress[0] and re.search(r"time/iteration [0-9.]+s \|", progress[0])
+
+
+def test_weight_files_are_readable_like_every_other_file(two_runs):
+    tmp, _ = two_runs
+    run_dir = tmp / "runs" / "srpo__tabletop__t0__s1__20260101-000000"
+    umask = os.umask(0)
+    os.umask(umask)
+    expected = 0o666 & ~umask  # what `open(path, "w")` gives the other files (0644 under the usual umask 022)
+    for dirpath, _, files in os.walk(run_dir):
+        for name in files:
+            assert os.stat(os.path.join(dirpath, name)).st_mode & 0o777 == expected, name
+
+
+def test_a_new_run_never_writes_into_an_existing_folder(tmp_path):
+    from common.config import ConfigError, LogConfig, create_run_dir, save_config
+    from train_srpo import Config
+
+    log = LogConfig(output_dir=str(tmp_path / "runs"), plots_dir=str(tmp_path / "plots"), run_name="mine")
+    assert create_run_dir(log, "srpo") == ("mine", str(tmp_path / "runs" / "mine"))
+    save_config(Config(), str(tmp_path / "runs" / "mine" / "config.yaml"), script="srpo", exclusive=True)
+    with pytest.raises(ConfigError, match=r"log.run_name=mine: .*runs/mine already exists; continue that run with "
+                                          r"--resume .*runs/mine"):
+        create_run_dir(log, "srpo")
+    with pytest.raises(FileExistsError):  # config.yaml is never replaced
+        save_config(Config(), str(tmp_path / "runs" / "mine" / "config.yaml"), script="srpo", exclusive=True)
+
+
+@pytest.mark.parametrize("error", ["OSError", "SafetensorError", "RuntimeError"])
+def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
+    """The second checkpoint's write fails (full disk: OSError from a file write, safetensors' SafetensorError,
+    torch.save's RuntimeError): exit non-zero with one line saying how to continue, no temporary folder, the first
+    checkpoint intact and loadable."""
+    inject = {
+        "OSError": "import common.checkpoint as ck; ck.json.dump = fail(OSError(28, "
+                   "'No space left on device'), ck.json.dump)",
+        "SafetensorError": "import safetensors.torch as st; from safetensors import SafetensorError; "
+                           "st.save_model = fail(SafetensorError('Error while serializing: IoError(No space left on "
+                           "device)'), st.save_model)",
+        "RuntimeError": "import common.checkpoint as ck; ck.torch.save = fail(RuntimeError('[enforce fail at "
+                        "inline_container.cc:595] . unexpected pos 64 vs 0'), ck.torch.save)",
+    }[error]
+    code = ("import runpy, sys\n"
+            "def fail(exc, real):\n"
+            "    def writer(*a, **k):\n"
+            "        if 'iter_000002' in ' '.join(str(x) for x in list(a) + list(k.values())):\n"
+            "            raise exc\n"
+            "        return real(*a, **k)\n"
+            "    return writer\n"
+            f"{inject}\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=3",
+                          "eval.every=0", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    run_dir = the_run(tmp_path / "runs")
+    err = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert err[-1].startswith("error: could not write checkpoint ") and f"{error}" in err[-1]
+    assert "earlier checkpoints are intact" in err[-1] and f"--resume {run_dir}" in err[-1]
+    assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["iter_000001"]  # no .tmp_iter_* left behind
+    from common.checkpoint import verify_checkpoint
+    from models.saved import load_saved_policy
+
+    verify_checkpoint(os.path.join(run_dir, "checkpoints", "iter_000001"))
+    load_saved_policy(os.path.join(run_dir, "checkpoints", "iter_000001"))
+
+
+def test_an_interrupt_whose_save_fails_says_so_in_one_line(capsys):
+    from common.run import Run
+
+    def save(iteration, rng):
+        raise RuntimeError("[enforce fail at inline_container.cc:595] unexpected pos")
+
+    fake = SimpleNamespace(is_main=True, _snapshot={"iteration": 3, "rng": []}, _saved_iteration=2, script="srpo",
+                           run_dir="runs/r", _restore_snapshot=lambda snap: None, save=save,
+                           script_file=lambda: "train_srpo.py")
+    Run._on_interrupt(fake)
+    out = capsys.readouterr().out.strip()
+    assert out == ("[srpo] interrupted; could not save iteration 3 ([enforce fail at inline_container.cc:595] "
+                   "unexpected pos); iterations 1..2 are saved; continue with: python train_srpo.py --resume runs/r")
+
+
+def saved_run(tmp_path, script="srpo", iterations=(1, 2), processes=1):
+    """A run folder with config.yaml (written by `script`) and checkpoints, as a finished run leaves it."""
+    from common.checkpoint import capture_rng_state, save_checkpoint
+    from common.config import save_config
     from models import TokenPolicy, TokenPolicyConfig
+    from train_srpo import Config
 
+    run_dir = tmp_path / "runs" / "r"
+    cfg = Config()
+    cfg.log.output_dir = str(tmp_path / "runs")
+    save_config(cfg, str(run_dir / "config.yaml"), script=script)
     policy = TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2))
-    opt = torch.optim.AdamW(policy.parameters())
-    ck.save_checkpoint(str(tmp_path), 1, policy, {"actor": opt})
+    for it in iterations:
+        save_checkpoint(str(run_dir), it, policy, {"actor": torch.optim.AdamW(policy.parameters())}, keep_last=1,
+                        rng_states=[capture_rng_state()] * processes)
+    return run_dir
 
-    def disk_full(*args, **kwargs):
-        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ck, "_write_files", disk_full)
-    with pytest.raises(ck.CheckpointError, match="No space left on device.*earlier checkpoints are intact"):
-        ck.save_checkpoint(str(tmp_path), 2, policy, {"actor": opt})
-    assert sorted(os.listdir(tmp_path / "checkpoints")) == ["iter_000001"]  # no .tmp_iter_* left behind
+def test_resume_refuses_a_pruned_or_earlier_checkpoint_naming_those_that_exist(tmp_path):
+    run_dir = saved_run(tmp_path, iterations=(1, 2, 3))  # keep_last=1: only iter_000003 is left
+    msg = parse_error(["--resume", str(run_dir / "checkpoints" / "iter_000001")])
+    assert "that checkpoint does not exist (pruned?)" in msg and "has iter_000003" in msg
+    assert f"--resume {run_dir}" in msg
+    saved_run(tmp_path / "c", iterations=(1,))
+    os.rename(tmp_path / "c" / "runs" / "r" / "checkpoints" / "iter_000001", tmp_path / "c" / "keep")
+    saved_run(tmp_path / "c", iterations=(4,))
+    os.rename(tmp_path / "c" / "keep", tmp_path / "c" / "runs" / "r" / "checkpoints" / "iter_000001")
+    msg = parse_error(["--resume", str(tmp_path / "c" / "runs" / "r" / "checkpoints" / "iter_000001")])
+    assert "continues from its newest complete checkpoint (iter_000004 of iter_000001, iter_000004)" in msg
+
+
+def test_resume_names_the_script_a_run_belongs_to(tmp_path):
+    run_dir = saved_run(tmp_path, script="gae_ppo")
+    msg = parse_error(["--resume", str(run_dir)])
+    assert msg == (f"error: --resume {run_dir}: {run_dir} is a run of train_gae_ppo.py, not of train_srpo.py: "
+                   f"continue it with python train_gae_ppo.py --resume {run_dir}")
+    legacy = tmp_path / "runs" / "luffy__tabletop__t0__s1__20260101-000000"  # no first line: the folder's name
+    legacy.mkdir()
+    from common.config import config_to_yaml
+    from train_srpo import Config
+
+    (legacy / "config.yaml").write_text(config_to_yaml(Config()))
+    assert "is a run of train_luffy.py" in parse_error(["--resume", str(legacy)])
+
+
+def test_resume_with_another_number_of_processes_is_refused(tmp_path):
+    from common.config import ConfigError, load_config
+    from common.run import Run
+    from train_srpo import Config
+
+    run_dir = saved_run(tmp_path, processes=2)
+    cfg = load_config(Config, str(run_dir / "config.yaml"), [f"resume={run_dir}"])
+    with pytest.raises(ConfigError, match=r"--resume: the run had 2 process\(es\) and this launch has 1 .*"
+                                          r"`accelerate launch --multi_gpu --num_processes 2 --num_machines 1 "
+                                          r"--mixed_precision no --dynamo_backend no train_srpo.py --resume"):
+        Run(cfg, "srpo")
+
+
+def test_run_summary_values():
+    from common.run import run_summary
+
+    history = {0: {"val/success_rate": 0.5}, 1: {"rollout/success_rate": 0.1}, 5: {"val/success_rate": 0.75},
+               10: {"val/success_rate": 0.6}, 15: {"val/success_rate": 0.65}}
+    line = run_summary(history, 12800.0, 312.0, "plots/r/training_curves.png")
+    assert line == ("val/success_rate start 0.500 | best 0.750 (iter 5) | mean of the last 3 evaluations 0.667 "
+                    "(iters 5, 10, 15) | 12,800 env steps | wall 5m12s | plot plots/r/training_curves.png")
+    assert run_summary({1: {"x": 1.0}}, 0, 5.0, "p").startswith("no val/success_rate (eval.every=0) | 0 env steps")
 
 
 def test_runs_from_another_working_directory(tmp_path):

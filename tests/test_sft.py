@@ -1,9 +1,15 @@
 """train_sft.py: SFT beats the untrained policy (fixed seed), outputs (best/last/output_path/metrics), resume, demos."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
+import pytest
 import torch
+from safetensors.torch import load_file
 
 import envs
 import train_sft
@@ -13,6 +19,7 @@ from common.rollout import collect_rollouts
 from models.saved import load_saved_policy
 from models import ActionTokenizer, TokenPolicy
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["policy.token.hidden_size=32", "policy.token.num_layers=1", "policy.token.num_heads=2"]
 
 
@@ -109,3 +116,91 @@ def test_random_shift_is_an_edge_padded_crop():
     for b in range(16):  # every output is one of the 25 crops of its own padded image
         assert any(np.array_equal(shifted[b], padded[b, y:y + 8, x:x + 8]) for y in range(5) for x in range(5))
     assert not all(np.array_equal(shifted[b], batch[b]) for b in range(16))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--task-id=99", "task id 99 is out of range: suite 'tabletop' has task ids 0..9"),
+    ("sft.batch_size=0", "sft.batch_size=0 and sft.log_every=10 must be >= 1"),
+    ("sft.steps=0", "sft.steps=0: needs at least 1 gradient step (0 would export the untrained policy"),
+])
+def test_bad_values_stop_with_one_line(tmp_path, override, message):
+    with pytest.raises(SystemExit) as e:
+        train_sft.main([override, "--no-wandb", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"])
+    assert str(e.value).startswith("error: ") and "\n" not in str(e.value) and message in str(e.value), str(e.value)
+    assert not os.path.exists(tmp_path / "runs")  # refused before any folder was made
+
+
+SFT_ENV = dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")
+SMALL = [*TINY, "--task-id", "0", "--no-wandb", "sft.num_demos=2", "sft.steps=60", "sft.batch_size=8",
+         "sft.log_every=5", "sft.eval_every=0", "sft.eval_trials=2", "env.max_steps=8", "env.num_envs=2",
+         "sft.augment_shift=2"]
+
+
+def sft_process(tmp_path, *args):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "train_sft.py"), *SMALL, *args], cwd=ROOT,
+                            env=SFT_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_ctrl_c_saves_the_sft_and_resume_finishes_it_bitwise(tmp_path):
+    """SIGINT after some steps: exit 130 with the resume command, no traceback, the steps so far in a checkpoint;
+    --resume reaches sft.steps, and with one thread its weights are bitwise those of an uninterrupted run."""
+    full = sft_process(tmp_path, f"log.output_dir={tmp_path}/full", f"log.plots_dir={tmp_path}/plots",
+                       f"sft.output_path={tmp_path}/full_export")
+    assert full.wait(timeout=600) == 0, full.stderr.read()[-3000:]
+    proc = sft_process(tmp_path, f"log.output_dir={tmp_path}/cut", f"log.plots_dir={tmp_path}/plots",
+                       f"sft.output_path={tmp_path}/cut_export")
+    deadline = time.time() + 300
+    while time.time() < deadline:  # interrupt once two rows (steps 5 and 10) are logged: somewhere past step 10
+        runs = os.listdir(tmp_path / "cut") if os.path.isdir(tmp_path / "cut") else []
+        metrics = os.path.join(tmp_path, "cut", runs[0], "metrics.jsonl") if runs else ""
+        if metrics and os.path.isfile(metrics) and len(open(metrics).read().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    run_dir = os.path.join(tmp_path, "cut", os.listdir(tmp_path / "cut")[0])
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr[-3000:]
+    (saved,) = os.listdir(os.path.join(run_dir, "checkpoints"))
+    step = int(saved[5:])
+    assert 10 <= step < 60
+    assert f"[sft] interrupted: steps 1..{step} are saved in {run_dir}/checkpoints; continue with: python " \
+           f"train_sft.py --resume {run_dir}" in stdout
+    assert not os.path.exists(tmp_path / "cut_export")  # nothing exported from a cut-short run
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "train_sft.py"), "--resume", run_dir], cwd=ROOT,
+                         env=SFT_ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"resumed from {run_dir}/checkpoints/{saved} at step {step}" in out.stdout
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [r["iteration"] for r in rows] == list(range(5, 65, 5))  # each logged step once
+    a = load_file(os.path.join(tmp_path, "full_export", "model.safetensors"))
+    b = load_file(os.path.join(tmp_path, "cut_export", "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_during_the_auto_sft_phase_of_an_rl_run(tmp_path):
+    """The README's first command starts with train_sft.py (init.mode=auto_sft): Ctrl-C there (the terminal sends
+    SIGINT to both processes) ends both without a traceback, exit 130, the SFT's progress saved."""
+    cmd = [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", "0", "--no-wandb", "init.mode=auto_sft",
+           f"init.path={tmp_path}/sft", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots",
+           "init.sft_args=[policy.token.hidden_size=32,policy.token.num_layers=1,policy.token.num_heads=2,"
+           "sft.num_demos=2,sft.steps=100000,sft.batch_size=8,sft.log_every=5,sft.eval_every=0]"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=SFT_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 300
+    sft_run = None
+    while time.time() < deadline:  # wait for the SFT's first logged row
+        found = [d for d in os.listdir(tmp_path / "runs") if d.startswith("train_sft")] \
+            if os.path.isdir(tmp_path / "runs") else []
+        metrics = tmp_path / "runs" / found[0] / "metrics.jsonl" if found else None
+        if metrics and os.path.isfile(metrics) and metrics.read_text().strip():
+            sft_run = tmp_path / "runs" / found[0]
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole foreground process group
+    stdout, stderr = proc.communicate(timeout=120)
+    assert sft_run is not None and proc.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert f"continue with: python train_sft.py --resume {sft_run}" in stdout
+    assert len(os.listdir(sft_run / "checkpoints")) == 1
+    assert sorted(os.listdir(tmp_path / "runs")) == [sft_run.name]  # the RL run's empty folder is gone
