@@ -142,20 +142,22 @@ def prompt_text(instruction: str) -> str:
 
 
 def pixel_values(images, device=None) -> torch.Tensor:
-    """uint8 (B, H, W, 3) -> (B, 6, 224, 224) float32: channels 0-2 DINOv2-normalised, 3-5 SigLIP-normalised (the
-    processor's bf16-rounded constants). Other sizes are resized (bicubic, antialiased) first."""
-    x = torch.as_tensor(images, device=device)
-    if x.dtype != torch.uint8 or x.ndim != 4 or x.shape[-1] != 3:
+    """uint8 (B, H, W, 3) -> (B, 6, 224, 224) float32 as the published processor makes them: PIL bicubic resize to
+    224 (skipped at 224), then channels 0-2 DINOv2-normalised and 3-5 SigLIP-normalised with the bf16-rounded
+    constants the released preprocessor_config.json holds."""
+    x = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
         raise ValueError(f"images must be uint8 (B, H, W, 3), got {x.dtype} {tuple(x.shape)}")
-    x = x.permute(0, 3, 1, 2).float() / 255.0
-    if x.shape[-2:] != (IMAGE_SIZE, IMAGE_SIZE):
-        x = F.interpolate(x, size=(IMAGE_SIZE, IMAGE_SIZE), mode="bicubic", antialias=True, align_corners=False)
-        x = x.clamp(0.0, 1.0)
+    if x.shape[1:3] != (IMAGE_SIZE, IMAGE_SIZE):
+        from PIL import Image
+
+        x = np.stack([np.asarray(Image.fromarray(im).resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC)) for im in x])
+    t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).float() / 255.0
     out = []
     for mean, std in ((DINO_MEAN, DINO_STD), (SIGLIP_MEAN, SIGLIP_STD)):
-        m = torch.tensor(mean, device=x.device).view(1, 3, 1, 1)
-        s = torch.tensor(std, device=x.device).view(1, 3, 1, 1)
-        out.append((x - m) / s)
+        m = torch.tensor(mean, device=t.device).view(1, 3, 1, 1)
+        s = torch.tensor(std, device=t.device).view(1, 3, 1, 1)
+        out.append((t - m) / s)
     return torch.cat(out, dim=1)
 
 
@@ -318,11 +320,15 @@ def key_map(core: OFTCore) -> Dict[str, str]:
     for prefix, name, tower in (("vision_backbone.featurizer", "dino", core.dino),
                                 ("vision_backbone.fused_featurizer", "siglip", core.siglip)):
         m.update({k: f"{name}.{v}" for k, v in _tower_map(prefix, tower.kind, tower.depth).items()})
-    for k in core.projector.state_dict():
-        m[f"projector.{k}"] = f"projector.{k}"
-    for k in core.language_model.state_dict():
-        m[f"language_model.{k}"] = f"language_model.{k}"
+    for name in ("projector", "language_model"):
+        for k in _plain_keys(getattr(core, name)):
+            m[f"{name}.{k}"] = f"{name}.{k}"
     return m
+
+
+def _plain_keys(module: nn.Module) -> List[str]:
+    """State-dict keys without peft's LoRA additions (`base_layer.` dropped, `lora_*` skipped)."""
+    return [k.replace(".base_layer.", ".") for k in module.state_dict() if "lora_" not in k]
 
 
 def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
@@ -380,8 +386,8 @@ def load_published_weights(core: OFTCore, folder: str) -> None:
 
 
 def published_state_dict(core: OFTCore) -> Dict[str, torch.Tensor]:
-    """OFTCore weights under the published key names (q/k/v fused back into qkv)."""
-    own = core.state_dict()
+    """OFTCore weights under the published key names (q/k/v fused back into qkv); with LoRA the base weights."""
+    own = {k.replace(".base_layer.", "."): v for k, v in core.state_dict().items() if "lora_" not in k}
     out = {}
     for src, dst in key_map(core).items():
         if dst.endswith(("qkv.weight", "qkv.bias")):
@@ -483,9 +489,9 @@ class OpenVLAOFTPolicy(nn.Module):
         core = self.core
         core.dino.gradient_checkpointing = core.siglip.gradient_checkpointing = on
         if on:
-            core.language_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            core.language_model.activation_checkpointing_enable({"use_reentrant": False})
         else:
-            core.language_model.gradient_checkpointing_disable()
+            core.language_model.activation_checkpointing_disable()
 
     def prompt_ids(self, instructions: Sequence[str]) -> List[List[int]]:
         """Token ids of each prompt (BOS first, "▁" 29871 last, as the reference appends it)."""
