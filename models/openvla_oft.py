@@ -161,6 +161,69 @@ def pixel_values(images, device=None) -> torch.Tensor:
     return torch.cat(out, dim=1)
 
 
+def _lanczos3(x: np.ndarray) -> np.ndarray:
+    """TensorFlow's lanczos3 kernel: 3 sin(pi x) sin(pi x / 3) / (pi x)^2 on |x| < 3, 1 near 0."""
+    x = np.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = 3.0 * np.sin(np.pi * x) * np.sin(np.pi * x / 3.0) / (np.pi * x) ** 2
+    return np.where(x <= 1e-3, 1.0, np.where(x < 3.0, w, 0.0))
+
+
+def _lanczos_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) weights of an antialiased lanczos3 resize (tf.image.resize(..., "lanczos3", antialias=True):
+    kernel widened by the downscale factor, taps outside the image dropped, rows normalised)."""
+    scale = n_in / n_out
+    kernel_scale = max(scale, 1.0)
+    centre = (np.arange(n_out) + 0.5) * scale
+    src = np.arange(n_in) + 0.5
+    w = _lanczos3((src[None, :] - centre[:, None]) / kernel_scale)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _crop_resize_bilinear(img: np.ndarray, crop_scale: float = 0.9) -> np.ndarray:
+    """tf.image.crop_and_resize of the central box of area `crop_scale` back to the same size (bilinear, sample
+    points spread from the box's first to last pixel centre), on float images in [0, 1]."""
+    h, w = img.shape[:2]
+    side = np.float32(np.sqrt(np.float32(crop_scale)))
+    off = (np.float32(1.0) - side) / np.float32(2.0)
+
+    def coords(n):
+        return off * (n - 1) + np.arange(n) * (side * (n - 1) / (n - 1))
+
+    ys, xs = coords(h), coords(w)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    dy, dx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * dx
+    bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * dx
+    return top + (bottom - top) * dy
+
+
+def libero_image(frame: np.ndarray, center_crop: bool = True) -> np.ndarray:
+    """The reference observation pipeline for this family on LIBERO (openvla-oft run_libero_eval / SimpleVLA-RL):
+    a (256, 256, 3) uint8 render -> rotate 180 degrees -> JPEG round trip at quality 95 (4:2:0) -> lanczos3
+    antialiased resize to 224, rounded -> centre crop of 0.9 area resized back to 224 (bilinear), truncated to
+    uint8 as tf.image.convert_image_dtype does. The reference runs TensorFlow; this is PIL's JPEG codec and numpy
+    for the rest (see docs for the measured difference). Feed the result to `pixel_values` (the processor)."""
+    import io
+
+    from PIL import Image
+
+    img = np.ascontiguousarray(np.asarray(frame)[::-1, ::-1])
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
+        raise ValueError(f"frame must be uint8 (H, W, 3), got {img.dtype} {img.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=95, subsampling="4:2:0")
+    img = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")).astype(np.float64)
+    wy, wx = _lanczos_matrix(img.shape[0], IMAGE_SIZE), _lanczos_matrix(img.shape[1], IMAGE_SIZE)
+    img = np.einsum("ij,jkc->ikc", wy, np.einsum("kl,jlc->jkc", wx, img))
+    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    if center_crop:
+        x = _crop_resize_bilinear(img.astype(np.float32) / np.float32(255.0))
+        img = np.floor(np.clip(x, 0.0, 1.0) * 255.5).clip(0, 255).astype(np.uint8)
+    return img
+
+
 # ---------------------------------------------------------------- model
 class ViTTower(nn.Module):
     """A DINOv2-reg4 or SigLIP ViT up to (and including) its second-to-last block: patch embedding + position
@@ -646,4 +709,5 @@ def _check_obs(obs, instructions):
 
 
 __all__ = ["OpenVLAOFTConfig", "OpenVLAOFTPolicy", "OFTActionTokenizer", "OFTCore", "pixel_values", "prompt_text",
+           "libero_image",
            "unnorm_stats", "write_published", "load_published_weights", "VIT_ARCHS"]

@@ -251,3 +251,44 @@ def test_sft_loss_and_gradient_checkpointing_give_the_same_gradients():
         assert 0 <= info["sft/token_accuracy"] <= 1 and info["sft/loss"] > 0
     assert grads[0].abs().max() > 0
     torch.testing.assert_close(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- the reference LIBERO observation pipeline
+def test_lanczos_resize_weights():
+    from models.openvla_oft import _lanczos3, _lanczos_matrix
+
+    np.testing.assert_allclose(_lanczos_matrix(8, 8), np.eye(8), atol=1e-12)  # same size: sinc zeros at integers
+    w = _lanczos_matrix(256, 224)
+    np.testing.assert_allclose(w.sum(1), 1.0, atol=1e-12)
+    # output pixel 100 samples input position 100.5 * 256/224 = 114.857; kernel widened by 256/224
+    centre, ks = 100.5 * 256 / 224, 256 / 224
+    taps = np.arange(256) + 0.5 - centre
+    raw = np.where(np.abs(taps / ks) < 3, _lanczos3(taps / ks), 0.0)
+    np.testing.assert_allclose(w[100], raw / raw.sum(), atol=1e-12)
+    assert np.count_nonzero(w[100]) == 7  # radius 3 * 1.143 = 3.43 -> 7 taps
+    x = 0.5
+    assert abs(_lanczos3(np.array([x]))[0] - 3 * np.sin(np.pi * x) * np.sin(np.pi * x / 3) / (np.pi * x) ** 2) < 1e-12
+
+
+def test_center_crop_samples_the_central_box():
+    from models.openvla_oft import _crop_resize_bilinear
+
+    ramp = np.tile(np.arange(224, dtype=np.float32)[None, :, None], (224, 1, 3))  # value = column index
+    out = _crop_resize_bilinear(ramp, 0.9)
+    side = np.sqrt(0.9)
+    want = (1 - side) / 2 * 223 + np.arange(224) * side  # first to last pixel centre of the box, evenly spaced
+    np.testing.assert_allclose(out[0, :, 0], want, atol=1e-4)
+    assert abs(out[0, 0, 0] - 0.02566 * 223) < 0.01
+
+
+def test_libero_image_rotates_and_keeps_flat_colours():
+    from models.openvla_oft import libero_image
+
+    flat = np.full((256, 256, 3), 77, np.uint8)
+    np.testing.assert_array_equal(libero_image(flat), flat[:224, :224])
+    frame = np.zeros((256, 256, 3), np.uint8)
+    frame[:128, :128] = 255  # white top-left quadrant -> bottom-right after the 180 degree rotation
+    out = libero_image(frame)
+    assert out.shape == (224, 224, 3) and out.dtype == np.uint8
+    assert out[-30:, -30:].min() > 245 and out[:30, :30].max() < 10
+    assert out[:30, -30:].max() < 10 and out[-30:, :30].max() < 10
