@@ -292,3 +292,26 @@ def test_libero_image_rotates_and_keeps_flat_colours():
     assert out.shape == (224, 224, 3) and out.dtype == np.uint8
     assert out[-30:, -30:].min() > 245 and out[:30, :30].max() < 10
     assert out[:30, -30:].max() < 10 and out[-30:, :30].max() < 10
+
+
+# ---------------------------------------------------------------- the family table
+def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
+    from models.openvla_oft import OpenVLAOFTPolicy as Cls
+    from models.policy import (FAMILIES, FlowActionPolicy, TokenActionPolicy, action_kind, family_of_folder,
+                               policy_class)
+    from models.saved import load_saved_policy, policy_type
+    from models.token_policy import TokenPolicy, TokenPolicyConfig
+
+    assert set(FAMILIES) == {"token", "flow", "openvla_oft"}
+    assert policy_class("openvla_oft") is Cls and action_kind("openvla_oft") == "token"
+    assert action_kind("flow") == "flow" and policy_class("token") is TokenPolicy
+    with pytest.raises(ValueError, match="unknown policy family"):
+        policy_class("pi05")
+    assert isinstance(policy, TokenActionPolicy) and not isinstance(policy, FlowActionPolicy)
+    assert isinstance(TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2)), TokenActionPolicy)
+    assert family_of_folder(TINY) == "openvla_oft" == policy_type(TINY)
+    loaded = load_saved_policy(TINY)  # a published folder (sharded, with index) is a policy folder
+    assert isinstance(loaded, Cls) and not loaded.training and loaded.unnorm_key == "libero_10_no_noops"
+    policy.save(str(tmp_path / "saved"))
+    assert family_of_folder(str(tmp_path / "saved")) == "openvla_oft"
+    assert isinstance(load_saved_policy(str(tmp_path / "saved")), Cls)
