@@ -21,6 +21,7 @@ q01/q99 statistics where `mask` is set, gripper converted from the dataset's 1 =
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -525,11 +526,10 @@ class OpenVLAOFTPolicy(nn.Module):
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
         self.text_tokenizer = _load_text_tokenizer(folder)
-        core = OFTCore(self.hf_config)
+        with _building(torch.bfloat16 if cfg.bf16 else torch.float32, skip_init=_load_weights):
+            core = OFTCore(self.hf_config)
         if _load_weights:
             load_published_weights(core, folder)
-        if cfg.bf16:
-            core.to(torch.bfloat16)
         self.net = core
         self.hidden_size = core.hidden_size
         self.action_chunk = ACTION_CHUNK
@@ -674,6 +674,23 @@ class OpenVLAOFTPolicy(nn.Module):
         self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
         self.net = wrap_lora(core, self.cfg) if lora_rank > 0 else core
         self.train(self.training)
+
+
+@contextlib.contextmanager
+def _building(dtype: torch.dtype, skip_init: bool):
+    """Build modules directly in `dtype` and, when the weights are loaded right after, without random init (a 7B
+    model would otherwise be built in float32 and randomly initialised first)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # an older/newer transformers without it: only slower
+        no_init_weights = contextlib.nullcontext
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with (no_init_weights() if skip_init else contextlib.nullcontext()):
+            yield
+    finally:
+        torch.set_default_dtype(old)
 
 
 def wrap_lora(core: OFTCore, cfg: OpenVLAOFTConfig) -> nn.Module:

@@ -315,3 +315,14 @@ def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
     policy.save(str(tmp_path / "saved"))
     assert family_of_folder(str(tmp_path / "saved")) == "openvla_oft"
     assert isinstance(load_saved_policy(str(tmp_path / "saved")), Cls)
+
+
+def test_bf16_weights_give_close_logits(policy):
+    pol = OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=TINY, bf16=True)).eval()
+    assert {p.dtype for p in pol.parameters()} == {torch.bfloat16}
+    obs, texts = _obs()
+    with torch.no_grad():
+        lb, hb = pol.net(pixel_values(obs["agentview"]), pol.prompt_ids(texts))
+        lf, _ = policy.net(pixel_values(obs["agentview"]), policy.prompt_ids(texts))
+    assert lb.dtype == torch.float32 and hb.shape == (2, 32)
+    assert (lb - lf).abs().max() < 0.5 and (lb - lf).abs().max() > 0  # bf16 rounding, same model
