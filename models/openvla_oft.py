@@ -204,18 +204,25 @@ def libero_image(frame: np.ndarray, center_crop: bool = True) -> np.ndarray:
     """The reference observation pipeline for this family on LIBERO (openvla-oft run_libero_eval / SimpleVLA-RL):
     a (256, 256, 3) uint8 render -> rotate 180 degrees -> JPEG round trip at quality 95 (4:2:0) -> lanczos3
     antialiased resize to 224, rounded -> centre crop of 0.9 area resized back to 224 (bilinear), truncated to
-    uint8 as tf.image.convert_image_dtype does. The reference runs TensorFlow; this is PIL's JPEG codec and numpy
-    for the rest (see docs for the measured difference). Feed the result to `pixel_values` (the processor)."""
+    uint8 as tf.image.convert_image_dtype does. The reference runs TensorFlow; here PIL encodes, simplejpeg decodes
+    with TF's default fast IDCT, numpy does the rest (docs/openvla_oft.md has the measured difference). Feed the
+    result to `pixel_values` (the processor)."""
     import io
 
     from PIL import Image
 
+    try:
+        import simplejpeg
+    except ImportError:
+        raise ImportError("libero_image needs simplejpeg (pip install simplejpeg): TensorFlow decodes JPEG with "
+                          "libjpeg's fast integer IDCT, which PIL cannot select") from None
     img = np.ascontiguousarray(np.asarray(frame)[::-1, ::-1])
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
         raise ValueError(f"frame must be uint8 (H, W, 3), got {img.dtype} {img.shape}")
     buf = io.BytesIO()
-    Image.fromarray(img).save(buf, format="JPEG", quality=95, subsampling="4:2:0")
-    img = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB")).astype(np.float64)
+    Image.fromarray(img).save(buf, format="JPEG", quality=95, subsampling="4:2:0")  # = tf.image.encode_jpeg's
+    img = simplejpeg.decode_jpeg(buf.getvalue(), colorspace="RGB", fastdct=True, fastupsample=False)
+    img = img.astype(np.float64)
     wy, wx = _lanczos_matrix(img.shape[0], IMAGE_SIZE), _lanczos_matrix(img.shape[1], IMAGE_SIZE)
     img = np.einsum("ij,jkc->ikc", wy, np.einsum("kl,jlc->jkc", wx, img))
     img = np.clip(np.round(img), 0, 255).astype(np.uint8)
