@@ -506,6 +506,11 @@ def read_folder(folder: str) -> Tuple[Dict, Dict]:
     if hf_config.get("model_type") != "openvla" or not hf_config.get("use_fused_vision_backbone", False):
         raise PolicyLoadError(f"{folder} is not a fused-backbone OpenVLA checkpoint (config.json model_type "
                               f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")
+    heads = sorted(f for f in os.listdir(folder) if f.startswith(("action_head--", "proprio_projector--")))
+    if heads:
+        raise PolicyLoadError(f"{folder} is an L1-regression OpenVLA-OFT checkpoint ({heads[0]}): its LM logits are "
+                              f"not trained for actions, so it has no log-probs for RL; use a discrete SFT checkpoint "
+                              f"(e.g. Haozhan72/Openvla-oft-SFT-libero10-traj1)")
     if list(hf_config.get("image_sizes", [IMAGE_SIZE, IMAGE_SIZE])) != [IMAGE_SIZE, IMAGE_SIZE]:
         raise PolicyLoadError(f"{folder}: image_sizes {hf_config['image_sizes']} unsupported (224 only)")
     try:
@@ -568,6 +573,8 @@ class OpenVLAOFTPolicy(nn.Module):
         out = []
         for text in instructions:
             ids = self.text_tokenizer.encode(prompt_text(text)).ids
+            if not ids or ids[0] != BOS_ID:  # a tokenizer.json without the BOS template: add it as HF's does
+                ids = [BOS_ID] + ids
             if ids[-1] != SPACE_ID:
                 ids = ids + [SPACE_ID]
             out.append(ids)

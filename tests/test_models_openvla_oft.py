@@ -119,6 +119,10 @@ def test_bad_folder_errors_name_the_fix(tmp_path):
     os.remove(os.path.join(path, "dataset_statistics.json"))
     with pytest.raises(PolicyLoadError, match="dataset_statistics.json is unreadable"):
         OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=path))
+    path_l1 = _copy_fixture(tmp_path / "l1")
+    open(os.path.join(path_l1, "action_head--150000_checkpoint.pt"), "wb").close()
+    with pytest.raises(PolicyLoadError, match="L1-regression .* no log-probs for RL"):
+        OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=path_l1))
     with pytest.raises(ValueError, match="libero_spatial"):
         OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=TINY, unnorm_key="libero_spatial"))
 
