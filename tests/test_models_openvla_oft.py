@@ -363,3 +363,26 @@ def test_libero_image_matches_tensorflow_reference():
         for mine, ref in ((libero_image(frame, center_crop=False), resized), (libero_image(frame), final)):
             d = np.abs(mine.astype(int) - ref.astype(int))
             assert d.max() <= 1 and (d > 0).mean() < 1e-3
+
+
+def test_published_7b_layout_key_and_parameter_counts():
+    """The 7B config on the meta device (no memory): 939 used + 43 documented unused keys = the published 982, and
+    7,541,237,184 parameters in the files (spec section 1f)."""
+    from models.openvla_oft import OFTCore, key_map
+
+    cfg = {"model_type": "openvla", "use_fused_vision_backbone": True, "image_sizes": [224, 224],
+           "timm_model_ids": ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"],
+           "text_config": {"model_type": "llama", "vocab_size": 32064, "pad_token_id": 32000}}
+    with torch.device("meta"):
+        core = OFTCore(cfg)
+    assert core.language_model.config.rms_norm_eps == 1e-6 and core.hidden_size == 4096
+    assert len(key_map(core)) == 982 - 43
+    used = sum(p.numel() for p in core.parameters())
+
+    def block(d, mlp):  # norms, qkv, proj, fc1, fc2 (+ LayerScale for DINOv2 added below)
+        return 4 * d + 3 * d * d + 3 * d + d * d + d + 2 * mlp * d + mlp + d
+
+    d, m = 1152, 4304
+    attn_pool = d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (m * d + m) + (d * m + d)
+    unused = block(1024, 4096) + 2 * 1024 + 2 * 1024 + block(d, m) + 2 * d + attn_pool
+    assert used + unused == 7_541_237_184
