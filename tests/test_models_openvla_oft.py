@@ -89,8 +89,9 @@ def _copy_fixture(tmp_path, edit=None):
         edit(state)
         save_file(state, str(shard))
         index = json.loads((dst / "model.safetensors.index.json").read_text())
-        index["weight_map"] = {k: v for k, v in index["weight_map"].items() if not v.endswith("00001-of-00002.safetensors")}
-        index["weight_map"].update({k: "model-00001-of-00002.safetensors" for k in state})
+        first = "model-00001-of-00002.safetensors"
+        index["weight_map"] = {k: v for k, v in index["weight_map"].items() if v != first}
+        index["weight_map"].update({k: first for k in state})
         (dst / "model.safetensors.index.json").write_text(json.dumps(index))
     return str(dst)
 
@@ -186,7 +187,8 @@ def test_unnorm_key_lookup_rule():
 
 # ---------------------------------------------------------------- RL interface
 def _obs(b=2):
-    return {"agentview": np.stack([_image(i, 224) for i in range(b)])}, ["open the drawer", "put the bowl on the plate"][:b]
+    texts = ["open the drawer", "put the bowl on the plate"][:b]
+    return {"agentview": np.stack([_image(i, 224) for i in range(b)])}, texts
 
 
 def test_log_prob_matches_act_at_the_same_temperature(policy):
