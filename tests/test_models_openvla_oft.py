@@ -388,3 +388,22 @@ def test_published_7b_layout_key_and_parameter_counts():
     attn_pool = d + (d * d + d) + (2 * d * d + 2 * d) + (d * d + d) + 2 * d + (m * d + m) + (d * m + d)
     unused = block(1024, 4096) + 2 * 1024 + 2 * 1024 + block(d, m) + 2 * d + attn_pool
     assert used + unused == 7_541_237_184
+
+
+def test_rollout_on_the_embedded_suite_through_the_token_interface():
+    """collect_rollouts (as the RL scripts call it) drives the family on tabletop: 64 px renders resized to 224,
+    3 chunks of 8 actions, bin tokens and their log-probs at the rollout temperature, hidden states for a value head."""
+    from common.config import EnvConfig
+    from common.rollout import collect_rollouts
+    from envs import make_vector_env
+
+    torch.manual_seed(0)
+    pol = OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=TINY, lora_rank=4)).eval()
+    batch = collect_rollouts(make_vector_env(EnvConfig(num_envs=2, max_steps=24)), pol, [0, 0], [0, 1],
+                             temperature=1.6, keep_hidden=True, progress=False)
+    assert batch.tokens.shape == (2, 3, 56) and batch.actions.shape == (2, 3, 8, 7)
+    assert batch.extras["hidden"].shape[-1] == pol.hidden_size
+    obs = {k: v[:, 0] for k, v in batch.obs.items()}  # the first call's observations, replayed with gradients
+    assert obs["agentview"].shape == (2, 64, 64, 3)
+    lp, _ = pol.log_prob(obs, list(batch.instructions), torch.as_tensor(batch.tokens[:, 0]), temperature=1.6)
+    np.testing.assert_allclose(lp.detach().numpy(), batch.old_log_probs[:, 0], atol=1e-4)
