@@ -73,7 +73,8 @@ class OpenVLAOFTConfig:
     lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
     lora_alpha: int = 16
     lora_dropout: float = 0.0
-    bf16: bool = False  # bf16 weights (the published dtype); False = float32
+    bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
+    bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
     gradient_checkpointing: bool = False
     policy_type: str = "openvla_oft"
 
@@ -538,7 +539,7 @@ class OpenVLAOFTPolicy(nn.Module):
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
         self.text_tokenizer = _load_text_tokenizer(folder)
-        with _building(torch.bfloat16 if cfg.bf16 else torch.float32, skip_init=_load_weights):
+        with _building(torch.bfloat16 if cfg.bf16_weights else torch.float32, skip_init=_load_weights):
             core = OFTCore(self.hf_config)
         if _load_weights:
             load_published_weights(core, folder)
@@ -581,8 +582,11 @@ class OpenVLAOFTPolicy(nn.Module):
         return out
 
     def _forward(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
+        from models.vla_backbone import autocast
+
         images, instructions = _check_obs(obs, instructions)
-        return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
+        with autocast(self.device, self.cfg.bf16):
+            return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
 
     @torch.no_grad()
     def act(self, obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,

@@ -325,7 +325,7 @@ def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
 
 
 def test_bf16_weights_give_close_logits(policy):
-    pol = OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=TINY, bf16=True)).eval()
+    pol = OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=TINY, bf16_weights=True)).eval()
     assert {p.dtype for p in pol.parameters()} == {torch.bfloat16}
     obs, texts = _obs()
     with torch.no_grad():
