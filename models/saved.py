@@ -14,7 +14,9 @@ class PolicyLoadError(ValueError):
 
 
 def _is_policy_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors"))
+    return os.path.isfile(os.path.join(path, "config.json")) and (
+        os.path.isfile(os.path.join(path, "model.safetensors")) or
+        os.path.isfile(os.path.join(path, "model.safetensors.index.json")))  # sharded: a published OpenVLA-OFT
 
 
 def resolve_policy_dir(path: str) -> str:
@@ -43,28 +45,26 @@ def resolve_policy_dir(path: str) -> str:
 
 
 def policy_type(policy_dir: str) -> str:
-    """'flow' or 'token', from the saved policy config."""
+    """The policy family ('token', 'flow', 'openvla_oft'; models/policy.py FAMILIES), from the saved config."""
+    from models.policy import family_of_folder
+
     try:
-        with open(os.path.join(policy_dir, "config.json")) as f:
-            cfg = json.load(f)
+        return family_of_folder(policy_dir)
     except (OSError, json.JSONDecodeError) as e:
         raise PolicyLoadError(f"{policy_dir}/config.json is unreadable ({e}): not a saved policy") from None
-    if not isinstance(cfg, dict):
-        raise PolicyLoadError(f"{policy_dir}/config.json is not a policy config")
-    return "flow" if cfg.get("policy_type") == "flow" or "expert_dim" in cfg else "token"
+    except ValueError as e:
+        raise PolicyLoadError(str(e)) from None
 
 
 def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] = None):
-    """TokenPolicy or FlowPolicy from any path `resolve_policy_dir` accepts, in eval mode; PolicyLoadError (one line)
-    for a missing, truncated or garbage checkpoint."""
+    """The saved policy (class from models/policy.py's FAMILIES) from any path `resolve_policy_dir` accepts, in eval
+    mode; PolicyLoadError (one line) for a missing, truncated or garbage checkpoint."""
     policy_dir = resolve_policy_dir(path)
     kind = policy_type(policy_dir)
     try:
-        if kind == "flow":
-            from models.flow_policy import FlowPolicy as cls
-        else:
-            from models.token_policy import TokenPolicy as cls
-        policy = cls.load(policy_dir, lora_rank=lora_rank, device=device)
+        from models.policy import policy_class
+
+        policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)
     except PolicyLoadError:
         raise
     except Exception as e:  # noqa: BLE001 - safetensors, json, shape and key errors all mean "not a good checkpoint"

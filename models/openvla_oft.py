@@ -1,0 +1,748 @@
+"""OpenVLA-OFT (the discrete parallel-decoding variant the RL papers start from), loaded natively from a published
+Hugging Face folder: no remote code, no `trust_remote_code`. Facts and sources: ../shared/specs/openvla_oft.md.
+
+Folder layout (as published): config.json (`model_type: openvla`), model.safetensors.index.json + shards (or one
+model.safetensors), dataset_statistics.json, tokenizer.json (+ tokenizer_config.json ...). Loading is strict: every
+key the forward pass uses must be there, and the only extra keys allowed are the documented unused ones (each
+tower's last block and final norm, SigLIP's attention-pool head).
+
+Model: DINOv2 (registers, LayerScale) and SigLIP ViTs, each cut after its second-to-last block with the prefix tokens
+dropped, features concatenated per patch -> 3-layer GELU projector -> a stock transformers Llama that sees
+[BOS][patches][prompt ... "_"][56 zero-embedding action slots][</s>] with full bidirectional attention (only padding
+keys masked). The logits of vocabulary ids 31744..31999 read one position early (the last prompt token predicts the
+first action) give a 256-way categorical per action dimension, 8 steps x 7 dims per call. The ViT blocks are
+transformers' Dinov2WithRegisters / Siglip layers (timm's blocks compute the same function; the published key names
+are timm's and are mapped here), because timm cannot be imported next to a CPU-only torch (it imports torchvision).
+
+Token ids in this module's API (act / log_prob tokens) are bin indices k = vocab id - 31744 in [0, 256), as the RL
+papers' 256-way categorical. Actions leave `act` in LIBERO's convention: un-normalised with the checkpoint's own
+q01/q99 statistics where `mask` is set, gripper converted from the dataset's 1 = open / 0 = close to -1 = open /
++1 = close.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.action_tokenizer import ACTION_DIM
+from models.saved import PolicyLoadError
+
+N_BINS = 256
+ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744..31999 are the action tokens
+VOCAB_FOR_DECODING = 32000  # text_config.vocab_size (32064) - pad_to_multiple_of (64)
+BOS_ID, STOP_ID, SPACE_ID = 1, 2, 29871  # <s>, </s>, "▁" (appended to the prompt when not already last)
+ACTION_CHUNK = 8
+NUM_SLOTS = ACTION_CHUNK * ACTION_DIM
+IMAGE_SIZE = 224
+# The processor's effective normalisation: the converter stored timm's constants rounded to bf16.
+DINO_MEAN = (0.484375, 0.455078125, 0.40625)
+DINO_STD = (0.228515625, 0.2236328125, 0.224609375)
+SIGLIP_MEAN = SIGLIP_STD = (0.5, 0.5, 0.5)
+BIN_EDGES = np.linspace(-1.0, 1.0, N_BINS)
+BIN_CENTERS = (BIN_EDGES[:-1] + BIN_EDGES[1:]) / 2.0  # 255 centres; index 127 is exactly 0
+
+# timm model id (without its pretrained tag) -> tower architecture. The published ids, plus the two small ones the
+# test fixture registers (same flags, only width/depth/heads shrunk).
+VIT_ARCHS = {
+    "vit_large_patch14_reg4_dinov2": dict(kind="dinov2", dim=1024, depth=24, heads=16, mlp=4096),
+    "vit_so400m_patch14_siglip_224": dict(kind="siglip", dim=1152, depth=27, heads=16, mlp=4304),
+    "vit_test_patch14_reg4_dinov2": dict(kind="dinov2", dim=32, depth=3, heads=2, mlp=128),
+    "vit_test_patch14_siglip_224": dict(kind="siglip", dim=48, depth=3, heads=3, mlp=179),
+}
+POLICY_CONFIG = "policy_config.json"  # this project's settings, written beside the published files by `save`
+ADAPTER_FILE = "lora_adapter.safetensors"
+
+
+@dataclass
+class OpenVLAOFTConfig:
+    init_path: str = ""  # the published (or saved) checkpoint folder
+    unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
+    image_size: int = IMAGE_SIZE  # camera image side the env renders; resized to 224 when different
+    action_chunk: int = ACTION_CHUNK  # fixed by the checkpoint (8 x 7 slots)
+    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
+    bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
+    gradient_checkpointing: bool = False
+    policy_type: str = "openvla_oft"
+
+
+# ---------------------------------------------------------------- action bins, statistics, gripper
+def unnorm_stats(stats: Dict, key: Optional[str]) -> Tuple[str, Dict]:
+    """The action statistics of `key` in dataset_statistics.json: the key itself, else `key + "_no_noops"` (the
+    reference's lookup); with `key` None the only key there is."""
+    if key is None:
+        if len(stats) != 1:
+            raise ValueError(f"dataset_statistics.json has {sorted(stats)}; set policy.unnorm_key to one of them")
+        key = next(iter(stats))
+    if key not in stats and f"{key}_no_noops" in stats:
+        key = f"{key}_no_noops"
+    if key not in stats:
+        raise ValueError(f"unnorm key {key!r} is not in dataset_statistics.json (has {sorted(stats)}); set "
+                         f"policy.unnorm_key to one of them")
+    return key, stats[key]["action"]
+
+
+class OFTActionTokenizer:
+    """Bin index k in [0, 256) <-> env action (OpenVLA's 256 edges / 255 centres, the checkpoint's q01/q99 + mask,
+    LIBERO's gripper sign). Same method names as ActionTokenizer (encode / decode / n_bins)."""
+
+    n_bins = N_BINS
+
+    def __init__(self, action_stats: Dict):
+        self.q01 = np.asarray(action_stats["q01"], np.float64)
+        self.q99 = np.asarray(action_stats["q99"], np.float64)
+        self.mask = np.asarray(action_stats.get("mask", [True] * ACTION_DIM), bool)
+        if self.q01.shape != (ACTION_DIM,) or self.q99.shape != (ACTION_DIM,) or self.mask.shape != (ACTION_DIM,):
+            raise ValueError(f"action statistics must have {ACTION_DIM} entries per field")
+
+    def normalized(self, tokens) -> np.ndarray:
+        """Bin indices (...) -> normalised values in [-1, 1] (the bin centre of vocab id 31744 + k)."""
+        k = np.asarray(torch.as_tensor(tokens).cpu(), np.int64)
+        if k.size and (k.min() < 0 or k.max() >= N_BINS):
+            raise ValueError(f"bin indices must lie in [0, {N_BINS}), got [{k.min()}, {k.max()}]")
+        discretized = VOCAB_FOR_DECODING - (ACTION_TOKEN_BEGIN + k)
+        return BIN_CENTERS[np.clip(discretized - 1, 0, len(BIN_CENTERS) - 1)]
+
+    def unnormalize(self, x: np.ndarray) -> np.ndarray:
+        """Normalised (..., 7) -> dataset units: 0.5 (x + 1) (q99 - q01 + 1e-8) + q01 where mask, x elsewhere."""
+        return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01 + 1e-8) + self.q01, x)
+
+    def decode(self, tokens) -> np.ndarray:
+        """Bin indices (..., 7) -> env actions (..., 7) float32, gripper -1 open / +1 close."""
+        a = self.unnormalize(self.normalized(tokens))
+        a[..., -1] = -np.sign(2.0 * a[..., -1] - 1.0)  # dataset 1 = open, 0 = close -> LIBERO -1 open, +1 close
+        return a.astype(np.float32)
+
+    def encode(self, actions) -> torch.Tensor:
+        """Env actions (..., 7) (gripper -1 open / +1 close) -> bin indices (..., 7) long, as OpenVLA tokenises
+        its training data: normalise where mask (clipped to [-1, 1]), gripper to 1 open / 0 close, digitize."""
+        a = np.asarray(torch.as_tensor(actions).detach().cpu(), np.float64).copy()
+        if a.shape[-1] != ACTION_DIM:
+            raise ValueError(f"actions must have shape (..., {ACTION_DIM}), got {a.shape}")
+        a[..., -1] = (1.0 - np.clip(a[..., -1], -1.0, 1.0)) / 2.0
+        x = np.where(self.mask, 2.0 * (a - self.q01) / (self.q99 - self.q01 + 1e-8) - 1.0, a)
+        ids = VOCAB_FOR_DECODING - np.digitize(np.clip(x, -1.0, 1.0), BIN_EDGES)
+        return torch.as_tensor(ids - ACTION_TOKEN_BEGIN, dtype=torch.long)
+
+
+# ---------------------------------------------------------------- images and prompt
+def prompt_text(instruction: str) -> str:
+    return f"In: What action should the robot take to {instruction.lower()}?\nOut:"
+
+
+def pixel_values(images, device=None) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> (B, 6, 224, 224) float32 as the published processor makes them: PIL bicubic resize to
+    224 (skipped at 224), then channels 0-2 DINOv2-normalised and 3-5 SigLIP-normalised with the bf16-rounded
+    constants the released preprocessor_config.json holds."""
+    x = images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    if x.dtype != np.uint8 or x.ndim != 4 or x.shape[-1] != 3:
+        raise ValueError(f"images must be uint8 (B, H, W, 3), got {x.dtype} {tuple(x.shape)}")
+    if x.shape[1:3] != (IMAGE_SIZE, IMAGE_SIZE):
+        from PIL import Image
+
+        x = np.stack([np.asarray(Image.fromarray(im).resize((IMAGE_SIZE, IMAGE_SIZE), Image.BICUBIC)) for im in x])
+    t = torch.as_tensor(x, device=device).permute(0, 3, 1, 2).float() / 255.0
+    out = []
+    for mean, std in ((DINO_MEAN, DINO_STD), (SIGLIP_MEAN, SIGLIP_STD)):
+        m = torch.tensor(mean, device=t.device).view(1, 3, 1, 1)
+        s = torch.tensor(std, device=t.device).view(1, 3, 1, 1)
+        out.append((t - m) / s)
+    return torch.cat(out, dim=1)
+
+
+def _lanczos3(x: np.ndarray) -> np.ndarray:
+    """TensorFlow's lanczos3 kernel: 3 sin(pi x) sin(pi x / 3) / (pi x)^2 on |x| < 3, 1 near 0."""
+    x = np.abs(x)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        w = 3.0 * np.sin(np.pi * x) * np.sin(np.pi * x / 3.0) / (np.pi * x) ** 2
+    return np.where(x <= 1e-3, 1.0, np.where(x < 3.0, w, 0.0))
+
+
+def _lanczos_matrix(n_in: int, n_out: int) -> np.ndarray:
+    """(n_out, n_in) weights of an antialiased lanczos3 resize (tf.image.resize(..., "lanczos3", antialias=True):
+    kernel widened by the downscale factor, taps outside the image dropped, rows normalised)."""
+    scale = n_in / n_out
+    kernel_scale = max(scale, 1.0)
+    centre = (np.arange(n_out) + 0.5) * scale
+    src = np.arange(n_in) + 0.5
+    w = _lanczos3((src[None, :] - centre[:, None]) / kernel_scale)
+    return w / w.sum(axis=1, keepdims=True)
+
+
+def _crop_resize_bilinear(img: np.ndarray, crop_scale: float = 0.9) -> np.ndarray:
+    """tf.image.crop_and_resize of the central box of area `crop_scale` back to the same size (bilinear, sample
+    points spread from the box's first to last pixel centre), on float images in [0, 1]."""
+    h, w = img.shape[:2]
+    side = np.float32(np.sqrt(np.float32(crop_scale)))
+    off = (np.float32(1.0) - side) / np.float32(2.0)
+
+    def coords(n):
+        return off * (n - 1) + np.arange(n) * (side * (n - 1) / (n - 1))
+
+    ys, xs = coords(h), coords(w)
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    dy, dx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    top = img[y0][:, x0] + (img[y0][:, x1] - img[y0][:, x0]) * dx
+    bottom = img[y1][:, x0] + (img[y1][:, x1] - img[y1][:, x0]) * dx
+    return top + (bottom - top) * dy
+
+
+def libero_image(frame: np.ndarray, center_crop: bool = True) -> np.ndarray:
+    """The reference observation pipeline for this family on LIBERO (openvla-oft run_libero_eval / SimpleVLA-RL):
+    a (256, 256, 3) uint8 render -> rotate 180 degrees -> JPEG round trip at quality 95 (4:2:0) -> lanczos3
+    antialiased resize to 224, rounded -> centre crop of 0.9 area resized back to 224 (bilinear), truncated to
+    uint8 as tf.image.convert_image_dtype does. The reference runs TensorFlow; here PIL encodes, simplejpeg decodes
+    with TF's default fast IDCT, numpy does the rest (docs/openvla_oft.md has the measured difference). Feed the
+    result to `pixel_values` (the processor)."""
+    import io
+
+    from PIL import Image
+
+    try:
+        import simplejpeg
+    except ImportError:
+        raise ImportError("libero_image needs simplejpeg (pip install simplejpeg): TensorFlow decodes JPEG with "
+                          "libjpeg's fast integer IDCT, which PIL cannot select") from None
+    img = np.ascontiguousarray(np.asarray(frame)[::-1, ::-1])
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
+        raise ValueError(f"frame must be uint8 (H, W, 3), got {img.dtype} {img.shape}")
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=95, subsampling="4:2:0")  # = tf.image.encode_jpeg's
+    img = simplejpeg.decode_jpeg(buf.getvalue(), colorspace="RGB", fastdct=True, fastupsample=False)
+    img = img.astype(np.float64)
+    wy, wx = _lanczos_matrix(img.shape[0], IMAGE_SIZE), _lanczos_matrix(img.shape[1], IMAGE_SIZE)
+    img = np.einsum("ij,jkc->ikc", wy, np.einsum("kl,jlc->jkc", wx, img))
+    img = np.clip(np.round(img), 0, 255).astype(np.uint8)
+    if center_crop:
+        x = _crop_resize_bilinear(img.astype(np.float32) / np.float32(255.0))
+        img = np.floor(np.clip(x, 0.0, 1.0) * 255.5).clip(0, 255).astype(np.uint8)
+    return img
+
+
+# ---------------------------------------------------------------- model
+class ViTTower(nn.Module):
+    """A DINOv2-reg4 or SigLIP ViT up to (and including) its second-to-last block: patch embedding + position
+    embedding (patches only; DINOv2 then prepends CLS and 4 registers), blocks 0..depth-2, prefix tokens dropped."""
+
+    def __init__(self, kind: str, dim: int, depth: int, heads: int, mlp: int, patch: int = 14,
+                 image_size: int = IMAGE_SIZE):
+        super().__init__()
+        self.kind, self.depth, self.dim = kind, depth, dim
+        n = (image_size // patch) ** 2
+        self.patch_embed = nn.Conv2d(3, dim, patch, patch)
+        self.pos_embed = nn.Parameter(torch.zeros(1, n, dim))
+        if kind == "dinov2":
+            from transformers import Dinov2WithRegistersConfig
+            from transformers.models.dinov2_with_registers.modeling_dinov2_with_registers import \
+                Dinov2WithRegistersLayer as Layer
+            if mlp % dim:
+                raise ValueError(f"DINOv2 MLP width {mlp} is not a multiple of {dim}")
+            cfg = Dinov2WithRegistersConfig(hidden_size=dim, num_attention_heads=heads, mlp_ratio=mlp // dim,
+                                            layer_norm_eps=1e-6, hidden_act="gelu", qkv_bias=True)
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+            self.reg_token = nn.Parameter(torch.zeros(1, 4, dim))
+        elif kind == "siglip":
+            from transformers import SiglipVisionConfig
+            from transformers.models.siglip.modeling_siglip import SiglipEncoderLayer as Layer
+            cfg = SiglipVisionConfig(hidden_size=dim, intermediate_size=mlp, num_attention_heads=heads,
+                                     layer_norm_eps=1e-6, hidden_act="gelu")
+        else:
+            raise ValueError(f"unknown ViT kind {kind!r}")
+        cfg._attn_implementation = "sdpa"
+        self.blocks = nn.ModuleList([Layer(cfg) for _ in range(depth - 1)])
+        self.gradient_checkpointing = False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2) + self.pos_embed
+        n_prefix = 0
+        if self.kind == "dinov2":
+            b = x.shape[0]
+            x = torch.cat([self.cls_token.expand(b, -1, -1), self.reg_token.expand(b, -1, -1), x], dim=1)
+            n_prefix = 5
+        for block in self.blocks:
+            if self.gradient_checkpointing and self.training:
+                x = torch.utils.checkpoint.checkpoint(block, x, None, use_reentrant=False)
+            else:
+                x = block(x, None)
+        return x[:, n_prefix:]
+
+
+class Projector(nn.Module):
+    """fc3(gelu(fc2(gelu(fc1(x))))): fused vision width -> 4x -> LM width -> LM width."""
+
+    def __init__(self, vision_dim: int, llm_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(vision_dim, 4 * vision_dim)
+        self.fc2 = nn.Linear(4 * vision_dim, llm_dim)
+        self.fc3 = nn.Linear(llm_dim, llm_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc3(F.gelu(self.fc2(F.gelu(self.fc1(x)))))
+
+
+class OFTCore(nn.Module):
+    """Vision towers + projector + LlamaForCausalLM; forward -> (action logits (B, 56, 256) float32, hidden state at
+    the last prompt position (B, D))."""
+
+    def __init__(self, hf_config: Dict):
+        super().__init__()
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        ids = hf_config["timm_model_ids"]
+        archs = [_vit_arch(i) for i in ids]
+        if [a["kind"] for a in archs] != ["dinov2", "siglip"]:
+            raise PolicyLoadError(f"timm_model_ids {ids} must name a DINOv2-reg4 tower then a SigLIP tower")
+        self.dino = ViTTower(**archs[0])
+        self.siglip = ViTTower(**archs[1])
+        text = {k: v for k, v in hf_config["text_config"].items()
+                if k not in ("model_type", "torch_dtype", "dtype", "architectures", "_name_or_path")}
+        lm_cfg = LlamaConfig(**text)
+        lm_cfg._attn_implementation = "sdpa"
+        self.language_model = LlamaForCausalLM(lm_cfg)
+        self.projector = Projector(self.dino.dim + self.siglip.dim, lm_cfg.hidden_size)
+        self.hidden_size = lm_cfg.hidden_size
+        self.num_patches = self.dino.pos_embed.shape[1]
+
+    def forward(self, pixels: torch.Tensor, prompt_ids: List[List[int]]) -> Tuple[torch.Tensor, torch.Tensor]:
+        dtype = self.projector.fc1.weight.dtype
+        pixels = pixels.to(dtype)
+        patches = self.projector(torch.cat([self.dino(pixels[:, :3]), self.siglip(pixels[:, 3:6])], dim=2))
+        embed = self.language_model.get_input_embeddings()
+        dev, b, p = patches.device, patches.shape[0], patches.shape[1]
+        lengths = [len(ids) for ids in prompt_ids]  # incl. BOS
+        total = max(lengths) + p + NUM_SLOTS + 1
+        tokens = torch.full((b, total - p), STOP_ID, dtype=torch.long, device=dev)
+        for i, ids in enumerate(prompt_ids):
+            tokens[i, :lengths[i]] = torch.as_tensor(ids, device=dev)
+        text = embed(tokens)  # (B, L - P, D): [BOS, prompt..., then slots/STOP/pad positions filled below]
+        seq = torch.zeros(b, total, text.shape[-1], dtype=text.dtype, device=dev)
+        valid = torch.zeros(b, total, dtype=torch.bool, device=dev)
+        seq[:, :1] = text[:, :1]
+        seq[:, 1:1 + p] = patches.to(text.dtype)
+        for i, n in enumerate(lengths):
+            seq[i, 1 + p:p + n] = text[i, 1:n]  # prompt after BOS; the 56 slots stay zero vectors
+            seq[i, p + n + NUM_SLOTS] = text[i, -1]  # STOP (tokens beyond the prompt are all STOP ids)
+            valid[i, :p + n + NUM_SLOTS + 1] = True
+        mask = valid[:, None, None, :].expand(b, 1, total, total)  # bidirectional; only padding keys masked
+        position_ids = torch.arange(total, device=dev).unsqueeze(0).expand(b, -1)
+        hidden = self.language_model.model(inputs_embeds=seq, attention_mask=mask, position_ids=position_ids,
+                                           use_cache=False).last_hidden_state
+        start = torch.as_tensor([p + n - 1 for n in lengths], device=dev)  # last prompt token predicts slot 0
+        idx = start[:, None] + torch.arange(NUM_SLOTS, device=dev)[None]
+        h = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        logits = self.language_model.lm_head(h)[..., ACTION_TOKEN_BEGIN:ACTION_TOKEN_BEGIN + N_BINS]
+        return logits.float(), hidden[torch.arange(b, device=dev), start]
+
+
+def _vit_arch(model_id: str) -> Dict:
+    base = model_id.split(".")[0]
+    if base not in VIT_ARCHS:
+        raise PolicyLoadError(f"unknown timm model id {model_id!r} in config.json; known: {sorted(VIT_ARCHS)}")
+    return dict(VIT_ARCHS[base])
+
+
+# ---------------------------------------------------------------- published key layout <-> module names
+def _tower_map(prefix: str, kind: str, depth: int) -> Dict[str, str]:
+    """Published (timm) key -> this module's key for one tower's used weights; q/k/v come from the fused qkv."""
+    m = {f"{prefix}.pos_embed": "pos_embed", f"{prefix}.patch_embed.proj.weight": "patch_embed.weight",
+         f"{prefix}.patch_embed.proj.bias": "patch_embed.bias"}
+    if kind == "dinov2":
+        m.update({f"{prefix}.cls_token": "cls_token", f"{prefix}.reg_token": "reg_token"})
+    names = dict(norm1="norm1", norm2="norm2", attn="attention", proj="o_proj") if kind == "dinov2" else \
+        dict(norm1="layer_norm1", norm2="layer_norm2", attn="self_attn", proj="out_proj")
+    for i in range(depth - 1):
+        src, dst = f"{prefix}.blocks.{i}", f"blocks.{i}"
+        for w in ("weight", "bias"):
+            m[f"{src}.norm1.{w}"] = f"{dst}.{names['norm1']}.{w}"
+            m[f"{src}.norm2.{w}"] = f"{dst}.{names['norm2']}.{w}"
+            m[f"{src}.attn.proj.{w}"] = f"{dst}.{names['attn']}.{names['proj']}.{w}"
+            m[f"{src}.attn.qkv.{w}"] = f"{dst}.{names['attn']}.qkv.{w}"  # split on load, fused on save
+            m[f"{src}.mlp.fc1.{w}"] = f"{dst}.mlp.fc1.{w}"
+            m[f"{src}.mlp.fc2.{w}"] = f"{dst}.mlp.fc2.{w}"
+        if kind == "dinov2":  # LayerScale: the converter renamed timm's `gamma` to `scale_factor`
+            m[f"{src}.ls1.scale_factor"] = f"{dst}.layer_scale1.lambda1"
+            m[f"{src}.ls2.scale_factor"] = f"{dst}.layer_scale2.lambda1"
+    return m
+
+
+def _unused_key(key: str, core: OFTCore) -> bool:
+    """The documented keys the forward pass never reads (each tower's last block and final norm, SigLIP's head)."""
+    dino_last, sig_last = core.dino.depth - 1, core.siglip.depth - 1
+    return bool(re.match(rf"vision_backbone\.featurizer\.(blocks\.{dino_last}\.|norm\.)", key) or
+                re.match(rf"vision_backbone\.fused_featurizer\.(blocks\.{sig_last}\.|norm\.|attn_pool\.)", key))
+
+
+def key_map(core: OFTCore) -> Dict[str, str]:
+    """Published key -> OFTCore state-dict key for every weight the forward pass uses."""
+    m: Dict[str, str] = {}
+    for prefix, name, tower in (("vision_backbone.featurizer", "dino", core.dino),
+                                ("vision_backbone.fused_featurizer", "siglip", core.siglip)):
+        m.update({k: f"{name}.{v}" for k, v in _tower_map(prefix, tower.kind, tower.depth).items()})
+    for name in ("projector", "language_model"):
+        for k in _plain_keys(getattr(core, name)):
+            m[f"{name}.{k}"] = f"{name}.{k}"
+    return m
+
+
+def _plain_keys(module: nn.Module) -> List[str]:
+    """State-dict keys without peft's LoRA additions (`base_layer.` dropped, `lora_*` skipped)."""
+    return [k.replace(".base_layer.", ".") for k in module.state_dict() if "lora_" not in k]
+
+
+def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index) as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+        shards = ["model.safetensors"]
+    else:
+        raise PolicyLoadError(f"{folder} has no model.safetensors.index.json or model.safetensors; point "
+                              f"policy.init_path at the downloaded checkpoint folder")
+    state = {}
+    for shard in shards:
+        path = os.path.join(folder, shard)
+        if not os.path.isfile(path):
+            raise PolicyLoadError(f"{path} is missing (listed in the index); finish the download of the checkpoint")
+        state.update(load_file(path))
+    return state
+
+
+def load_published_weights(core: OFTCore, folder: str) -> None:
+    """Strict load: every used key present with the right shape; extra keys only the documented unused ones."""
+    state = _read_safetensors(folder)
+    mapping = key_map(core)
+    missing = sorted(k for k in mapping if k not in state)
+    if missing:
+        raise PolicyLoadError(f"{folder}: {len(missing)} weights missing (e.g. {missing[:3]}); not an OpenVLA-OFT "
+                              f"checkpoint of this architecture, or an incomplete download")
+    unexpected = sorted(k for k in state if k not in mapping and not _unused_key(k, core))
+    if unexpected:
+        raise PolicyLoadError(f"{folder}: {len(unexpected)} unexpected weights (e.g. {unexpected[:3]}); an L1/"
+                              f"diffusion head or another architecture? this loader takes the discrete OFT layout")
+    own = core.state_dict()
+    new = {}
+    for src, dst in mapping.items():
+        t = state[src]
+        if dst.endswith(("qkv.weight", "qkv.bias")):
+            base, w = dst.rsplit(".qkv.", 1)
+            for part, chunk in zip(("q_proj", "k_proj", "v_proj"), t.chunk(3, dim=0)):
+                new[f"{base}.{part}.{w}"] = chunk
+        else:
+            new[dst] = t
+    for k, t in new.items():
+        if k not in own or tuple(own[k].shape) != tuple(t.shape):
+            want = tuple(own[k].shape) if k in own else None
+            raise PolicyLoadError(f"{folder}: weight {k} has shape {tuple(t.shape)}, the config says {want}; "
+                                  f"config.json and the weights disagree")
+    left = sorted(set(own) - set(new))
+    if left:
+        raise PolicyLoadError(f"{folder}: no published weight for {left[:3]}; loader and layout disagree")
+    core.load_state_dict(new, strict=True)
+
+
+def published_state_dict(core: OFTCore) -> Dict[str, torch.Tensor]:
+    """OFTCore weights under the published key names (q/k/v fused back into qkv); with LoRA the base weights."""
+    own = {k.replace(".base_layer.", "."): v for k, v in core.state_dict().items() if "lora_" not in k}
+    out = {}
+    for src, dst in key_map(core).items():
+        if dst.endswith(("qkv.weight", "qkv.bias")):
+            base, w = dst.rsplit(".qkv.", 1)
+            out[src] = torch.cat([own[f"{base}.{p}.{w}"] for p in ("q_proj", "k_proj", "v_proj")], dim=0)
+        else:
+            out[src] = own[dst]
+    return {k: v.detach().contiguous() for k, v in out.items()}
+
+
+def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, tokenizer_dir: Optional[str]) -> None:
+    """The published layout: config.json, two safetensors shards + index, dataset_statistics.json, tokenizer files."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    state = published_state_dict(core)
+    shards = {"model-00001-of-00002.safetensors": {k: v for k, v in state.items() if not k.startswith("language")},
+              "model-00002-of-00002.safetensors": {k: v for k, v in state.items() if k.startswith("language")}}
+    weight_map = {}
+    for name, part in shards.items():
+        save_file(part, os.path.join(folder, name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in part})
+    total = sum(v.numel() * v.element_size() for v in state.values())
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    with open(os.path.join(folder, "dataset_statistics.json"), "w") as f:
+        json.dump(stats, f, indent=2)
+    if tokenizer_dir is not None and os.path.abspath(tokenizer_dir) != os.path.abspath(folder):
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                     "added_tokens.json", "preprocessor_config.json"):
+            if os.path.isfile(os.path.join(tokenizer_dir, name)):
+                shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(folder, name))
+
+
+def read_folder(folder: str) -> Tuple[Dict, Dict]:
+    """-> (config.json, dataset_statistics.json) of a published folder, with one-line errors."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            hf_config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PolicyLoadError(f"{folder}/config.json is unreadable ({e}); point policy.init_path at an OpenVLA-OFT "
+                              f"checkpoint folder") from None
+    if hf_config.get("model_type") != "openvla" or not hf_config.get("use_fused_vision_backbone", False):
+        raise PolicyLoadError(f"{folder} is not a fused-backbone OpenVLA checkpoint (config.json model_type "
+                              f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")
+    heads = sorted(f for f in os.listdir(folder) if f.startswith(("action_head--", "proprio_projector--")))
+    if heads:
+        raise PolicyLoadError(f"{folder} is an L1-regression OpenVLA-OFT checkpoint ({heads[0]}): its LM logits are "
+                              f"not trained for actions, so it has no log-probs for RL; use a discrete SFT checkpoint "
+                              f"(e.g. Haozhan72/Openvla-oft-SFT-libero10-traj1)")
+    if list(hf_config.get("image_sizes", [IMAGE_SIZE, IMAGE_SIZE])) != [IMAGE_SIZE, IMAGE_SIZE]:
+        raise PolicyLoadError(f"{folder}: image_sizes {hf_config['image_sizes']} unsupported (224 only)")
+    try:
+        with open(os.path.join(folder, "dataset_statistics.json")) as f:
+            stats = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise PolicyLoadError(f"{folder}/dataset_statistics.json is unreadable ({e}); copy it from the published "
+                              f"checkpoint (actions cannot be un-normalised without it)") from None
+    return hf_config, stats
+
+
+# ---------------------------------------------------------------- the policy
+class OpenVLAOFTPolicy(nn.Module):
+    """act / log_prob / hidden / sft_loss / save / load / reference, as TokenPolicy (tokens are bin indices)."""
+
+    def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
+        super().__init__()
+        if cfg.action_chunk != ACTION_CHUNK:
+            raise ValueError(f"OpenVLA-OFT predicts {ACTION_CHUNK} actions per call; set action_chunk: "
+                             f"{ACTION_CHUNK} (got {cfg.action_chunk})")
+        self.cfg = cfg
+        folder = cfg.init_path
+        self.hf_config, self.stats = read_folder(folder)
+        self.unnorm_key, action_stats = unnorm_stats(self.stats, cfg.unnorm_key)
+        self.action_tokenizer = OFTActionTokenizer(action_stats)
+        self.tokenizer_dir = folder
+        self.text_tokenizer = _load_text_tokenizer(folder)
+        with _building(torch.bfloat16 if cfg.bf16_weights else torch.float32, skip_init=_load_weights):
+            core = OFTCore(self.hf_config)
+        if _load_weights:
+            load_published_weights(core, folder)
+        self.net = core
+        self.hidden_size = core.hidden_size
+        self.action_chunk = ACTION_CHUNK
+        if cfg.lora_rank > 0:
+            self.net = wrap_lora(core, cfg)
+        if cfg.gradient_checkpointing:
+            self.set_gradient_checkpointing(True)
+
+    @property
+    def core(self) -> OFTCore:
+        from models.vla_backbone import unwrap
+
+        return unwrap(self.net)
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.projector.fc1.weight.device
+
+    def set_gradient_checkpointing(self, on: bool) -> None:
+        core = self.core
+        core.dino.gradient_checkpointing = core.siglip.gradient_checkpointing = on
+        if on:
+            core.language_model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            core.language_model.activation_checkpointing_disable()
+
+    def prompt_ids(self, instructions: Sequence[str]) -> List[List[int]]:
+        """Token ids of each prompt (BOS first, "▁" 29871 last, as the reference appends it)."""
+        out = []
+        for text in instructions:
+            ids = self.text_tokenizer.encode(prompt_text(text)).ids
+            if not ids or ids[0] != BOS_ID:  # a tokenizer.json without the BOS template: add it as HF's does
+                ids = [BOS_ID] + ids
+            if ids[-1] != SPACE_ID:
+                ids = ids + [SPACE_ID]
+            out.append(ids)
+        return out
+
+    def _forward(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
+        from models.vla_backbone import autocast
+
+        images, instructions = _check_obs(obs, instructions)
+        with autocast(self.device, self.cfg.bf16):
+            return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
+
+    @torch.no_grad()
+    def act(self, obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
+            greedy: bool = False, return_hidden: bool = False):
+        """-> actions (B, 8, 7) float32 numpy (env units), bin indices (B, 56) long, log-probs (B, 56) under
+        softmax(logits / temperature) over the 256 action ids (argmax when `greedy`), [+ hidden (B, D)]."""
+        from models.token_policy import _check_temperature, sample_categorical
+
+        _check_temperature(temperature)
+        logits, hidden = self._forward(obs, instructions)
+        scaled = logits / temperature
+        tokens = scaled.argmax(-1) if greedy else sample_categorical(scaled)
+        log_probs = scaled.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        actions = self.action_tokenizer.decode(tokens.view(-1, ACTION_CHUNK, ACTION_DIM))
+        if return_hidden:
+            return actions, tokens, log_probs, hidden.float()
+        return actions, tokens, log_probs
+
+    def log_prob(self, obs, instructions: Optional[Sequence[str]], tokens: torch.Tensor, temperature: float = 1.0,
+                 return_hidden: bool = False):
+        """Log-probs and entropies (B, 56) of bin indices `tokens` under softmax(logits / temperature), with
+        gradients [+ hidden (B, D)]."""
+        from models.token_policy import _check_temperature
+
+        _check_temperature(temperature)
+        logits, hidden = self._forward(obs, instructions)
+        b = logits.shape[0]
+        tokens = torch.as_tensor(tokens, device=logits.device)
+        if tokens.shape[0] != b or tokens[0].numel() != NUM_SLOTS:
+            raise ValueError(f"tokens have shape {tuple(tokens.shape)}; expected ({b}, {NUM_SLOTS})")
+        tokens = tokens.reshape(b, NUM_SLOTS).long()
+        if int(tokens.min()) < 0 or int(tokens.max()) >= N_BINS:
+            raise ValueError(f"bin indices must lie in [0, {N_BINS})")
+        logp_all = (logits / temperature).log_softmax(-1)
+        log_probs = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+        if return_hidden:
+            return log_probs, entropy, hidden.float()
+        return log_probs, entropy
+
+    def hidden(self, obs, instructions: Optional[Sequence[str]] = None) -> torch.Tensor:
+        """(B, D) last-layer hidden state at the last prompt position (the value head's input, as RLinf)."""
+        return self._forward(obs, instructions)[1].float()
+
+    def sft_loss(self, obs, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]:
+        """Cross-entropy over the 256 action ids on the demo actions (B, 8, 7), tokenised with the checkpoint's
+        statistics and bins -> (loss, {"sft/loss", "sft/token_accuracy"})."""
+        logits, _ = self._forward(obs, instructions)
+        b = logits.shape[0]
+        if tuple(actions.shape) != (b, ACTION_CHUNK, ACTION_DIM):
+            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {ACTION_CHUNK}, 7)")
+        target = self.action_tokenizer.encode(actions).to(logits.device).view(b, -1)
+        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
+        acc = (logits.argmax(-1) == target).float().mean()
+        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc.item()}
+
+    def reference(self):
+        """The frozen pre-LoRA model (peft `disable_adapter()`); ValueError without LoRA."""
+        from models.vla_backbone import reference_context
+
+        return reference_context(self.net)
+
+    def save(self, path: str) -> None:
+        """The published layout (base weights; LoRA kept apart in lora_adapter.safetensors) + policy_config.json."""
+        from safetensors.torch import save_file
+
+        cfg = dataclasses.replace(self.cfg, init_path="")
+        write_published(path, self.core, self.hf_config, self.stats, self.tokenizer_dir)
+        if cfg.lora_rank > 0:
+            lora = {k: v.detach().contiguous() for k, v in self.net.state_dict().items() if "lora_" in k}
+            save_file(lora, os.path.join(path, ADAPTER_FILE))
+        with open(os.path.join(path, POLICY_CONFIG), "w") as f:
+            json.dump(dataclasses.asdict(cfg), f, indent=2)
+
+    @classmethod
+    def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu",
+             **overrides) -> "OpenVLAOFTPolicy":
+        """A published folder or one written by `save`; `lora_rank` different from the saved one merges the saved
+        LoRA and adds fresh LoRA of that rank (the reference becomes the loaded model)."""
+        saved = {}
+        if os.path.isfile(os.path.join(path, POLICY_CONFIG)):
+            with open(os.path.join(path, POLICY_CONFIG)) as f:
+                saved = json.load(f)
+        cfg = OpenVLAOFTConfig(**{**saved, **overrides, "init_path": path})
+        policy = cls(cfg).to(device)
+        if cfg.lora_rank > 0 and os.path.isfile(os.path.join(path, ADAPTER_FILE)):
+            from safetensors.torch import load_file
+
+            lora = load_file(os.path.join(path, ADAPTER_FILE), device=str(device))
+            result = policy.net.load_state_dict(lora, strict=False)
+            if result.unexpected_keys or any("lora_" in k for k in result.missing_keys):
+                raise PolicyLoadError(f"{path}/{ADAPTER_FILE} does not match LoRA rank {cfg.lora_rank}")
+        if lora_rank is not None and lora_rank != cfg.lora_rank:
+            policy.set_lora_rank(lora_rank)
+        return policy
+
+    def set_lora_rank(self, lora_rank: int) -> None:
+        """Merge any LoRA into the base weights, then add fresh LoRA of `lora_rank` (0 = none)."""
+        from models.vla_backbone import merge_lora
+
+        core = merge_lora(self.net)
+        core.requires_grad_(True)
+        self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
+        self.net = wrap_lora(core, self.cfg) if lora_rank > 0 else core
+        self.train(self.training)
+
+
+@contextlib.contextmanager
+def _building(dtype: torch.dtype, skip_init: bool):
+    """Build modules directly in `dtype` and, when the weights are loaded right after, without random init (a 7B
+    model would otherwise be built in float32 and randomly initialised first)."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # an older/newer transformers without it: only slower
+        no_init_weights = contextlib.nullcontext
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with (no_init_weights() if skip_init else contextlib.nullcontext()):
+            yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def wrap_lora(core: OFTCore, cfg: OpenVLAOFTConfig) -> nn.Module:
+    """peft LoRA on every nn.Linear except lm_head (peft's "all-linear", as the OFT fine-tuning script)."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = [n for n, m in core.named_modules() if isinstance(m, nn.Linear) and not n.endswith("lm_head")]
+    lcfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets)
+    return get_peft_model(core, lcfg)
+
+
+def _load_text_tokenizer(folder: str):
+    from tokenizers import Tokenizer
+
+    path = os.path.join(folder, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise PolicyLoadError(f"{path} is missing; copy the tokenizer files of the published checkpoint there")
+    return Tokenizer.from_file(path)
+
+
+def _check_obs(obs, instructions):
+    if not isinstance(obs, dict) or "agentview" not in obs:
+        raise ValueError("obs must be a dict with an 'agentview' image batch")
+    if instructions is None:
+        instructions = obs.get("instructions")
+    if instructions is None or isinstance(instructions, str):
+        raise ValueError("instructions must be a list[str] with one string per batch row")
+    images = obs["agentview"]
+    if len(instructions) != images.shape[0] or images.shape[0] == 0:
+        raise ValueError(f"{len(instructions)} instructions for {images.shape[0]} images")
+    return images, list(instructions)
+
+
+__all__ = ["OpenVLAOFTConfig", "OpenVLAOFTPolicy", "OFTActionTokenizer", "OFTCore", "pixel_values", "prompt_text",
+           "libero_image",
+           "unnorm_stats", "write_published", "load_published_weights", "VIT_ARCHS"]

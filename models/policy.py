@@ -1,0 +1,116 @@
+"""The policy interface the rollout, evaluation, SFT and RL scripts rely on, and the one table from a policy family to
+its class. A family is named by the config (`policy.type`) or told by a saved folder (`family_of_folder`); adding a
+family means a class that satisfies one of the protocols below and a row in FAMILIES.
+
+Every family:
+  save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
+                                                             `save` wrote (and, for openvla_oft, a published one)
+  reference()          context manager: the frozen pre-LoRA model (ValueError without LoRA)
+  set_lora_rank(r)     merge any LoRA, add fresh LoRA of rank r (0 = full fine-tuning)
+  cfg.action_chunk, cfg.image_size, cfg.lora_rank, action_chunk, hidden_size, device
+Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT):
+  act(obs, instructions, temperature, greedy, return_hidden) -> actions (B, chunk, 7) env units, tokens (B, chunk*7)
+      in [0, action_tokenizer.n_bins), log-probs (B, chunk*7) at that temperature [, hidden (B, hidden_size)]
+  log_prob(obs, instructions, tokens, temperature, return_hidden) -> log-probs, entropies (B, chunk*7) with grads
+  hidden(obs, instructions) -> (B, hidden_size) value-head input
+  sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/loss", "sft/token_accuracy"})
+  action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
+Flow families (continuous actions; FlowSAR, SFT): sample / velocity / flow_matching_loss / normalize_actions (see
+models/flow_policy.py).
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import os
+from typing import Any, ContextManager, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class SavedPolicy(Protocol):
+    action_chunk: int
+    hidden_size: int
+    cfg: Any
+
+    def save(self, path: str) -> None: ...
+
+    @classmethod
+    def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "SavedPolicy": ...
+
+    def reference(self) -> ContextManager: ...
+
+    def set_lora_rank(self, lora_rank: int) -> None: ...
+
+
+@runtime_checkable
+class TokenActionPolicy(SavedPolicy, Protocol):
+    action_tokenizer: Any
+
+    def act(self, obs: Dict, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
+            greedy: bool = False, return_hidden: bool = False) -> Tuple: ...
+
+    def log_prob(self, obs: Dict, instructions: Optional[Sequence[str]], tokens: torch.Tensor,
+                 temperature: float = 1.0, return_hidden: bool = False) -> Tuple: ...
+
+    def hidden(self, obs: Dict, instructions: Optional[Sequence[str]] = None) -> torch.Tensor: ...
+
+    def sft_loss(self, obs: Dict, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]: ...
+
+
+@runtime_checkable
+class FlowActionPolicy(SavedPolicy, Protocol):
+    def sample(self, obs: Dict, instructions: Optional[Sequence[str]] = None, **kwargs) -> Any: ...
+
+    def velocity(self, obs: Optional[Dict], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
+                 *args, **kwargs) -> torch.Tensor: ...
+
+    def flow_matching_loss(self, obs: Dict, instructions: Optional[Sequence[str]], actions,
+                           *args, **kwargs) -> Tuple[torch.Tensor, Dict]: ...
+
+
+# family -> (module, policy class, config class, kind); imported lazily so a family's dependencies load on use
+FAMILIES: Dict[str, Tuple[str, str, str, str]] = {
+    "token": ("models.token_policy", "TokenPolicy", "TokenPolicyConfig", "token"),
+    "flow": ("models.flow_policy", "FlowPolicy", "FlowPolicyConfig", "flow"),
+    "openvla_oft": ("models.openvla_oft", "OpenVLAOFTPolicy", "OpenVLAOFTConfig", "token"),
+}
+
+
+def _family(family: str) -> Tuple[str, str, str, str]:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown policy family {family!r}; use one of {sorted(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def policy_class(family: str):
+    module, cls, _, _ = _family(family)
+    return getattr(importlib.import_module(module), cls)
+
+
+def config_class(family: str):
+    module, _, cfg, _ = _family(family)
+    return getattr(importlib.import_module(module), cfg)
+
+
+def action_kind(family: str) -> str:
+    """'token' (discrete actions with log-probs) or 'flow' (continuous)."""
+    return _family(family)[3]
+
+
+def family_of_folder(folder: str) -> str:
+    """The family of a saved or published policy folder, from its config.json."""
+    with open(os.path.join(folder, "config.json")) as f:
+        cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{folder}/config.json is not a policy config")
+    if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
+        return "openvla_oft"
+    if cfg.get("policy_type") == "flow" or "expert_dim" in cfg:
+        return "flow"
+    return "token"
+
+
+__all__ = ["SavedPolicy", "TokenActionPolicy", "FlowActionPolicy", "FAMILIES", "policy_class", "config_class",
+           "action_kind", "family_of_folder"]
