@@ -32,7 +32,8 @@ LEROBOT_EPS = 1e-8  # lerobot NormalizerProcessorStep default
 OPENPI_DELTA_DIMS = 6  # pi0_libero's extra_delta_transform: DeltaActions(mask=[True] * 6 + [False])
 STATS_FILE = "pi0_stats.json"  # inside a saved policy folder
 UNUSED_KEYS = ("model.dit.embed_tokens.weight",)  # the action expert's token embedding is never used by pi0
-FP32_PARAMS = ("patch_embedding.", "position_embedding.", "input_layernorm.", "post_attention_layernorm.")
+FP32_PARAMS = ("patch_embedding.", "position_embedding.", "input_layernorm.", "post_attention_layernorm.",
+               "layer_norm", "post_layernorm.")  # the last two: SigLIP's LayerNorms (see keep_fp32)
 
 
 class Pi0CheckpointError(ValueError):
@@ -252,8 +253,9 @@ def load_pi0_folder(path: str) -> Tuple[object, Optional[Pi0Stats]]:
 
 def keep_fp32(name: str) -> bool:
     """openpi's to_bfloat16_for_selected_params: the vision patch / position embeddings, the Gemma layers' input and
-    post-attention RMSNorms and the final norms (LM and expert) stay fp32; everything else (SigLIP's LayerNorms
-    included) goes bf16."""
+    post-attention RMSNorms and the final norms (LM and expert) stay fp32; everything else goes bf16, except SigLIP's
+    LayerNorms, which openpi stores in bf16 but which stay fp32 here (CUDA autocast runs layer_norm in fp32 anyway;
+    on CPU a bf16 LayerNorm weight cannot take the fp32 activations)."""
     return any(s in name for s in FP32_PARAMS) or name.endswith(".norm.weight")
 
 

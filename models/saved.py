@@ -43,7 +43,11 @@ def resolve_policy_dir(path: str) -> str:
 
 
 def policy_type(policy_dir: str) -> str:
-    """'flow' or 'token', from the saved policy config."""
+    """'flow' or 'token', from the saved policy config; a pi0 checkpoint folder (openpi / RLinf, LeRobot) is 'flow'."""
+    from models.pi0_checkpoint import is_pi0_folder
+
+    if is_pi0_folder(policy_dir):
+        return "flow"
     try:
         with open(os.path.join(policy_dir, "config.json")) as f:
             cfg = json.load(f)
