@@ -8,7 +8,7 @@ assignment w = softmax(+-e / T) over each episode's steps, label y = 2R - 1 -> m
 checkpoints (theta_old included). Model convention: t = 0 clean, t = 1 noise, target velocity u = eps - a.
 
     python train_flowsar.py --task-id 0                   # embedded tabletop suite, tiny PI0, CPU is fine
-    python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 policy.pretrained_path=...
+    python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 init.path=<pi0 folder> ...
     accelerate launch --multi_gpu --num_processes 2 train_flowsar.py --task-id 0
 """
 from __future__ import annotations
