@@ -43,7 +43,6 @@ import dataclasses
 import json
 import math
 import os
-import random
 from dataclasses import dataclass
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -357,7 +356,8 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"noise has shape {tuple(x.shape)}; expected {shape}")
         x1, dt = x.clone(), 1.0 / num_steps
         sde = noise_level > 0 and self.cfg.noise_method == "flow_sde"
-        sde_step = random.randint(0, num_steps - 1) if sde else -1  # RLinf: one step per call, shared by the batch
+        # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
+        sde_step = int(torch.randint(num_steps, ())) if sde else -1
         for i in range(num_steps):
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
             t = 1.0 - i * dt

@@ -158,12 +158,18 @@ def check_keys(path: str) -> None:
     from safetensors import safe_open
 
     cfg = _read_json(os.path.join(path, "config.json")) or {}
-    try:
-        with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
-            keys = list(f.keys())
-    except Exception as e:  # noqa: BLE001 - any safetensors failure means a bad file
-        raise Pi0CheckpointError(f"{path}/model.safetensors is unreadable ({type(e).__name__}: "
-                                 f"{' '.join(str(e).split())[:200]})") from None
+    files = [f for f in sorted(glob.glob(os.path.join(path, "*.safetensors")))
+             if not os.path.basename(f).startswith("policy_")]  # the weights (one file or shards), not normalisers
+    if not files:
+        raise Pi0CheckpointError(f"{path} has no *.safetensors weights: download the whole checkpoint folder")
+    keys: List[str] = []
+    for file in files:
+        try:
+            with safe_open(file, "pt") as f:
+                keys += list(f.keys())
+        except Exception as e:  # noqa: BLE001 - any safetensors failure means a bad file
+            raise Pi0CheckpointError(f"{file} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                                     f"download it again") from None
     adarms = any(".layernorm.dense." in k or "_layernorm.dense." in k or ".norm.dense." in k for k in keys)
     time_mlp = any(k.split(".")[-2] in ("time_mlp_in", "time_mlp_out") for k in keys if "." in k)
     if _config_says_pi05(cfg) or adarms or (time_mlp and not any("state_proj" in k for k in keys)):
