@@ -32,7 +32,8 @@ delta_dims + state) where the checkpoint was trained on relative actions, first 
 to max_text_len. Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims,
 horizon = action_chunk).
 Recipe switches (RLinf's pi0 RL): train_expert_only (PaliGemma frozen; the expert and the action/state/time
-projections train in full), bf16_weights (openpi's bf16 weights with its fp32 exceptions, run under bf16 autocast),
+projections train in full), bf16_weights (the frozen weights in bf16 with openpi's fp32 exceptions, the trainable
+ones fp32 as AdamW's master weights; run under bf16 autocast),
 noise_method flow_sde (at noise_level > 0 one random denoising step per call is RLinf's flow-SDE step, the others
 ODE; noise_level 0 = deterministic ODE, as evaluation uses).
 """
@@ -92,7 +93,8 @@ class FlowPolicyConfig:
     lora_dropout: float = 0.0
     lora_vision: bool = False
     bf16: bool = True  # bf16 autocast on CUDA
-    bf16_weights: bool = False  # bf16 weights except openpi's fp32 set (patch/position embeddings, norms); autocast
+    bf16_weights: bool = False  # frozen weights bf16 except openpi's fp32 set (patch/position embeddings, norms);
+                                # trainable ones fp32 (AdamW master weights); bf16 autocast
     train_expert_only: bool = False  # freeze PaliGemma (vision, projector, LM); train the expert + projections fully
     noise_method: str = "additive"  # exploration at noise_level > 0: additive (s sqrt(dt) z after every step but the
                                     # last) | flow_sde (RLinf: one random step is an SDE step, sigma = s sqrt(t/(1-t)))
@@ -216,8 +218,6 @@ class FlowPolicy(nn.Module):
         # model space: PI0's max_action_dim with the checkpoint's protocol, else the 7 env dims (padding stays 0)
         self.model_dim = model.config.max_action_dim if self.stats is not None else ACTION_DIM
         self._check_model(model.config)
-        if cfg.bf16_weights:
-            cast_bf16_weights(model)
         self.net = self._wrap_lora(model) if cfg.lora_rank > 0 else model
         self._freeze_vlm()
         self.action_chunk = cfg.action_chunk
@@ -237,11 +237,14 @@ class FlowPolicy(nn.Module):
 
     def _freeze_vlm(self) -> None:
         """train_expert_only: PaliGemma (vision tower, projector, LM, their LoRA) and the expert's unused token
-        embedding take no gradient; the expert and the action/state/time projections train."""
+        embedding take no gradient; the expert and the action/state/time projections train. Then bf16_weights casts
+        the frozen weights (pi0_checkpoint.cast_bf16_weights)."""
         if self.cfg.train_expert_only:
             for name, p in self.net.named_parameters():
                 if ".vlm." in f".{name}" or "dit.embed_tokens" in name:
                     p.requires_grad_(False)
+        if self.cfg.bf16_weights:
+            cast_bf16_weights(self.net)
 
     def _autocast(self):
         """bf16 autocast: on CUDA with cfg.bf16, on any device with bf16 weights (their fp32 exceptions mix in)."""

@@ -266,9 +266,10 @@ def keep_fp32(name: str) -> bool:
 
 
 def cast_bf16_weights(model: torch.nn.Module) -> None:
-    """bf16 weights except openpi's fp32 set (keep_fp32)."""
+    """bf16 weights except openpi's fp32 set (keep_fp32) and the trainable parameters, which stay fp32 as AdamW's
+    master weights (a step of lr 1e-6 on a bf16 weight of size ~0.02 is below bf16's resolution and would be lost)."""
     for name, p in model.named_parameters():
-        p.data = p.data.to(torch.float32 if keep_fp32(name) else torch.bfloat16)
+        p.data = p.data.to(torch.float32 if keep_fp32(name) or p.requires_grad else torch.bfloat16)
 
 
 __all__ = ["Pi0Stats", "Pi0CheckpointError", "pi0_layout", "is_pi0_folder", "find_norm_stats", "check_keys",

@@ -270,18 +270,20 @@ def test_train_expert_only_and_bf16_weights(tmp_path, tok_dir):
     policy.set_lora_rank(2)  # LoRA stays an option: the VLM's adapters stay frozen too
     assert not any(".vlm." in n for n, p in policy.named_parameters() if p.requires_grad)
     fp32 = policy_for(folder, tok_dir, action_chunk=2)
-    bf16 = policy_for(folder, tok_dir, action_chunk=2, bf16_weights=True)
+    bf16 = policy_for(folder, tok_dir, action_chunk=2, bf16_weights=True, train_expert_only=True)
     dtypes = {n: p.dtype for n, p in bf16.core.named_parameters()}
     assert dtypes["model.vlm.vision_tower.embeddings.patch_embedding.weight"] == torch.float32
     assert dtypes["model.vlm.vision_tower.embeddings.position_embedding.weight"] == torch.float32
     assert dtypes["model.vlm.language_model.layers.0.input_layernorm.weight"] == torch.float32
     assert dtypes["model.dit.layers.0.post_attention_layernorm.weight"] == torch.float32
     assert dtypes["model.dit.norm.weight"] == torch.float32
-    assert dtypes["model.dit.layers.0.self_attn.q_proj.weight"] == torch.bfloat16
+    assert dtypes["model.dit.layers.0.self_attn.q_proj.weight"] == torch.float32  # trained: fp32 master weights
+    assert dtypes["action_out_proj.weight"] == torch.float32
+    assert dtypes["model.dit.embed_tokens.weight"] == torch.bfloat16  # frozen (unused)
     assert dtypes["model.vlm.vision_tower.encoder.layers.0.layer_norm1.weight"] == torch.float32
     assert dtypes["model.vlm.vision_tower.encoder.layers.0.mlp.fc1.weight"] == torch.bfloat16
     assert dtypes["model.vlm.language_model.layers.0.self_attn.q_proj.weight"] == torch.bfloat16
-    assert dtypes["action_out_proj.weight"] == torch.bfloat16
+    assert dtypes["model.vlm.multi_modal_projector.linear.weight"] == torch.bfloat16
     obs, x_t = make_obs(2, 64), torch.randn(2, 4, 32)
     with torch.no_grad():
         v32, v16 = fp32.velocity(obs, INSTR[:2], x_t, 0.5), bf16.velocity(obs, INSTR[:2], x_t, 0.5)
