@@ -8,7 +8,7 @@ assignment w = softmax(+-e / T) over each episode's steps, label y = 2R - 1 -> m
 checkpoints (theta_old included). Model convention: t = 0 clean, t = 1 noise, target velocity u = eps - a.
 
     python train_flowsar.py --task-id 0                   # embedded tabletop suite, tiny PI0, CPU is fine
-    python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 policy.pretrained_path=...
+    python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 init.path=<pi0 folder> ...
     accelerate launch --multi_gpu --num_processes 2 train_flowsar.py --task-id 0
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps, success_by_task
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from envs import num_trials
-from models import FlowPolicy, FlowPolicyConfig
+from models import ACTION_DIM, FlowPolicy, FlowPolicyConfig
 
 LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
 
@@ -197,7 +197,10 @@ if __name__ == "__main__":
             #    normalised (the seed annotates the rollout's `actions`; here that is what the reward judged: x0
             #    after clipping to the action range and gripper binarisation).
             t0 = time.perf_counter()
-            steps.data["a"] = policy.normalize_actions(steps.data["actions"]).cpu().numpy()
+            if "x0" in steps.data:  # a pi0 checkpoint's protocol: the model-space sample (horizon x 32), as RLinf
+                steps.data["a"] = steps.data["x0"]
+            else:
+                steps.data["a"] = policy.normalize_actions(steps.data["actions"]).cpu().numpy()
             annotation = {k: [] for k in ("recon_error", "flow_t", "flow_epsilon", "x_t", "v_old")}
             with torch.no_grad(), reference_weights(params, ema):
                 for s in range(0, len(steps), mb):
@@ -239,8 +242,11 @@ if __name__ == "__main__":
                     v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
                                               part.tensor("flow_t", device))
                     u_target = part.tensor("flow_epsilon", device) - part.tensor("a", device)
+                    # the executed part only (a pi0 checkpoint: first 5 of 50 steps, 7 of 32 dims, as FlowSAR's
+                    # RLinf loss crops it; the whole chunk otherwise)
+                    ex = (slice(None), slice(0, policy.action_chunk), slice(0, ACTION_DIM))
                     loss, loss_metrics = compute_flow_sar_loss(
-                        v_theta, part.tensor("v_old", device), u_target, part.tensor("weights", device),
+                        v_theta[ex], part.tensor("v_old", device)[ex], u_target[ex], part.tensor("weights", device),
                         part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
                         loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
                         flow_t=part.tensor("flow_t", device))

@@ -188,6 +188,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
     is_token = hasattr(policy, "act")
+    keep_x0 = getattr(policy, "stats", None) is not None  # a pi0 checkpoint's protocol: keep the model-space sample
     chunk = policy.action_chunk
     total = len(prompts)
     calls: List[Dict[str, np.ndarray]] = []  # one record per policy call: episode rows, their step index, arrays
@@ -249,6 +250,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     call["hidden"] = out[3].float().cpu().numpy()
             else:
                 call["noise"] = noise
+                if keep_x0:
+                    call["x0"] = sample.x0.float().cpu().numpy()
             calls.append(call)
             full = np.zeros((n_env, chunk, ACTION_DIM), dtype=np.float32)
             full[idx] = act
@@ -315,8 +318,11 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         batch.old_log_probs = gather("old_log_probs", (chunk * ACTION_DIM,), np.float32)
         if keep_hidden and calls:
             batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
-    else:
-        batch.noise = gather("noise", (chunk, ACTION_DIM), np.float32)
+    else:  # (chunk, 7), or a pi0 checkpoint's model space (horizon, 32) with its sample x0 in extras["x0"]
+        shape = calls[0]["noise"].shape[1:] if calls else (chunk, ACTION_DIM)
+        batch.noise = gather("noise", shape, np.float32)
+        if keep_x0:
+            batch.extras["x0"] = gather("x0", shape, np.float32)
     return batch
 
 

@@ -512,6 +512,16 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
     if found != policy_type:
         raise ConfigError(f"init.path {path} holds a {found} policy; this script trains a {policy_type} policy: train "
                           f"one with `python train_sft.py policy.type={policy_type} ...` and point init.path at it")
+    if policy_type == "flow":  # a pi0 checkpoint (openpi / RLinf, LeRobot): its weights and statistics, run with the
+        from models.pi0_checkpoint import is_pi0_folder  # YAML's policy section (no saved policy config to take)
+
+        if is_pi0_folder(path):
+            cfg.policy.pretrained_path = path
+            cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
+            try:
+                return policy_cls(cfg.policy).to(run.device)
+            except ValueError as e:  # pi0.5, legacy layout, missing weights or tokenizer: one line
+                raise ConfigError(f"init.path {path}: {e}") from None
     stale = envs.stale_suite_message(path, cfg.env.suite)
     if stale and run.is_main:
         print(f"[init] warning: {stale}", flush=True)

@@ -17,11 +17,25 @@ The prefix (images + prompt through the PaliGemma LM) is run once and its KV cac
 the action expert over [state, x_t] (what an ODE step and a FlowSAR update step need). The training loss goes through
 PI0's own forward (prefix + expert in one call), the same computation.
 
-Tiers: `pretrained_path` = a pi0 checkpoint in transformers' format, loaded with `from_pretrained` (LIBERO tier);
-without it a tiny PI0Config (SigLIP + Gemma of width hidden_size, depth num_layers; expert width expert_dim) is built
+Tiers: `pretrained_path` = a pi0 checkpoint: a transformers' save, or an openpi / RLinf or LeRobot >= 0.4 pi0
+folder (models/pi0_checkpoint.py: pi0.5, legacy layouts and missing weights are refused) (LIBERO tier); without it a
+tiny PI0Config (SigLIP + Gemma of width hidden_size, depth num_layers; expert width expert_dim) is built
 from the fields below (CPU tier). With LoRA: rank-r adapters on the attention and MLP projections of the PaliGemma LM
 and the action expert (+ vision tower attention with lora_vision); the action/time/state embeddings and the action
 output projection train fully (peft modules_to_save).
+
+The checkpoint's protocol (a pi0 folder that carries statistics; ../shared/specs/pi0.md sections 2-4): the state is
+z-scored with the checkpoint's statistics before the zero padding; the model space is PI0's own (horizon chunk_size,
+e.g. 50, x max_action_dim 32, noise in every dim); env actions = un-normalised model output, made absolute (first
+delta_dims + state) where the checkpoint was trained on relative actions, first 7 dims, first action_chunk steps
+(openpi's replan_steps); the prompt is openpi's cleaned text (underscores and newlines -> spaces) + newline, padded
+to max_text_len. Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims,
+horizon = action_chunk).
+Recipe switches (RLinf's pi0 RL): train_expert_only (PaliGemma frozen; the expert and the action/state/time
+projections train in full), bf16_weights (the frozen weights in bf16 with openpi's fp32 exceptions, the trainable
+ones fp32 as AdamW's master weights; run under bf16 autocast),
+noise_method flow_sde (at noise_level > 0 one random denoising step per call is RLinf's flow-SDE step, the others
+ODE; noise_level 0 = deterministic ODE, as evaluation uses).
 """
 from __future__ import annotations
 
@@ -41,10 +55,12 @@ from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditi
                           SiglipVisionConfig)
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
+from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, load_pi0_folder
 from models.text_tokenizer import load_text_tokenizer
 from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
 
 PRESETS = ("tiny", "pi0")
+NOISE_METHODS = ("additive", "flow_sde")
 LORA_TARGETS = r".*\.(language_model|dit)\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|" \
                r"mlp\.(gate_proj|up_proj|down_proj))"
 LORA_VISION_TARGETS = r".*\.vision_tower\..*self_attn\.(q_proj|k_proj|v_proj|out_proj)"
@@ -55,10 +71,12 @@ PI0_CONFIG_DIR = "pi0"  # inside a saved policy folder: the PI0Config (architect
 @dataclass
 class FlowPolicyConfig:
     preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
-    pretrained_path: Optional[str] = None  # pi0 checkpoint in transformers' format (dir or hub id): from_pretrained
+    pretrained_path: Optional[str] = None  # pi0 checkpoint: openpi/RLinf or LeRobot folder, transformers' dir or hub id
     tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer
     image_size: int = 64  # square camera images (px) in the observations; multiple of 16
-    action_chunk: int = 8  # actions per policy call (PI0's chunk_size)
+    action_chunk: int = 8  # actions executed per policy call (openpi's replan_steps)
+    horizon: Optional[int] = None  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
+                                   # the checkpoint's chunk_size (pi0: 50) when it carries statistics
     n_bins: int = 256  # only for the shared ActionTokenizer (its statistics normalise the actions)
     use_wrist: bool = True  # wrist camera as PI0's second camera
     hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
@@ -75,20 +93,29 @@ class FlowPolicyConfig:
     lora_dropout: float = 0.0
     lora_vision: bool = False
     bf16: bool = True  # bf16 autocast on CUDA
+    bf16_weights: bool = False  # frozen weights bf16 except openpi's fp32 set (patch/position embeddings, norms);
+                                # trainable ones fp32 (AdamW master weights); bf16 autocast
+    train_expert_only: bool = False  # freeze PaliGemma (vision, projector, LM); train the expert + projections fully
+    noise_method: str = "additive"  # exploration at noise_level > 0: additive (s sqrt(dt) z after every step but the
+                                    # last) | flow_sde (RLinf: one random step is an SDE step, sigma = s sqrt(t/(1-t)))
+    delta_action_dims: Optional[int] = None  # first N action dims relative to the state; None = as the checkpoint
+                                             # says (openpi pi0_libero: 6; 0 without statistics)
 
 
 class Prefix(NamedTuple):
     """Cached prefix: PI0's PaliGemma KV cache of [images, prompt] (never mutated: each velocity call works on a
-    shallow copy), the prompt's key validity (B, P) long (0 = padding) and the padded state (B, max_state_dim)."""
+    shallow copy), the prompt's key validity (B, P) long (0 = padding), the model's state (B, max_state_dim) and the
+    raw env state (B, 8) (for relative actions)."""
     past_key_values: Any
     attention_mask: torch.Tensor
     state: torch.Tensor
+    raw_state: Optional[torch.Tensor] = None
 
 
 class FlowSample(NamedTuple):
-    actions: np.ndarray  # (B, chunk, 7) float32 env actions (unnormalised, clipped, gripper +-1 if binarised)
-    x0: torch.Tensor  # (B, chunk, 7) the integrated sample in normalised space (before clipping/binarising)
-    noise: torch.Tensor  # (B, chunk, 7) the initial noise x_1
+    actions: np.ndarray  # (B, action_chunk, 7) float32 env actions to execute (unnormalised)
+    x0: torch.Tensor  # (B, horizon, D) the integrated sample in the model space (D = 7, or 32 with statistics)
+    noise: torch.Tensor  # (B, horizon, D) the initial noise x_1
 
 
 def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
@@ -114,6 +141,18 @@ def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
                      max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, num_inference_steps=cfg.num_steps)
 
 
+def flow_sde_step(x: torch.Tensor, v: torch.Tensor, t: float, dt: float, noise_level: float, num_steps: int
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """RLinf's flow-SDE transition from time t to t - dt (spec section 2.3) -> (mean, std): with the predictions
+    x0 = x - v t and x1 = x + v (1 - t) and sigma = s sqrt(t / (1 - t')) (t' = t, or the next time 1 - 1/N at t = 1),
+    mean = x0 (1 - t + dt) + x1 (t - dt - sigma^2 dt / (2 t)), std = sqrt(dt) sigma. sigma = 0 is the Euler step."""
+    t_den = (1.0 - 1.0 / num_steps) if t >= 1.0 else t
+    sigma = noise_level * math.sqrt(t / (1.0 - t_den))
+    x0_pred, x1_pred = x - v * t, x + v * (1.0 - t)
+    mean = x0_pred * (1.0 - t + dt) + x1_pred * (t - dt - sigma ** 2 * dt / (2.0 * t))
+    return mean, torch.full_like(x, math.sqrt(dt) * sigma)
+
+
 def _fresh_cache(cache):
     """Shallow copy of a DynamicCache: the expert appends its suffix keys/values to the copy, not to the prefix."""
     out = copy.copy(cache)
@@ -132,6 +171,8 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"action_chunk must be >= 1, got {cfg.action_chunk}")
         if cfg.time_sampling not in ("beta", "uniform"):
             raise ValueError(f"time_sampling must be 'beta' or 'uniform', got {cfg.time_sampling!r}")
+        if cfg.noise_method not in NOISE_METHODS:
+            raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {cfg.noise_method!r}")
         if cfg.preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {cfg.preset!r}")
         if cfg.image_size % 16 != 0 or cfg.image_size <= 0:
@@ -141,29 +182,44 @@ class FlowPolicy(nn.Module):
                 raise ValueError(f"{name}={getattr(cfg, name)} but PI0's action expert must match the LM "
                                  f"({'num_layers' if name == 'expert_layers' else 'num_heads'}={want}); leave it None")
         self.action_tokenizer = action_tokenizer or ActionTokenizer(n_bins=cfg.n_bins)
+        self.stats: Optional[Pi0Stats] = None  # the checkpoint's statistics: its protocol (module docstring)
         # architecture + weights: saved policy (load) > pretrained checkpoint > tiny / pi0 config (random init)
         if _saved is not None:
-            pi0_cfg, tok_dir = _saved
+            pi0_cfg, tok_dir, self.stats = _saved
             self.text_tokenizer = load_text_tokenizer(tok_dir, cfg.max_text_len)
             from transformers.initialization import no_init_weights
 
             with no_init_weights():  # every weight is overwritten by load()
                 model = PI0ForConditionalGeneration(pi0_cfg)
         elif cfg.pretrained_path is not None:
+            local = os.path.isdir(cfg.pretrained_path)
+            if local:  # checked (pi0.5, legacy layout, missing weights) before anything else
+                model, self.stats = load_pi0_folder(cfg.pretrained_path)
             tok_path = cfg.tokenizer_path or cfg.pretrained_path
             try:
                 self.text_tokenizer = load_text_tokenizer(tok_path, cfg.max_text_len)
             except (OSError, ValueError) as e:
                 raise ValueError(f"no instruction tokenizer at {tok_path} ({type(e).__name__}); set tokenizer_path "
                                  f"(e.g. google/paligemma-3b-pt-224 or a local copy)") from e
-            model = PI0ForConditionalGeneration.from_pretrained(cfg.pretrained_path, dtype=torch.float32)
+            if not local:
+                model = PI0ForConditionalGeneration.from_pretrained(cfg.pretrained_path, dtype=torch.float32)
         else:
             self.text_tokenizer = load_text_tokenizer(cfg.tokenizer_path, cfg.max_text_len)
             pi0_cfg = tiny_pi0_config(cfg, self.text_tokenizer.vocab_size) if cfg.preset == "tiny" else PI0Config()
             model = PI0ForConditionalGeneration(pi0_cfg)
-        model.config.chunk_size = cfg.action_chunk  # the expert's suffix is [state, action_chunk actions]
+        if self.stats is not None and cfg.delta_action_dims is not None:
+            self.stats = dataclasses.replace(self.stats, delta_dims=cfg.delta_action_dims)
+        horizon = model.config.chunk_size if self.stats is not None else cfg.action_chunk
+        self.horizon = horizon = cfg.horizon if cfg.horizon is not None else horizon
+        if horizon < cfg.action_chunk:
+            raise ValueError(f"horizon={horizon} < action_chunk={cfg.action_chunk}: a call cannot execute more actions "
+                             f"than the model predicts")
+        model.config.chunk_size = horizon  # the expert's suffix is [state, horizon actions]
+        # model space: PI0's max_action_dim with the checkpoint's protocol, else the 7 env dims (padding stays 0)
+        self.model_dim = model.config.max_action_dim if self.stats is not None else ACTION_DIM
         self._check_model(model.config)
         self.net = self._wrap_lora(model) if cfg.lora_rank > 0 else model
+        self._freeze_vlm()
         self.action_chunk = cfg.action_chunk
 
     def _check_model(self, pc: PI0Config) -> None:
@@ -178,6 +234,23 @@ class FlowPolicy(nn.Module):
         vis = vlm.vision_config
         self.vision_size = vis.image_size
         self.image_tokens = (vis.image_size // vis.patch_size) ** 2  # per camera
+
+    def _freeze_vlm(self) -> None:
+        """train_expert_only: PaliGemma (vision tower, projector, LM, their LoRA) and the expert's unused token
+        embedding take no gradient; the expert and the action/state/time projections train. Then bf16_weights casts
+        the frozen weights (pi0_checkpoint.cast_bf16_weights)."""
+        if self.cfg.train_expert_only:
+            for name, p in self.net.named_parameters():
+                if ".vlm." in f".{name}" or "dit.embed_tokens" in name:
+                    p.requires_grad_(False)
+        if self.cfg.bf16_weights:
+            cast_bf16_weights(self.net)
+
+    def _autocast(self):
+        """bf16 autocast: on CUDA with cfg.bf16, on any device with bf16 weights (their fp32 exceptions mix in)."""
+        if self.cfg.bf16_weights:
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return autocast(self.device, self.cfg.bf16)
 
     def _wrap_lora(self, model: nn.Module) -> nn.Module:
         from peft import LoraConfig, get_peft_model
@@ -211,25 +284,32 @@ class FlowPolicy(nn.Module):
         if self.vision_size != self.cfg.image_size:
             pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size), mode="bilinear",
                                    align_corners=False, antialias=True).clamp_(-1, 1).unflatten(0, (b, len(views)))
+        if self.stats is not None:  # openpi's tokenizer cleans the prompt and pads it to max_token_len
+            instructions = [s.strip().replace("_", " ").replace("\n", " ") for s in instructions]
         ids, mask = self.text_tokenizer([s + "\n" for s in instructions])  # BOS + text + "\n" (PI0Processor)
+        if self.stats is not None and ids.shape[1] < self.cfg.max_text_len:
+            ids = F.pad(ids, (0, self.cfg.max_text_len - ids.shape[1]))  # padding is masked out: its id is moot
+            mask = F.pad(mask, (0, self.cfg.max_text_len - mask.shape[1]))
         image_id = self.pi0_config.vlm_config.image_token_id
         if bool((ids == image_id).any()):
             raise ValueError(f"an instruction tokenised to the image token id {image_id}")
         n_img = self.image_tokens * len(views)
         input_ids = torch.cat([torch.full((b, n_img), image_id, dtype=torch.long), ids], dim=1).to(dev)
         attention_mask = torch.cat([torch.ones(b, n_img, dtype=torch.long), mask.long()], dim=1).to(dev)
-        st = torch.as_tensor(state, dtype=torch.float32, device=dev)
+        raw = torch.as_tensor(state, dtype=torch.float32, device=dev)
+        st = self.stats.normalize_state(raw) if self.stats is not None else raw
         st = F.pad(st, (0, self.pi0_config.max_state_dim - STATE_DIM))
         return {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixels,
-                "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st}
+                "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st,
+                "raw_state": raw}
 
     def _pad_actions(self, x: torch.Tensor) -> torch.Tensor:
-        return F.pad(x, (0, self.pi0_config.max_action_dim - ACTION_DIM))
+        return F.pad(x, (0, self.pi0_config.max_action_dim - x.shape[-1]))
 
     def _check_xt(self, x_t, t, b: int) -> Tuple[torch.Tensor, torch.Tensor]:
         x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
-        if tuple(x_t.shape) != (b, self.action_chunk, ACTION_DIM):
-            raise ValueError(f"x_t has shape {tuple(x_t.shape)}; expected ({b}, {self.action_chunk}, 7)")
+        if tuple(x_t.shape) != (b, self.horizon, self.model_dim):
+            raise ValueError(f"x_t has shape {tuple(x_t.shape)}; expected ({b}, {self.horizon}, {self.model_dim})")
         t = torch.as_tensor(t, dtype=torch.float32, device=self.device)
         t = t.expand(b) if t.ndim == 0 else t
         if tuple(t.shape) != (b,):
@@ -243,50 +323,85 @@ class FlowPolicy(nn.Module):
         inputs = self.model_inputs(obs, instructions)
         mask = inputs["attention_mask"]
         model = self.core.model
-        with autocast(self.device, self.cfg.bf16):
+        with self._autocast():
             embeds = model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
             cache = model.vlm(inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
                               token_type_ids=torch.zeros_like(mask), use_cache=True).past_key_values
-        return Prefix(cache, mask, inputs["state"])
+        return Prefix(cache, mask, inputs["state"], inputs["raw_state"])
 
     def velocity(self, obs: Optional[Obs], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
                  t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None) -> torch.Tensor:
-        """v(x_t, t | obs, instruction), (B, chunk, 7) float32, with gradients; `t` a float or (B,) tensor. With a
+        """v(x_t, t | obs, instruction), (B, horizon, D) float32, with gradients; `t` a float or (B,) tensor. With a
         `prefix` only the action expert runs (PI0's forward on the cached prefix)."""
         if prefix is None:
             prefix = self.prefix(obs, instructions)
         x_t, t = self._check_xt(x_t, t, prefix.state.shape[0])
-        with autocast(self.device, self.cfg.bf16):
+        with self._autocast():
             out = self.core(state=prefix.state, noise=self._pad_actions(x_t), timestep=t,
                             attention_mask=prefix.attention_mask, past_key_values=_fresh_cache(prefix.past_key_values))
-        return out.logits[..., :ACTION_DIM].float()
+        return out.logits[..., :self.model_dim].float()
 
     @torch.no_grad()
     def sample(self, obs: Obs, instructions: Optional[Sequence[str]] = None, num_steps: Optional[int] = None,
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
                reuse_prefix: bool = True) -> FlowSample:
         """Euler from t = 1 (noise) to t = 0 in `num_steps` (default cfg.num_steps) steps -> FlowSample(actions,
-        x0, noise). `reuse_prefix=False` recomputes the prefix at every step (only to measure the cache)."""
+        x0, noise). noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
+        recomputes the prefix at every step (only to measure the cache)."""
         num_steps = self.cfg.num_steps if num_steps is None else num_steps
         if num_steps < 1 or noise_level < 0:
             raise ValueError(f"need num_steps >= 1 and noise_level >= 0, got {num_steps}, {noise_level}")
         if prefix is None:
             prefix = self.prefix(obs, instructions)
-        shape = (prefix.state.shape[0], self.action_chunk, ACTION_DIM)
+        shape = (prefix.state.shape[0], self.horizon, self.model_dim)
         x = torch.randn(shape, device=self.device) if noise is None else noise.to(self.device, torch.float32)
         if tuple(x.shape) != shape:
             raise ValueError(f"noise has shape {tuple(x.shape)}; expected {shape}")
         x1, dt = x.clone(), 1.0 / num_steps
+        sde = noise_level > 0 and self.cfg.noise_method == "flow_sde"
+        # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
+        sde_step = int(torch.randint(num_steps, ())) if sde else -1
         for i in range(num_steps):
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
-            x = x - dt * self.velocity(None, None, x, 1.0 - i * dt, step_prefix)
-            if noise_level > 0 and i < num_steps - 1:
-                x = x + noise_level * math.sqrt(dt) * torch.randn_like(x)
-        return FlowSample(self.action_tokenizer.unnormalize(x), x, x1)
+            t = 1.0 - i * dt
+            v = self.velocity(None, None, x, t, step_prefix)
+            if i == sde_step:
+                mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
+                x = mean + std * torch.randn_like(x)
+            else:
+                x = x - dt * v
+                if noise_level > 0 and not sde and i < num_steps - 1:
+                    x = x + noise_level * math.sqrt(dt) * torch.randn_like(x)
+        return FlowSample(self.env_actions(x, prefix.raw_state), x, x1)
 
-    def normalize_actions(self, actions) -> torch.Tensor:
-        """Env actions (B, chunk, 7) -> normalised float32 tensor on the policy's device."""
-        return self.action_tokenizer.normalize(actions).to(self.device)
+    def env_actions(self, x0: torch.Tensor, raw_state: Optional[torch.Tensor] = None) -> np.ndarray:
+        """Model-space sample (B, horizon, D) -> the env actions to execute (B, action_chunk, 7) float32: with the
+        checkpoint's statistics un-normalised, made absolute (relative dims + raw state), first 7 dims, first
+        action_chunk steps; without them the ActionTokenizer's un-normalisation (clip, gripper binarisation)."""
+        if self.stats is None:
+            return self.action_tokenizer.unnormalize(x0[:, :self.action_chunk])
+        a = self.stats.unnormalize_actions(x0.float())
+        if self.stats.delta_dims:
+            if raw_state is None:
+                raise ValueError("relative actions need the raw state (pass the Prefix's raw_state)")
+            a = self.stats.to_absolute(a, raw_state)
+        return a[:, :self.action_chunk, :ACTION_DIM].cpu().numpy().astype(np.float32)
+
+    def normalize_actions(self, actions, state=None) -> torch.Tensor:
+        """Env actions (B, horizon, 7) -> model-space float32 tensor (B, horizon, D) on the policy's device; with the
+        checkpoint's statistics made relative to the raw `state` (B, 8) where it says so, z-scored, zero-padded."""
+        if self.stats is None:
+            return self.action_tokenizer.normalize(actions).to(self.device)
+        a = torch.as_tensor(np.asarray(actions, np.float32) if not torch.is_tensor(actions) else actions,
+                            dtype=torch.float32, device=self.device)
+        if a.shape[1] != self.horizon:
+            raise ValueError(f"actions cover {a.shape[1]} steps; the model space needs the whole horizon "
+                             f"({self.horizon}): use the rollout's x0 instead of executed actions")
+        if self.stats.delta_dims:
+            if state is None:
+                raise ValueError("this checkpoint's actions are relative to the state: pass the raw state")
+            a = self.stats.to_delta(a, torch.as_tensor(state, dtype=torch.float32, device=self.device))
+        return self.stats.normalize_actions(F.pad(a, (0, self.model_dim - a.shape[-1])))
 
     def sample_time(self, b: int) -> torch.Tensor:
         """Training times (B,): pi0's scale * Beta(alpha, beta) + offset (PI0Config's values) or U(0, 1)."""
@@ -299,19 +414,20 @@ class FlowPolicy(nn.Module):
     def flow_matching_loss(self, obs: Obs, instructions: Optional[Sequence[str]], actions,
                            t: Optional[torch.Tensor] = None, noise: Optional[torch.Tensor] = None
                            ) -> Tuple[torch.Tensor, Dict[str, float]]:
-        """SFT loss mean((v(x_t, t) - (eps - a))^2) over the 7 action dims of demo actions (B, chunk, 7), one PI0
-        forward (prefix + expert) -> (loss, {"sft/flow_mse"})."""
+        """SFT loss mean((v(x_t, t) - (eps - a))^2) over the model-space dims of demo actions (B, horizon, 7), one
+        PI0 forward (prefix + expert) -> (loss, {"sft/flow_mse"})."""
         inputs = self.model_inputs(obs, instructions)
+        raw_state = inputs.pop("raw_state")
         b = inputs["state"].shape[0]
-        if tuple(actions.shape) != (b, self.action_chunk, ACTION_DIM):
-            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {self.action_chunk}, 7)")
-        a = self.normalize_actions(actions)
+        if tuple(actions.shape) != (b, self.horizon, ACTION_DIM):
+            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {self.horizon}, 7)")
+        a = self.normalize_actions(actions, raw_state)
         eps = torch.randn_like(a) if noise is None else noise.to(a)
         t = self.sample_time(b) if t is None else t.to(a)
         x_t = (1 - t)[:, None, None] * a + t[:, None, None] * eps
-        with autocast(self.device, self.cfg.bf16):
+        with self._autocast():
             out = self.core(noise=self._pad_actions(x_t), timestep=t, **inputs)
-        loss = F.mse_loss(out.logits[..., :ACTION_DIM].float(), eps - a)
+        loss = F.mse_loss(out.logits[..., :self.model_dim].float(), eps - a)
         return loss, {"sft/flow_mse": loss.item()}
 
     # ------------------------------------------------------------------ LoRA, checkpoints
@@ -325,11 +441,13 @@ class FlowPolicy(nn.Module):
         model.requires_grad_(True)
         self.cfg = dataclasses.replace(self.cfg, lora_rank=lora_rank)
         self.net = self._wrap_lora(model) if lora_rank > 0 else model
+        self._freeze_vlm()
         self.train(self.training)  # peft leaves new modules in train mode
 
     def save(self, path: str) -> None:
         """config.json (this FlowPolicyConfig + "policy_type": "flow"), model.safetensors (all weights, LoRA
-        structure kept), pi0/config.json (the PI0Config), action_stats.json, tokenizer/."""
+        structure kept), pi0/config.json (the PI0Config), action_stats.json, tokenizer/, and the checkpoint's
+        statistics (pi0_stats.json) when it has them."""
         from safetensors.torch import save_model
 
         from common.checkpoint import readable_files
@@ -342,6 +460,8 @@ class FlowPolicy(nn.Module):
         self.pi0_config.save_pretrained(os.path.join(path, PI0_CONFIG_DIR))
         self.action_tokenizer.save(os.path.join(path, "action_stats.json"))
         self.text_tokenizer.save_pretrained(os.path.join(path, "tokenizer"))
+        if self.stats is not None:
+            self.stats.save(os.path.join(path, STATS_FILE))
 
     @classmethod
     def load(cls, path: str, lora_rank: Optional[int] = None, device: str = "cpu") -> "FlowPolicy":
@@ -354,8 +474,10 @@ class FlowPolicy(nn.Module):
         if cfg_dict.pop("policy_type", None) != "flow":
             raise ValueError(f"{path}/config.json is not a flow policy (no \"policy_type\": \"flow\")")
         pi0_cfg = PI0Config.from_pretrained(os.path.join(path, PI0_CONFIG_DIR))
+        stats_file = os.path.join(path, STATS_FILE)
+        stats = Pi0Stats.load(stats_file) if os.path.isfile(stats_file) else None
         policy = cls(FlowPolicyConfig(**cfg_dict), ActionTokenizer.load(path),
-                     _saved=(pi0_cfg, os.path.join(path, "tokenizer")))
+                     _saved=(pi0_cfg, os.path.join(path, "tokenizer"), stats))
         load_model(policy.net, os.path.join(path, "model.safetensors"), strict=True)
         policy.to(device)
         if lora_rank is not None and lora_rank != policy.cfg.lora_rank:
@@ -363,4 +485,4 @@ class FlowPolicy(nn.Module):
         return policy
 
 
-__all__ = ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "tiny_pi0_config", "PRESETS"]
+__all__ = ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "tiny_pi0_config", "flow_sde_step", "PRESETS"]

@@ -100,7 +100,12 @@ def action_kind(family: str) -> str:
 
 
 def family_of_folder(folder: str) -> str:
-    """The family of a saved or published policy folder, from its config.json."""
+    """The family of a saved or published policy folder, from its config.json (a pi0 checkpoint folder of openpi /
+    RLinf or LeRobot, which may have none, is 'flow')."""
+    from models.pi0_checkpoint import is_pi0_folder
+
+    if is_pi0_folder(folder):
+        return "flow"
     with open(os.path.join(folder, "config.json")) as f:
         cfg = json.load(f)
     if not isinstance(cfg, dict):
