@@ -149,6 +149,10 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
 
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__.split("\n")[0], argv)
+    try:  # robustness variants (tabletop_lan, ...) are never demoed or trained on
+        envs.check_training_suite(cfg.env.suite)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     envs.check_task_ids(cfg.env)
     for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
         section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
