@@ -124,7 +124,7 @@ REPLACED_TASKS: List[Tuple[int, str, List[Tuple[int, int]], int]] = [
     (1, "stack the blue block on the green block", [(2, 1)], 100),
     (1, "stack the red block on the blue block", [(0, 2)], 100),
     (1, "stack the yellow block on the green block", [(3, 1)], 100),
-    (2, "put the blue block in the basket", [(1, 2)], 100),
+    (2, "stack the blue block on the red block", [(1, 0)], 100),
     (2, "put the red block on the green plate", [(0, 3)], 100),
     (2, "stack the red block on the blue block", [(0, 1)], 100),
 ]
