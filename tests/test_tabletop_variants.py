@@ -8,8 +8,8 @@ import pytest
 import envs
 from common.config import EnvConfig
 from envs.tabletop import (BLOCK, BLOCK_HALF, CAMERA_SHIFT, CAMERA_ZOOM, COLORS, FLAT_HALF, FLOOR_RGB, GRIPPER_RADIUS,
-                           GRIPPER_Z, HOME_XY, LAN_INSTRUCTIONS, LAYOUTS, LIGHT_CAST, LIGHT_GAIN, LIGHT_RAMP, NEW_COLORS,
-                           NEW_FLAT_COLORS, NOISE_SIGMA, NUM_TASKS, NUM_TRIALS, OBJECT_REPLACEMENTS, PLATE,
+                           GRIPPER_Z, HOME_XY, LAN_INSTRUCTIONS, LAYOUTS, LIGHT_CAST, LIGHT_GAIN, LIGHT_RAMP,
+                           NEW_COLORS, NEW_FLAT_COLORS, NOISE_SIGMA, NUM_TASKS, NUM_TRIALS, OBJECT_REPLACEMENTS, PLATE,
                            REPLACED_TASKS, SWAPS, TASKS, VARIANTS, TabletopEnv, TabletopVectorEnv, scene)
 
 
