@@ -106,3 +106,45 @@ def test_bad_suites_stop_with_one_line(tmp_path):
         assert str(e.value).startswith(msg) and "\n" not in str(e.value)
     with pytest.raises(SystemExit, match="^error: --suites evaluates one greedy episode per start; drop --sampled"):
         evaluate.main(["--checkpoint", str(tmp_path / "policy"), "--suites", "robustness", "--sampled"])
+
+
+def fake_result(base, variants):
+    """A robustness.json: `base` and each variant's 0/1 episodes ({suite: [...]}) with their summaries."""
+    per_suite = {"tabletop": record(None, base, range(len(base)))}
+    for suite, eps in variants.items():
+        per_suite[suite] = record(family_of(suite), eps, range(len(eps)))
+    return {"base_suite": "tabletop", "per_suite": per_suite, **summarize(per_suite, "tabletop")}
+
+
+def test_benchmark_aggregates_families_over_tasks_then_seeds():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import robustness as bench
+
+    r1 = fake_result([1, 1, 1, 1], {"tabletop_lan": [1, 1, 0, 0], "tabletop_camera": [0, 0, 0, 0],
+                                    "tabletop_noise": [1, 1, 1, 1]})
+    v = bench.family_values(r1)
+    assert v == {"base": 1.0, "language": 0.5, "vision": 0.5, "all variants": pytest.approx(6 / 12)}
+    r2 = fake_result([1, 1, 0, 0], {"tabletop_lan": [0, 0, 0, 0], "tabletop_camera": [1, 1, 1, 1],
+                                    "tabletop_noise": [1, 1, 1, 1]})
+    r3 = fake_result([0, 0, 0, 0], {"tabletop_lan": [0, 0, 0, 0], "tabletop_camera": [0, 0, 0, 0],
+                                    "tabletop_noise": [0, 0, 0, 0]})
+    # seed 1: tasks 0 and 1 (r1, r2) averaged; seed 2: r3
+    seeds = bench.per_seed({(0, 1): r1, (1, 1): r2, (0, 2): r3})
+    assert seeds["base"] == [0.75, 0.0] and seeds["language"] == [0.25, 0.0] and seeds["vision"] == [0.75, 0.0]
+    assert seeds["all variants"] == [pytest.approx((6 / 12 + 8 / 12) / 2), 0.0] and seeds["task"] == []
+    assert bench.cell([0.75, 0.25]) == "50.0 ± 25.0" and bench.cell([0.5]) == "50.0" and bench.cell([]) == "-"
+    rows = {"SFT (token)": bench.per_seed({(0, 0): r3}), "GRPO": seeds}
+    text = bench.table(rows, {"GRPO": "SFT (token)"})
+    lines = text.splitlines()
+    assert lines[0] == ("| policy | seeds | base | language | task | objects | positions | vision | all variants | "
+                        "drop: all variants - base | all variants - its SFT start |")
+    assert lines[2] == "| SFT (token) | 1 | 0.0 | 0.0 | - | - | - | 0.0 | 0.0 | 0.0 | - |"
+    # GRPO: all variants per seed 58.3 / 0.0; drop vs base 58.3 - 75 = -16.7 and 0; vs the SFT start (0.0): +58.3 / 0
+    assert lines[3] == ("| GRPO | 2 | 37.5 ± 37.5 | 12.5 ± 12.5 | - | - | - | 37.5 ± 37.5 | 29.2 ± 29.2 | -8.3 ± 8.3 | "
+                        "29.2 ± 29.2 |")
+
+
+def test_benchmark_runs_as_its_docstring_writes_it():
+    out = subprocess.run([sys.executable, "benchmarks/robustness.py", "--help"], cwd=ROOT,
+                         env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--skip-training" in out.stdout and "--rl-overrides" in out.stdout, out.stderr[-2000:]
