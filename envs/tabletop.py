@@ -498,18 +498,22 @@ class TabletopCore:
         other variants render untouched)."""
         S = self.size
         if self.variant == "camera":
-            floor = np.array([FLOOR_RGB], dtype=np.uint8)
-            for i in idx.tolist():
-                flat = np.concatenate([self.agentview[i].reshape(S * S, 3), floor])
-                self.agentview[i] = flat[self.camera_index[i]].reshape(S, S, 3)
+            k = len(idx)
+            flat = np.empty((k * S * S + 1, 3), dtype=np.uint8)  # every view's pixels, then one floor pixel
+            flat[:-1] = self.agentview[idx].reshape(k * S * S, 3)
+            flat[-1] = FLOOR_RGB
+            index = self.camera_index[idx] + (np.arange(k) * S * S)[:, None]
+            index[self.camera_index[idx] == S * S] = k * S * S
+            self.agentview[idx] = flat[index].reshape(k, S, S, 3)
         elif self.variant == "light":
             self.agentview[idx] = np.clip(np.rint(self.agentview[idx] * self.light_agent[idx]), 0, 255)
             self.wrist[idx] = np.clip(np.rint(self.wrist[idx] * self.light_wrist[idx][:, None, None]), 0, 255)
         elif self.variant == "noise":
             for i in idx.tolist():
-                for img in (self.agentview, self.wrist):
-                    noise = self.noise_rng[i].standard_normal(img[i].shape, dtype=np.float32) * self.noise_sigma[i]
-                    img[i] = np.clip(np.rint(img[i] + noise), 0, 255)
+                noise = self.noise_rng[i].standard_normal((2, S, S, 3), dtype=np.float32)
+                noise *= np.float32(self.noise_sigma[i])
+                self.agentview[i] = np.clip(np.rint(self.agentview[i] + noise[0]), 0, 255)
+                self.wrist[i] = np.clip(np.rint(self.wrist[i] + noise[1]), 0, 255)
 
     def _draw_flats(self, i: int) -> None:
         """Static background of env i (table, plates, basket): agent view, and the wrist view's 3x-zoomed table with
