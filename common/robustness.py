@@ -25,7 +25,6 @@ import numpy as np
 
 import envs
 from common.config import EnvConfig
-from common.evaluation import evaluate_policy
 
 # variant suffix -> (family, what changes). LIBERO-PRO's suites use the first four suffixes too.
 VARIANT_INFO = {
@@ -85,6 +84,8 @@ def expand_suites(spec: str, default_base: str) -> List[str]:
 def evaluate_suite(policy, env_cfg: EnvConfig, suite: str, task_ids: Sequence[int], trial_ids: Sequence[int],
                    keep_frames: bool = False, progress: bool = True):
     """One greedy episode per (task, trial) on `suite` -> (record for the JSON, the RolloutBatch)."""
+    from common.evaluation import evaluate_policy  # (torch: imported only when evaluating)
+
     cfg = dataclasses.replace(env_cfg, suite=suite)
     envs.check_task_ids(cfg, list(task_ids))
     n = envs.num_trials(cfg)
