@@ -172,6 +172,8 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
     p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
+    p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
+                   "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
     p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
     p.add_argument("--max-steps", type=int, default=None, help="episode limit (default: the suite's)")
     p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
@@ -230,6 +232,10 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         raise ValueError(f"trials {trial_range(trial_ids)} overlap the trials 0-{practice - 1} this checkpoint's "
                          f"training practised on, so success there is not a held-out score: drop --trial-start (the "
                          f"default starts at {practice}), or pass --allow-practice-trials to measure them anyway")
+    if args.suites:  # one checkpoint on a base suite and its perturbed variants (common/robustness.py)
+        from common.robustness import run_robustness
+
+        return run_robustness(args, policy, env_cfg, task_ids, trial_ids, write_episode_gif)
     names = envs.suite_tasks(env_cfg)
     vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(task_ids) * len(trial_ids)))
 

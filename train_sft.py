@@ -156,6 +156,7 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
 def check_config(cfg: Config) -> None:
     """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run."""
     try:
+        envs.check_training_suite(cfg.env.suite)  # robustness variants (tabletop_lan, ...) are never demoed or trained on
         envs.check_task_ids(cfg.env)
     except ValueError as e:
         raise ConfigError(str(e)) from None

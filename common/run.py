@@ -109,6 +109,12 @@ class Run:
     """Everything a training script needs around its algorithm; see the module docstring."""
 
     def __init__(self, cfg: Any, script: str):
+        import envs
+
+        try:  # robustness variants (tabletop_lan, ...) are evaluated, never practised
+            envs.check_training_suite(cfg.env.suite)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self.cfg, self.script = cfg, script
         self.accelerator = make_accelerator()
         acc = self.accelerator

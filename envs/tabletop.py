@@ -9,9 +9,16 @@ reward 1 on the step that succeeds, `terminated` on success and `truncated` at `
 
 All physics, the scripted expert and rendering are batched over environments; `TabletopVectorEnv` is a native
 `gymnasium.vector.VectorEnv` (autoreset disabled) and `TabletopEnv` the single-environment `gymnasium.Env`.
+
+Robustness variants (`tabletop_lan`, `tabletop_object`, ... see VARIANTS): the same 10 tasks and 50 trials with one
+perturbation each, LIBERO-PRO's four families (instruction, object, position swap, task) and the LIBERO-Plus ones a
+numpy renderer can do honestly (camera, lighting, sensor noise, distractor, gripper start). Trial j of a variant is
+base trial j's placement plus the perturbation (drawn from VARIANT_SEED where random), so the drop against `tabletop`
+is paired. They are for evaluation only: no demo starts, and the training scripts refuse them.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -68,17 +75,99 @@ TASKS: List[Tuple[int, str, List[Tuple[int, int]], int]] = [
     (2, "put both the red block and the blue block in the basket", [(0, 2), (1, 2)], 200),
 ]
 NUM_TASKS = len(TASKS)
-MAX_OBJECTS = max(len(layout) for layout in LAYOUTS)
+MAX_OBJECTS = max(len(layout) for layout in LAYOUTS) + 1  # one free slot: tabletop_distractor's extra object
 MAX_GOALS = max(len(t[2]) for t in TASKS)
 
+# ---------------------------------------------------------------- robustness variants (evaluation only)
+VARIANTS = ("lan", "object", "swap", "task", "camera", "light", "noise", "distractor", "gripper")
+VARIANT_SEED = 20261125  # a variant's random perturbations are a pure function of (variant, task, trial, VARIANT_SEED)
+SQUARE, ROUND = 0, 1  # block shapes as drawn from above (a round one is a cylinder; its footprint stays square)
+NEW_COLORS = {"purple": (140, 60, 190), "orange": (240, 130, 30), "cyan": (40, 190, 200), "pink": (240, 120, 180)}
+NEW_FLAT_COLORS = {"pink plate": (255, 190, 215), "grey plate": (185, 185, 185)}
+FLOOR_RGB = (95, 95, 105)  # what a shifted camera sees beyond the table's edge
+# tabletop_lan: the same instruction in other words (<= 46 characters: the policies keep 48 text tokens)
+LAN_INSTRUCTIONS = [
+    "place the red cube on the blue dish",
+    "set the yellow cube on the green dish",
+    "move the red cube onto the green plate",
+    "place the yellow cube on top of the blue dish",
+    "put the green cube on top of the red cube",
+    "place the yellow cube onto the blue cube",
+    "set the red cube on top of the yellow cube",
+    "drop the red cube into the basket",
+    "move the blue cube onto the green dish",
+    "put the red and blue cubes in the basket",
+]
+# tabletop_object: one object of the task replaced by one of another colour and/or shape in the same role (the goals
+# still name its slot, so the predicate follows it); the instruction names the new object.
+# (object slot, old words, new words, colour, shape)
+OBJECT_REPLACEMENTS: List[Tuple[int, str, str, Tuple[int, int, int], int]] = [
+    (0, "red block", "purple block", NEW_COLORS["purple"], SQUARE),
+    (3, "green plate", "pink plate", NEW_FLAT_COLORS["pink plate"], SQUARE),
+    (0, "red block", "red cylinder", COLORS["red"], ROUND),
+    (2, "blue plate", "grey plate", NEW_FLAT_COLORS["grey plate"], SQUARE),
+    (1, "green block", "orange block", NEW_COLORS["orange"], SQUARE),
+    (2, "blue block", "blue cylinder", COLORS["blue"], ROUND),
+    (0, "red block", "cyan block", NEW_COLORS["cyan"], SQUARE),
+    (0, "red block", "orange cylinder", NEW_COLORS["orange"], ROUND),
+    (1, "blue block", "purple block", NEW_COLORS["purple"], SQUARE),
+    (0, "red block", "pink block", NEW_COLORS["pink"], SQUARE),
+]
+# tabletop_swap: two objects of the same footprint class trade places (one of them in the task), per task
+SWAPS: List[Tuple[int, int]] = [(0, 1), (2, 3), (0, 1), (2, 3), (1, 2), (3, 0), (0, 1), (2, 3), (0, 1), (2, 3)]
+# tabletop_task: a task in the same scene that no base task asks for (layout 0 has only two: tasks 0/2 and 1/3 share)
+REPLACED_TASKS: List[Tuple[int, str, List[Tuple[int, int]], int]] = [
+    (0, "stack the red block on the yellow block", [(0, 1)], 100),
+    (0, "stack the yellow block on the red block", [(1, 0)], 100),
+    (0, "stack the red block on the yellow block", [(0, 1)], 100),
+    (0, "stack the yellow block on the red block", [(1, 0)], 100),
+    (1, "stack the blue block on the green block", [(2, 1)], 100),
+    (1, "stack the red block on the blue block", [(0, 2)], 100),
+    (1, "stack the yellow block on the green block", [(3, 1)], 100),
+    (2, "stack the blue block on the red block", [(1, 0)], 100),
+    (2, "put the red block on the green plate", [(0, 3)], 100),
+    (2, "stack the red block on the blue block", [(0, 1)], 100),
+]
+CAMERA_SHIFT = (0.04, 0.08)  # tabletop_camera: |shift| of the agent view per axis (table units), random sign
+CAMERA_ZOOM = (0.9, 1.1)
+LIGHT_GAIN = ((0.55, 0.75), (1.25, 1.45))  # tabletop_light: dimmer or brighter, a colour cast and a light gradient
+LIGHT_CAST = 0.15
+LIGHT_RAMP = 0.3
+NOISE_SIGMA = (6.0, 14.0)  # tabletop_noise: Gaussian sensor noise (of 255) on both views, fresh every step
+GRIPPER_RADIUS = (0.15, 0.3)  # tabletop_gripper: start this far from home in xy, at a height in GRIPPER_Z
+GRIPPER_Z = (0.1, 0.38)
 
-def task_description(task_id: int) -> str:
-    return TASKS[task_id][1]
+
+def suite_variant(suite: str) -> Optional[str]:
+    """None for the base suite 'tabletop', 'lan' for 'tabletop_lan', ...; ValueError for any other name."""
+    if suite == "tabletop":
+        return None
+    if suite.startswith("tabletop_") and suite[len("tabletop_"):] in VARIANTS:
+        return suite[len("tabletop_"):]
+    raise ValueError(f"unknown tabletop suite '{suite}'; choose tabletop or one of: "
+                     + ", ".join(f"tabletop_{v}" for v in VARIANTS))
 
 
-def task_name(task_id: int) -> str:
+def task_spec(task_id: int, variant: Optional[str] = None) -> Tuple[int, str, List[Tuple[int, int]], int]:
+    """(layout, instruction, goals, max_steps) of a task of the base suite or of a variant."""
+    layout, text, goals, max_steps = TASKS[task_id]
+    if variant == "lan":
+        text = LAN_INSTRUCTIONS[task_id]
+    elif variant == "object":
+        _, old, new, *_ = OBJECT_REPLACEMENTS[task_id]
+        text = text.replace(old, new)
+    elif variant == "task":
+        layout, text, goals, max_steps = REPLACED_TASKS[task_id]
+    return layout, text, goals, max_steps
+
+
+def task_description(task_id: int, variant: Optional[str] = None) -> str:
+    return task_spec(task_id, variant)[1]
+
+
+def task_name(task_id: int, variant: Optional[str] = None) -> str:
     """LIBERO-style task name (the instruction with underscores), used to group trials of a task."""
-    return TASKS[task_id][1].replace(" ", "_")
+    return task_description(task_id, variant).replace(" ", "_")
 
 
 def check_ids(task_id: int, trial_id: int, demo: bool = False) -> None:
@@ -114,14 +203,80 @@ def initial_state(task_id: int, trial_id: int, demo: bool = False) -> Tuple[np.n
     return pos, gripper
 
 
+def _clear_spot(pos: np.ndarray, half: np.ndarray, h: float, rng: np.random.Generator) -> np.ndarray:
+    """An (x, y) for an object of half-size h on the table, 0.04 clear of the objects (pos, half) already there."""
+    for _ in range(1000):
+        xy = rng.uniform(h + 0.02, 1.0 - h - 0.02, size=2)
+        if (np.abs(pos[:, :2] - xy).max(-1) - half - h > 0.04).all():
+            return xy
+    raise RuntimeError("no clear spot for the distractor")  # unreachable with the layouts above
+
+
+def scene(task_id: int, trial_id: int, demo: bool = False, variant: Optional[str] = None) -> Dict[str, Any]:
+    """Everything a reset sets for (task, trial) of the base suite or a variant: object `kind`, `color`, `shape`,
+    `pos` (MAX_OBJECTS, ...), `gripper` start, `goals`, `max_steps`, `description`, and `view`, the variant's image
+    perturbation parameters. A variant's trial j starts from base trial j; its random draws come from
+    (VARIANT_SEED, variant, task, trial)."""
+    if variant is not None and demo:
+        raise ValueError(f"tabletop_{variant} is a robustness variant for evaluation only: it has no demo starts "
+                         f"(demos come from the base suite 'tabletop')")
+    pos, gripper = initial_state(task_id, trial_id, demo)
+    layout_id, description, goals, max_steps = task_spec(task_id, variant)
+    layout = LAYOUTS[layout_id]
+    kind = np.zeros(MAX_OBJECTS, dtype=np.int64)
+    kind[: len(layout)] = [k for k, *_ in layout]
+    color = np.zeros((MAX_OBJECTS, 3), dtype=np.uint8)
+    color[: len(layout)] = [COLORS.get(name, FLAT_COLORS.get(name)) for _, name, *_ in layout]
+    shape = np.zeros(MAX_OBJECTS, dtype=np.int64)
+    view: Dict[str, Any] = {}
+    out = dict(kind=kind, color=color, shape=shape, pos=pos, gripper=gripper, goals=goals, max_steps=max_steps,
+               description=description, view=view)
+    if variant is None or variant in ("lan", "task"):
+        return out
+    rng = np.random.default_rng([VARIANT_SEED, VARIANTS.index(variant), task_id, trial_id])
+    if variant == "object":
+        slot, _, _, rgb, form = OBJECT_REPLACEMENTS[task_id]
+        color[slot], shape[slot] = rgb, form
+    elif variant == "swap":
+        a, b = SWAPS[task_id]
+        pos[[a, b]] = pos[[b, a]]
+    elif variant == "distractor":
+        n = len(layout)
+        half = np.array([FLAT_HALF.get(k, BLOCK_HALF) for k in kind[:n]])
+        if rng.random() < 0.5:
+            kind[n], name = BLOCK, list(NEW_COLORS)[rng.integers(len(NEW_COLORS))]
+            color[n] = NEW_COLORS[name]
+        else:
+            kind[n], name = PLATE, list(NEW_FLAT_COLORS)[rng.integers(len(NEW_FLAT_COLORS))]
+            color[n] = NEW_FLAT_COLORS[name]
+        pos[n, :2] = _clear_spot(pos[:n], half, FLAT_HALF.get(int(kind[n]), BLOCK_HALF), rng)
+    elif variant == "gripper":
+        r, phi = rng.uniform(*GRIPPER_RADIUS), rng.uniform(0, 2 * np.pi)
+        xy = np.clip(np.array(HOME_XY) + r * np.array([np.cos(phi), np.sin(phi)]), 0.05, 0.95)
+        gripper = np.array([*xy, rng.uniform(*GRIPPER_Z)])
+        out["gripper"] = gripper
+    elif variant == "camera":
+        view["shift"] = rng.uniform(*CAMERA_SHIFT, size=2) * rng.choice([-1.0, 1.0], size=2)
+        view["zoom"] = rng.uniform(*CAMERA_ZOOM)
+    elif variant == "light":
+        view["gain"] = rng.uniform(*LIGHT_GAIN[rng.integers(2)])
+        view["cast"] = rng.uniform(1 - LIGHT_CAST, 1 + LIGHT_CAST, size=3)
+        view["ramp_angle"] = rng.uniform(0, 2 * np.pi)
+    elif variant == "noise":
+        view["sigma"] = rng.uniform(*NOISE_SIGMA)
+        view["noise_seed"] = int(rng.integers(2**63))
+    return out
+
+
 class TabletopCore:
     """Batched state, physics, success predicates, scripted expert and rendering of N tabletop environments."""
 
     def __init__(self, num_envs: int, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, suite: str = "tabletop"):
         if image_size < 16:
             raise ValueError(f"image_size must be >= 16 px, got {image_size}")
         self.n, self.size, self.max_steps_override, self.expert_noise = num_envs, image_size, max_steps, expert_noise
+        self.variant = suite_variant(suite)
         self.rng = np.random.default_rng(seed)
         n = num_envs
         self.task_id = np.zeros(n, dtype=np.int64)
@@ -129,6 +284,7 @@ class TabletopCore:
         self.pos = np.zeros((n, MAX_OBJECTS, 3))
         self.kind = np.zeros((n, MAX_OBJECTS), dtype=np.int64)
         self.color = np.zeros((n, MAX_OBJECTS, 3), dtype=np.uint8)
+        self.shape = np.zeros((n, MAX_OBJECTS), dtype=np.int64)
         self.goals = np.full((n, MAX_GOALS, 2), -1, dtype=np.int64)
         self.gripper = np.zeros((n, 3))
         self.closed = np.zeros(n, dtype=bool)
@@ -143,24 +299,29 @@ class TabletopCore:
         self.bg_agent = np.zeros((n, image_size, image_size, 3), dtype=np.uint8)
         wide = WRIST_ZOOM * image_size + image_size
         self.bg_wrist = np.zeros((n, wide, wide, 3), dtype=np.uint8)
+        # image perturbations of the camera / light / noise variants, per env (set at reset from the trial's draw)
+        if self.variant == "camera":
+            self.camera_index = np.zeros((n, image_size * image_size), dtype=np.int64)
+        elif self.variant == "light":
+            self.light_agent = np.ones((n, image_size, image_size, 3), dtype=np.float32)
+            self.light_wrist = np.ones((n, 3), dtype=np.float32)
+        elif self.variant == "noise":
+            self.noise_sigma = np.zeros(n)
+            self.noise_rng = [np.random.default_rng(0) for _ in range(n)]
 
     # ---------------------------------------------------------------- reset / step
     def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int], demo: bool = False) -> None:
         for i, task, trial in zip(idx, task_ids, trial_ids):
-            pos, grip = initial_state(int(task), int(trial), demo)
-            layout_id, _, goals, max_steps = TASKS[int(task)]
-            layout = LAYOUTS[layout_id]
+            sc = scene(int(task), int(trial), demo, self.variant)
             self.task_id[i], self.trial_id[i] = task, trial
-            self.pos[i] = pos
-            self.kind[i] = 0
-            self.kind[i, : len(layout)] = [k for k, *_ in layout]
-            self.color[i] = 0
-            self.color[i, : len(layout)] = [COLORS.get(name, FLAT_COLORS.get(name)) for _, name, *_ in layout]
+            self.pos[i], self.kind[i], self.color[i], self.shape[i] = sc["pos"], sc["kind"], sc["color"], sc["shape"]
             self.goals[i] = -1
-            self.goals[i, : len(goals)] = goals
-            self.gripper[i] = grip
-            self.max_steps[i] = self.max_steps_override or max_steps
+            self.goals[i, : len(sc["goals"])] = sc["goals"]
+            self.gripper[i] = sc["gripper"]
+            self.max_steps[i] = self.max_steps_override or sc["max_steps"]
             self._draw_flats(int(i))
+            if sc["view"]:
+                self._set_view(int(i), sc["view"])
         self.closed[idx] = False
         self.held[idx] = -1
         self.steps[idx] = 0
@@ -313,6 +474,47 @@ class TabletopCore:
         s[:, 6], s[:, 7] = finger, -finger
         return s
 
+    def _set_view(self, i: int, view: Dict[str, Any]) -> None:
+        """Env i's image perturbation from its trial's draw (`scene(...)["view"]`), applied by `_perturb_views`."""
+        S = self.size
+        u = (np.arange(S) + 0.5) / S - 0.5  # pixel centres, relative to the image centre
+        if self.variant == "camera":  # the agent camera moved by `shift` and zoomed: resample the rendered view
+            (dx, dy), zoom = view["shift"], view["zoom"]
+            ix = np.floor((0.5 + dx + u / zoom) * S).astype(np.int64)
+            iy = np.floor((0.5 + dy + u / zoom) * S).astype(np.int64)
+            inside = ((iy >= 0) & (iy < S))[:, None] & ((ix >= 0) & (ix < S))[None, :]
+            self.camera_index[i] = np.where(inside, iy[:, None] * S + ix[None, :], S * S).ravel()  # S*S: the floor
+        elif self.variant == "light":  # gain x colour cast, and a linear light gradient across the agent view
+            a = view["ramp_angle"]
+            ramp = 1.0 + LIGHT_RAMP * (u[None, :] * np.cos(a) + u[:, None] * np.sin(a))
+            self.light_wrist[i] = view["gain"] * view["cast"]
+            self.light_agent[i] = ramp[:, :, None] * self.light_wrist[i]
+        elif self.variant == "noise":
+            self.noise_sigma[i] = view["sigma"]
+            self.noise_rng[i] = np.random.default_rng(view["noise_seed"])
+
+    def _perturb_views(self, idx: np.ndarray) -> None:
+        """Apply the camera / light / noise variant to the freshly rendered views of envs idx (the base suite and the
+        other variants render untouched)."""
+        S = self.size
+        if self.variant == "camera":
+            k = len(idx)
+            flat = np.empty((k * S * S + 1, 3), dtype=np.uint8)  # every view's pixels, then one floor pixel
+            flat[:-1] = self.agentview[idx].reshape(k * S * S, 3)
+            flat[-1] = FLOOR_RGB
+            index = self.camera_index[idx] + (np.arange(k) * S * S)[:, None]
+            index[self.camera_index[idx] == S * S] = k * S * S
+            self.agentview[idx] = flat[index].reshape(k, S, S, 3)
+        elif self.variant == "light":
+            self.agentview[idx] = np.clip(np.rint(self.agentview[idx] * self.light_agent[idx]), 0, 255)
+            self.wrist[idx] = np.clip(np.rint(self.wrist[idx] * self.light_wrist[idx][:, None, None]), 0, 255)
+        elif self.variant == "noise":
+            for i in idx.tolist():
+                noise = self.noise_rng[i].standard_normal((2, S, S, 3), dtype=np.float32)
+                noise *= np.float32(self.noise_sigma[i])
+                self.agentview[i] = np.clip(np.rint(self.agentview[i] + noise[0]), 0, 255)
+                self.wrist[i] = np.clip(np.rint(self.wrist[i] + noise[1]), 0, 255)
+
     def _draw_flats(self, i: int) -> None:
         """Static background of env i (table, plates, basket): agent view, and the wrist view's 3x-zoomed table with
         S/2 of padding so that a wrist image is one crop around the gripper."""
@@ -379,6 +581,7 @@ class TabletopCore:
                 f = fingers(np.full_like(gx, 0.5), np.full_like(gy, 0.62), np.full_like(gs, 0.18), gap / gs * 0.18)
             views.append((img, px(boxes), shadow, px(f)))
         valid_l = valid.tolist()
+        round_l = (self.shape[idx][rows, order] == ROUND).tolist() if self.variant == "object" else None
         for r, i in enumerate(idx.tolist()):
             colors = bcol[r]
             for img, boxes, shadow, f in views:
@@ -389,9 +592,22 @@ class TabletopCore:
                 for j, ok in enumerate(valid_l[r]):
                     if ok:
                         y0, y1, x0, x1 = boxes[r][j]
-                        im[y0:y1, x0:x1] = colors[j]
+                        if round_l is not None and round_l[r][j]:  # a cylinder seen from above: a disc
+                            im[y0:y1, x0:x1][_disc(y1 - y0, x1 - x0)] = colors[j]
+                        else:
+                            im[y0:y1, x0:x1] = colors[j]
                 for y0, y1, x0, x1 in f[r]:
                     im[y0:y1, x0:x1] = GRIPPER_RGB
+        if self.variant in ("camera", "light", "noise"):
+            self._perturb_views(idx)
+
+
+@functools.lru_cache(maxsize=None)
+def _disc(h: int, w: int) -> np.ndarray:
+    """Boolean mask of the ellipse inscribed in an h x w box (pixel centres inside)."""
+    y = (np.arange(h) + 0.5) / max(h, 1) - 0.5
+    x = (np.arange(w) + 0.5) / max(w, 1) - 0.5
+    return y[:, None] ** 2 + x[None, :] ** 2 <= 0.25
 
 
 def _observation_space(size: int) -> gym.spaces.Dict:
@@ -406,24 +622,25 @@ ACTION_SPACE = gym.spaces.Box(-1.0, 1.0, (7,), dtype=np.float32)
 
 
 class TabletopVectorEnv(VectorEnv):
-    """N tabletop envs stepped together in numpy; `reset(options={"task_ids": [...], "trial_ids": [...]})`."""
+    """N tabletop envs stepped together in numpy; `reset(options={"task_ids": [...], "trial_ids": [...]})`; `suite`
+    names the base suite or a robustness variant (`tabletop_lan`, ...)."""
 
     metadata = {"autoreset_mode": AutoresetMode.DISABLED, "render_modes": []}
 
     def __init__(self, num_envs: int, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
-                 seed: Optional[int] = None):
+                 seed: Optional[int] = None, suite: str = "tabletop"):
         if num_envs < 1:
             raise ValueError(f"num_envs must be >= 1, got {num_envs}")
         self.num_envs = num_envs
-        self.core = TabletopCore(num_envs, image_size, max_steps, expert_noise, seed)
+        self.core = TabletopCore(num_envs, image_size, max_steps, expert_noise, seed, suite)
         self.single_observation_space = _observation_space(image_size)
         self.single_action_space = ACTION_SPACE
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self.num_tasks = NUM_TASKS
         self.num_trials = NUM_TRIALS
-        self.task_descriptions = [task_description(t) for t in range(NUM_TASKS)]
-        self.task_names = [task_name(t) for t in range(NUM_TASKS)]
+        self.task_descriptions = [task_description(t, self.core.variant) for t in range(NUM_TASKS)]
+        self.task_names = [task_name(t, self.core.variant) for t in range(NUM_TASKS)]
 
     def _obs(self) -> Dict[str, np.ndarray]:
         c = self.core
@@ -478,15 +695,15 @@ class TabletopEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"]}
 
     def __init__(self, image_size: int = 64, max_steps: Optional[int] = None, expert_noise: float = 0.0,
-                 env_index: int = 0, render_mode: Optional[str] = None):
-        self.core = TabletopCore(1, image_size, max_steps, expert_noise)
+                 env_index: int = 0, render_mode: Optional[str] = None, suite: str = "tabletop"):
+        self.core = TabletopCore(1, image_size, max_steps, expert_noise, suite=suite)
         self.env_index = env_index
         self.render_mode = render_mode
         self.observation_space = _observation_space(image_size)
         self.action_space = ACTION_SPACE
         self.num_tasks, self.num_trials = NUM_TASKS, NUM_TRIALS
-        self.task_descriptions = [task_description(t) for t in range(NUM_TASKS)]
-        self.task_names = [task_name(t) for t in range(NUM_TASKS)]
+        self.task_descriptions = [task_description(t, self.core.variant) for t in range(NUM_TASKS)]
+        self.task_names = [task_name(t, self.core.variant) for t in range(NUM_TASKS)]
 
     @property
     def max_steps(self) -> int:
