@@ -158,3 +158,48 @@ def test_pipelined_rollout_is_the_sequential_rollout(family):
     other = collect_rollouts(make_vector_env(EnvConfig(num_envs=4, max_steps=30), seed=0), policy, [0, 4, 1],
                              [0, 1, 2], n_samples=2, progress=False, pipeline=True, **kwargs)
     assert not np.array_equal(other.actions[:, 0], seq.actions[:, 0])
+
+
+def test_pipelined_rollout_is_the_sequential_rollout_on_real_libero():
+    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): pipelined and sequential
+    rollouts give the same actions, log-probs, rewards, finish steps, observations and videos; and a worker's chunk
+    (cameras rendered only where an image is returned) gives the images of rendering every step."""
+    import importlib.util
+    import os
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assets = os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(root), "shared", "libero_assets")
+    if importlib.util.find_spec("libero") is None or not os.path.isdir(os.path.join(assets, "scenes")):
+        pytest.skip("real LIBERO or its assets absent (requirements-libero.txt; ../shared/libero_assets)")
+    from envs.libero import LiberoEnv
+
+    cfg = EnvConfig(suite="libero_spatial", task_ids=[0], image_size=64, assets_dir=assets, fast_render=True,
+                    max_steps=13, num_envs=2)
+    single = LiberoEnv(cfg)
+    actions = np.random.default_rng(0).uniform(-0.5, 0.5, (13, 7)).astype(np.float32)
+    single.reset(options={"task_id": 0, "trial_id": 1})
+    every = [single.step(a)[0] for a in actions]
+    single.reset(options={"task_id": 0, "trial_id": 1})
+    first, second = single.step_chunk(actions[:8], keep_frames=True), single.step_chunk(actions[8:])
+    assert (first["steps"], second["steps"], second["truncated"]) == (8, 5, True)
+    for got, want in ((first["obs"], every[7]), (second["obs"], every[12])):
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    np.testing.assert_array_equal(first["frames"], np.stack([o["agentview"] for o in every[:8]]))
+    single.close()
+
+    torch.manual_seed(0)
+    policy = TokenPolicy(TokenPolicyConfig(image_size=64)).eval()
+    env = make_vector_env(cfg)
+    try:
+        runs = []
+        for pipeline in (False, True):
+            torch.manual_seed(3)
+            runs.append(collect_rollouts(env, policy, [0, 0], [0, 1], n_samples=2, temperature=1.5, keep_frames=True,
+                                         progress=False, pipeline=pipeline))
+    finally:
+        env.close()
+    seq, pipe = runs
+    assert seq.finish_step.tolist() == [13] * 4 and seq.valid_steps.tolist() == [2] * 4 and not seq.invalid.any()
+    assert len(seq.frames[0]) == 14 and seq.truncated.all()
+    _assert_same_episodes(seq, pipe)
