@@ -244,8 +244,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         running = np.zeros(n_env, dtype=bool)
         running[:k] = True  # spare envs never run
 
-        def launch(idx: np.ndarray) -> Dict[str, Any]:
-            """The policy's chunk for envs `idx` (its call record), sent to those envs' simulators."""
+        def act_for(idx: np.ndarray) -> Dict[str, Any]:
+            """The policy's chunk for envs `idx` (its call record)."""
             nonlocal t_policy
             sub = {key: obs[key][idx] for key in OBS_KEYS}
             sub_instr = [desc_list[i] for i in idx]
@@ -274,7 +274,6 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             else:
                 call["noise"] = noise
             calls.append(call)
-            vec_env.step_chunk_async(idx, act, keep_frames)
             return call
 
         def finish(call: Dict[str, Any]) -> None:
@@ -305,20 +304,28 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                             last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
                         last_obs[key][e] = obs[key][i]
 
-        # The halves take turns: sequential waits for a half's chunk right after sending it; pipelined leaves it
-        # stepping in its workers while the policy acts for the other half.
+        # Sequential: the policy acts for each half, then all envs step their chunks (in parallel workers) and are
+        # waited for. Pipelined: the halves take turns, a half's chunk stepping in its workers while the policy acts
+        # for the other half.
         pending: Dict[int, Dict[str, Any]] = {}
-        while True:
-            for g, members in enumerate(groups):
-                if g in pending:
-                    finish(pending.pop(g))
-                idx = members[running[members]]
-                if len(idx):
-                    pending[g] = launch(idx)
-                    if not pipeline:
+        while running.any() or pending:
+            if pipeline:
+                for g, members in enumerate(groups):
+                    if g in pending:
                         finish(pending.pop(g))
-            if not pending and not running.any():
-                break
+                    idx = members[running[members]]
+                    if len(idx):
+                        pending[g] = act_for(idx)
+                        vec_env.step_chunk_async(idx, pending[g]["actions"], keep_frames)
+            else:
+                for g, members in enumerate(groups):
+                    idx = members[running[members]]
+                    if len(idx):
+                        pending[g] = act_for(idx)
+                for call in pending.values():
+                    vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames)
+                for g in list(pending):
+                    finish(pending.pop(g))
         finish_step[ep] = block_steps
         env_steps += int(block_steps.sum())
         if keep_frames:  # an episode's frames: the reset view, then one per env step it took

@@ -401,12 +401,37 @@ def _repeat_last(camera: Any) -> Callable[[Dict[str, Any]], np.ndarray]:
 
 # ------------------------------------------------------------------------------------------------------- vector env
 
+WORKER_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def worker_environ(num_envs: int):
+    """The environment a worker process is spawned with: one BLAS/OpenMP thread (a worker runs small numpy and
+    MuJoCo, no torch; N workers each with a pool per core oversubscribe the cores) and Mesa llvmpipe's rasteriser
+    threads set to cores // N (0 = render in the worker's own thread) unless LP_NUM_THREADS is set already.
+    The parent's own variables are restored afterwards."""
+    values = {name: "1" for name in WORKER_THREAD_VARS}
+    if "LP_NUM_THREADS" not in os.environ:
+        values["LP_NUM_THREADS"] = str((os.cpu_count() or 1) // max(num_envs, 1))
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class LiberoVectorEnv(AsyncVectorEnv):
     """AsyncVectorEnv (autoreset off, no shared memory) that restarts a worker which dies or raises: that env's episode
     ends as truncated with `infos["invalid"]` True and stays so (absorbing, not stepped) until the next reset."""
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], context: str = "spawn"):
-        super().__init__(env_fns, shared_memory=False, context=context, autoreset_mode=AutoresetMode.DISABLED)
+        with worker_environ(len(env_fns)):
+            super().__init__(env_fns, shared_memory=False, context=context, autoreset_mode=AutoresetMode.DISABLED)
         self._ctx = multiprocessing.get_context(context)
         self.invalid = np.zeros(self.num_envs, dtype=bool)
         self.num_restarts = 0
@@ -429,7 +454,8 @@ class LiberoVectorEnv(AsyncVectorEnv):
             args.append(None)
         process = self._ctx.Process(target=_async_worker, name=f"Worker<{type(self).__name__}>-{i}", args=tuple(args),
                                     daemon=self.daemon)
-        process.start()
+        with worker_environ(self.num_envs):
+            process.start()
         child_pipe.close()
         self.parent_pipes[i], self.processes[i] = parent_pipe, process
         self.num_restarts += 1
