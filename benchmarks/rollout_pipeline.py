@@ -8,7 +8,8 @@ The stand-in policy draws small random actions from the rollout's per-episode ge
 call (like a policy on a GPU it takes no CPU from the simulator; the rollout calls it once per half of the envs per
 chunk). `physics` = half the time one round of chunks takes at latency 0 with that many workers, so that the policy's
 two calls per round take as long as the physics of the round. steps/s counts env steps over the wall-clock of whole
-`collect_rollouts` calls (resets included); each worker count builds its simulators once, outside the timing.
+`collect_rollouts` calls (resets included), the median of --repeats runs taken in turns with the other mode; each
+worker count builds its simulators once, outside the timing.
 Needs real LIBERO and its assets (--assets, else $LIBERO_ASSETS_DIR, else ../shared/libero_assets).
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 import time
 from typing import Dict, List
 
+import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=48, help="episode length (env steps)")
     parser.add_argument("--chunk", type=int, default=8)
     parser.add_argument("--blocks", type=int, default=1, help="rounds of `workers` episodes per measurement")
+    parser.add_argument("--repeats", type=int, default=3, help="measurements per setting (median reported)")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
     parser.add_argument("--assets", default=None)
     args = parser.parse_args()
@@ -96,8 +99,11 @@ def main() -> None:
                 else:
                     ms = float(latency)
                 policy = SleepPolicy(args.chunk, ms / 1000)
-                seq = measure(env, policy, workers, args.blocks, False)
-                pipe = measure(env, policy, workers, args.blocks, True)
+                runs = {False: [], True: []}
+                for _ in range(args.repeats):  # interleaved, so a change in the machine's load hits both alike
+                    for pipeline in (False, True):
+                        runs[pipeline].append(measure(env, policy, workers, args.blocks, pipeline)["steps_per_s"])
+                seq, pipe = ({"steps_per_s": float(np.median(runs[p]))} for p in (False, True))
                 if ms == 0 and not base:
                     base.append(seq["steps_per_s"])
                 scale = f"{seq['steps_per_s'] / base[0]:.2f}x" if ms == 0 and base else ""

@@ -29,7 +29,7 @@ class EnvConfig:
     max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
     action_chunk: int = 8  # actions executed per policy call
     expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
-    pipeline: bool = False  # step the envs in two halves, the policy acting for one while the other steps: same episodes
+    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps (same episodes)
     # real LIBERO only
     assets_dir: Optional[str] = None  # LIBERO assets; None = $LIBERO_ASSETS_DIR, else hf-libero's own download
     render_backend: str = "egl"  # egl | osmesa

@@ -203,3 +203,20 @@ def test_pipelined_rollout_is_the_sequential_rollout_on_real_libero():
     assert seq.finish_step.tolist() == [13] * 4 and seq.valid_steps.tolist() == [2] * 4 and not seq.invalid.any()
     assert len(seq.frames[0]) == 14 and seq.truncated.all()
     _assert_same_episodes(seq, pipe)
+
+
+def test_libero_workers_spawn_with_one_blas_thread_and_a_core_share_of_render_threads(monkeypatch):
+    import os
+
+    from envs.libero import worker_environ
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    with worker_environ(4):
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        assert os.environ["LP_NUM_THREADS"] == "4"  # 16 cores / 4 workers
+    assert os.environ["OMP_NUM_THREADS"] == "8" and "LP_NUM_THREADS" not in os.environ  # the parent's restored
+    monkeypatch.setenv("LP_NUM_THREADS", "3")  # the user's choice wins
+    with worker_environ(32):
+        assert os.environ["LP_NUM_THREADS"] == "3"
