@@ -502,9 +502,10 @@ class TabletopVectorEnv(VectorEnv):
                 for j in np.flatnonzero(live):
                     frames[j].append(c.agentview[ids[j]].copy())
             live &= ~c.done[ids]
-        out = {"obs": {"agentview": c.agentview[ids], "wrist": c.wrist[ids], "state": c.state()[ids]}, "reward": reward, "steps": steps,
-               "terminated": c.success[ids].copy(), "truncated": c.truncated[ids].copy(),
-               "success": c.success[ids].copy(), "invalid": np.zeros(k, dtype=bool)}
+        out = {"obs": {"agentview": c.agentview[ids], "wrist": c.wrist[ids], "state": c.state()[ids]},
+               "reward": reward, "steps": steps, "terminated": c.success[ids].copy(),
+               "truncated": c.truncated[ids].copy(), "success": c.success[ids].copy(),
+               "invalid": np.zeros(k, dtype=bool)}
         if keep_frames:
             out["frames"] = [np.stack(f) if f else np.zeros((0,) + c.agentview.shape[1:], np.uint8) for f in frames]
         return out
