@@ -220,3 +220,25 @@ def test_libero_workers_spawn_with_one_blas_thread_and_a_core_share_of_render_th
     monkeypatch.setenv("LP_NUM_THREADS", "3")  # the user's choice wins
     with worker_environ(32):
         assert os.environ["LP_NUM_THREADS"] == "3"
+
+
+def test_sampling_rows_draw_from_their_own_generators():
+    """Row i of a batch draws its uniforms (token) or noise (flow) from generators[i] alone: the same row sampled
+    alone or beside others gives the same draw, which is the inverse-CDF draw of that generator's uniforms."""
+    from models.flow_policy import _randn
+    from models.token_policy import sample_categorical
+
+    logits = torch.randn(3, 5, 10, generator=torch.Generator().manual_seed(0))
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+
+    full = sample_categorical(logits, gens())
+    assert torch.equal(full[1:], sample_categorical(logits[1:], gens()[1:]))
+    cdf = logits[1].softmax(-1).cumsum(-1)
+    u = torch.rand(5, 1, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(full[1], torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1))
+    noise = _randn((3, 8, 7), torch.device("cpu"), gens())
+    assert torch.equal(noise[2], torch.randn(8, 7, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ValueError, match="one generator per row"):
+        sample_categorical(logits, gens()[:2])
