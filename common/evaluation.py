@@ -3,6 +3,8 @@ episodes, success rates under one set of metric names.
 
     val/success_rate, val/success_rate_task{t}                   one greedy episode per trial
     val/sampled_success_rate, val/sampled_success_rate_task{t}   `samples_per_trial` episodes per trial, sampled
+
+Episodes run through `collect_rollouts`, pipelined when the vector env was made with env.pipeline (same results).
 """
 from __future__ import annotations
 

@@ -171,17 +171,32 @@ def make_prompts(task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: i
     return np.repeat(rows, n_samples, axis=0).astype(np.int64)
 
 
+def episode_generators(num_episodes: int) -> List[torch.Generator]:
+    """One CPU torch.Generator per episode, seeded from a single draw of torch's global RNG: an episode's samples
+    depend only on that draw and its row, not on which envs share its policy calls or in what order they run."""
+    base = int(torch.randint(0, 2**62, (1,)).item())
+    seeds = np.random.SeedSequence(base).generate_state(num_episodes, np.uint64)
+    return [torch.Generator().manual_seed(int(x)) for x in seeds]
+
+
 @torch.no_grad()
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
                      keep_obs: bool = True, flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
                      keep_hidden: bool = False, progress: bool = True, desc: str = "rollout",
-                     reset_options: Optional[Dict[str, Sequence[Any]]] = None) -> RolloutBatch:
+                     reset_options: Optional[Dict[str, Sequence[Any]]] = None,
+                     pipeline: Optional[bool] = None, overlap: bool = True) -> RolloutBatch:
     """Roll out every (task, trial) prompt `n_samples` times on `vec_env` (N envs at a time) with `policy`.
 
-    Token policies are called as `policy.act(obs, instructions, temperature, greedy)`; flow policies (no `act`) as
-    `policy.sample(obs, instructions, flow_steps, flow_noise_level)`. Each call returns a chunk of actions that is
-    executed step by step; envs that finish stop being fed (their remaining steps are absorbed by the env).
+    Token policies are called as `policy.act(obs, instructions, temperature, greedy, generators=...)`; flow policies
+    (no `act`) as `policy.sample(obs, instructions, flow_steps, flow_noise_level, generators=...)`. Each call returns a
+    chunk of actions that the envs execute (`vec_env.step_chunk_async/wait`); envs that finish stop being fed.
+    Without `pipeline` (default: `vec_env.pipeline`, set from env.pipeline; off on the embedded suite) the policy acts
+    once per chunk for all active envs, drawing from torch's global RNG (`generators=None`). With it the policy acts
+    for the two halves of the envs in separate calls, every episode drawing from its own torch Generator
+    (`episode_generators`), and `overlap` (default) runs a half's chunk in the simulator workers while the policy
+    computes the other half's next chunk; `overlap=False` makes the same calls on the same inputs one after the other,
+    so the episodes, actions and log-probs are identical bit for bit (on any device): only the clock changes.
     `keep_hidden` (token policies) stores the policy's pooled hidden state of every step in `extras["hidden"]`.
     `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
     """
@@ -191,6 +206,9 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     keep_x0 = getattr(policy, "stats", None) is not None  # a pi0 checkpoint's protocol: keep the model-space sample
     chunk = policy.action_chunk
     total = len(prompts)
+    pipeline = bool(getattr(vec_env, "pipeline", False)) if pipeline is None else bool(pipeline)
+    groups = np.array_split(np.arange(n_env), min(2, n_env)) if pipeline else [np.arange(n_env)]  # policy batches
+    generators = episode_generators(total) if pipeline else None
     calls: List[Dict[str, np.ndarray]] = []  # one record per policy call: episode rows, their step index, arrays
     step_of = np.zeros(total, dtype=np.int64)  # policy calls made so far per episode
     frames: List[np.ndarray] = [np.zeros((0,), np.uint8)] * total
@@ -216,31 +234,37 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         for key, values in (reset_options or {}).items():  # per prompt -> per env of this block (spares: row 0's)
             options[key] = [values[g] for g in rows[:, 2]] + [values[rows[0, 2]]] * pad
         obs, info = vec_env.reset(options=options)
+        obs = {key: obs[key] for key in OBS_KEYS}
         t_env += time.perf_counter() - t0
         desc_list = [str(s) for s in info["task_description"]]
         for j in range(k):
             names[ep[j]] = str(info["task_name"][j])
             instructions[ep[j]] = desc_list[j]
-        block_frames = [obs["agentview"][:k]] if keep_frames else []  # one (k, H, W, 3) array per env step
+        block_frames = [[obs["agentview"][j][None]] for j in range(k)] if keep_frames else []  # per env: steps
         block_steps = np.zeros(k, dtype=np.int64)
         running = np.zeros(n_env, dtype=bool)
-        running[:k] = True
-        while running.any():
-            idx = np.flatnonzero(running)
+        running[:k] = True  # spare envs never run
+
+        def act_for(idx: np.ndarray) -> Dict[str, Any]:
+            """The policy's chunk for envs `idx` (its call record)."""
+            nonlocal t_policy
             sub = {key: obs[key][idx] for key in OBS_KEYS}
             sub_instr = [desc_list[i] for i in idx]
+            rows_e = ep[idx]
+            gens = None if generators is None else [generators[r] for r in rows_e]
             t0 = time.perf_counter()
             if is_token:
-                out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden)
+                out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden,
+                                 generators=gens)
                 act, tokens, logp = out[:3]
                 tokens, logp = tokens.cpu().numpy(), logp.float().cpu().numpy()
             else:
-                sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level)
+                sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level,
+                                       generators=gens)
                 act, noise = sample.actions, sample.noise.float().cpu().numpy()
             act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
             t_policy += time.perf_counter() - t0
-            rows_e = ep[idx]  # idx only holds envs < k (spare envs never run)
-            call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act}
+            call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act, "idx": idx}
             step_of[rows_e] += 1
             if keep_obs:
                 call.update(sub)
@@ -253,44 +277,63 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 if keep_x0:
                     call["x0"] = sample.x0.float().cpu().numpy()
             calls.append(call)
-            full = np.zeros((n_env, chunk, ACTION_DIM), dtype=np.float32)
-            full[idx] = act
-            reward = np.zeros(n_env, dtype=np.float32)
-            ended = np.zeros(n_env, dtype=bool)
-            live = running.copy()
+            return call
+
+        def finish(call: Dict[str, Any]) -> None:
+            """Wait for the chunk of `call` and record its outcome."""
+            nonlocal t_env
+            idx = call.pop("idx")
             t0 = time.perf_counter()
-            for s in range(chunk):
-                obs, rew, term, trunc, info = vec_env.step(full[:, s])
-                reward += np.where(live, rew, 0.0)
-                block_steps += live[:k]
-                if keep_frames:
-                    block_frames.append(obs["agentview"][:k])
-                done = live & (np.asarray(term) | np.asarray(trunc))
-                if done.any():
-                    for i in np.flatnonzero(done[:k]):
-                        complete[ep[i]] = bool(info["success"][i])
-                        truncated[ep[i]] = bool(np.asarray(trunc)[i]) and not bool(np.asarray(term)[i])
-                        if keep_obs:
-                            for key in OBS_KEYS:
-                                if key not in last_obs:
-                                    last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
-                                last_obs[key][ep[i]] = obs[key][i]
-                        if "invalid" in info:
-                            invalid[ep[i]] = bool(np.asarray(info["invalid"])[i])
-                    ended |= done
-                    live &= ~done
-                    if not live.any():
-                        break
+            res = vec_env.step_chunk_wait(idx)
             t_env += time.perf_counter() - t0
-            call["rewards"], call["dones"] = reward[idx], ended[idx]
-            running = live
-            running[k:] = False
+            for key in OBS_KEYS:
+                obs[key][idx] = res["obs"][key]
+            block_steps[idx] += res["steps"]
+            ended = res["terminated"] | res["truncated"]
+            call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
+            for j, i in enumerate(idx):
+                if keep_frames:
+                    block_frames[i].append(res["frames"][j])
+                if not ended[j]:
+                    continue
+                running[i] = False
+                e = ep[i]
+                complete[e] = bool(res["success"][j])
+                truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
+                invalid[e] = bool(res["invalid"][j])
+                if keep_obs:
+                    for key in OBS_KEYS:
+                        if key not in last_obs:
+                            last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
+                        last_obs[key][e] = obs[key][i]
+
+        # Sequential: the policy acts for each batch (all envs, or each half), then all envs step their chunks (in
+        # parallel workers) and are waited for. Overlapped: the halves take turns, a half's chunk stepping in its
+        # workers while the policy acts for the other half.
+        pending: Dict[int, Dict[str, Any]] = {}
+        while running.any() or pending:
+            if pipeline and overlap:
+                for g, members in enumerate(groups):
+                    if g in pending:
+                        finish(pending.pop(g))
+                    idx = members[running[members]]
+                    if len(idx):
+                        pending[g] = act_for(idx)
+                        vec_env.step_chunk_async(idx, pending[g]["actions"], keep_frames)
+            else:
+                for g, members in enumerate(groups):
+                    idx = members[running[members]]
+                    if len(idx):
+                        pending[g] = act_for(idx)
+                for call in pending.values():
+                    vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames)
+                for g in list(pending):
+                    finish(pending.pop(g))
         finish_step[ep] = block_steps
         env_steps += int(block_steps.sum())
-        if keep_frames:  # an episode's frames are the first finish_step + 1 of its block (it stops when it ends)
-            video = np.stack(block_frames)
+        if keep_frames:  # an episode's frames: the reset view, then one per env step it took
             for j in range(k):
-                frames[ep[j]] = video[: block_steps[j] + 1, j]
+                frames[ep[j]] = np.concatenate(block_frames[j])
         bar.update(k)
     bar.close()
     valid_steps = step_of

@@ -4,6 +4,8 @@
 `make_vector_env(cfg, num_envs)` returns a `gymnasium.vector.VectorEnv` with autoreset disabled:
 `reset(options={"task_ids": [...], "trial_ids": [...]})` puts env i at (task_ids[i], trial_ids[i]); `step(actions)`
 takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the suite's tasks.
+For the rollout both also run action chunks on a subset of envs: `step_chunk_async(env_ids, actions (k, chunk, 7),
+keep_frames)` then `step_chunk_wait(env_ids)` (LIBERO: in the workers, while the caller computes; tabletop: at once).
 """
 from __future__ import annotations
 
@@ -85,10 +87,13 @@ def make_vector_env(cfg: EnvConfig, num_envs: Optional[int] = None, seed: Option
     check_suite(cfg.suite)
     n = cfg.num_envs if num_envs is None else num_envs
     if is_tabletop(cfg.suite):
-        return tabletop.TabletopVectorEnv(n, cfg.image_size, cfg.max_steps, cfg.expert_noise, seed, cfg.suite)
-    from envs import libero
+        venv = tabletop.TabletopVectorEnv(n, cfg.image_size, cfg.max_steps, cfg.expert_noise, seed, cfg.suite)
+    else:
+        from envs import libero
 
-    return libero.make_libero_vector_env(cfg, n)
+        venv = libero.make_libero_vector_env(cfg, n)
+    venv.pipeline = bool(cfg.pipeline)  # collect_rollouts reads it
+    return venv
 
 
 def write_suite_version(path: str, suite: str) -> None:

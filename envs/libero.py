@@ -340,6 +340,52 @@ class LiberoEnv(gym.Env):
         self._last = (obs, terminated, truncated)
         return obs, float(success), terminated, truncated, self._info(success)
 
+    def step_chunk(self, actions: np.ndarray, keep_frames: bool = False) -> Dict[str, Any]:
+        """Execute an action chunk (chunk, 7) step by step, stopping when the episode ends (the rollout's unit of work
+        in a worker: one message instead of one per step). The cameras render only where an image is returned: at
+        the chunk's last step and at max_steps, plus the agent view at every step with `keep_frames` (a video).
+        Those images are bit-identical to rendering every step (the camera observables keep their sampling clock;
+        only their render is skipped). An episode that succeeds mid-chunk gets its final images rendered after that
+        step (the step itself samples them ~2 ms into it). -> obs, reward (summed), steps, terminated, truncated,
+        success, invalid (False) and, with `keep_frames`, frames (steps, H, W, 3)."""
+        if self._last is None:
+            raise RuntimeError("LiberoEnv.step_chunk() called before reset()")
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 2:
+            raise ValueError(f"actions must have shape (chunk, 7), got {actions.shape}")
+        obs, terminated, truncated = self._last
+        reward, steps, frames, info = 0.0, 0, [], self._info(terminated)
+        cameras = {key: self.raw_env.env._observables[name] for key, name in CAMERAS.items()}
+        sensors = {key: camera._sensor for key, camera in cameras.items()}
+        rendered = {key: True for key in CAMERAS}
+        try:
+            for s, action in enumerate(actions):
+                if terminated or truncated:
+                    break
+                last = s == len(actions) - 1 or self._steps + 1 >= self.max_steps
+                for key, camera in cameras.items():  # a skipped render repeats the last image, unused
+                    rendered[key] = last or (keep_frames and key == "agentview")
+                    camera._sensor = sensors[key] if rendered[key] else _repeat_last(camera)
+                obs, r, terminated, truncated, info = self.step(action)
+                reward += r
+                steps += 1
+                if keep_frames:
+                    frames.append(obs["agentview"])
+        finally:
+            for key, camera in cameras.items():
+                camera._sensor = sensors[key]
+        if steps and not all(rendered.values()):  # ended mid-chunk: render what was skipped, at the current state
+            self._make_current()
+            for key in CAMERAS:
+                if not rendered[key]:
+                    obs[key] = upright(sensors[key]({}))
+            self._last = (obs, terminated, truncated)
+        out = {"obs": obs, "reward": reward, "steps": steps, "terminated": terminated, "truncated": truncated,
+               "success": bool(info["success"])}
+        if keep_frames:
+            out["frames"] = np.stack(frames) if frames else np.zeros((0,) + obs["agentview"].shape, np.uint8)
+        return out
+
     def render(self) -> Optional[np.ndarray]:
         return None if self._last is None else self._last[0]["agentview"]
 
@@ -349,18 +395,54 @@ class LiberoEnv(gym.Env):
             self.raw_env, self._built_task = None, -1
 
 
+def _repeat_last(camera: Any) -> Callable[[Dict[str, Any]], np.ndarray]:
+    """A stand-in camera sensor that returns the observable's last image instead of rendering."""
+    def sensor(obs_cache: Dict[str, Any]) -> np.ndarray:
+        return camera._current_observed_value
+
+    sensor.__modality__ = camera._sensor.__modality__  # robosuite groups observations by it
+    return sensor
+
+
 # ------------------------------------------------------------------------------------------------------- vector env
+
+WORKER_THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+@contextlib.contextmanager
+def worker_environ(num_envs: int):
+    """The environment a worker process is spawned with: one BLAS/OpenMP thread (a worker runs small numpy and
+    MuJoCo, no torch; N workers each with a pool per core oversubscribe the cores) and Mesa llvmpipe's rasteriser
+    threads set to cores // N (0 = render in the worker's own thread) unless LP_NUM_THREADS is set already.
+    The parent's own variables are restored afterwards."""
+    values = {name: "1" for name in WORKER_THREAD_VARS}
+    if "LP_NUM_THREADS" not in os.environ:
+        values["LP_NUM_THREADS"] = str((os.cpu_count() or 1) // max(num_envs, 1))
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
 
 class LiberoVectorEnv(AsyncVectorEnv):
     """AsyncVectorEnv (autoreset off, no shared memory) that restarts a worker which dies or raises: that env's episode
     ends as truncated with `infos["invalid"]` True and stays so (absorbing, not stepped) until the next reset."""
 
     def __init__(self, env_fns: Sequence[Callable[[], gym.Env]], context: str = "spawn"):
-        super().__init__(env_fns, shared_memory=False, context=context, autoreset_mode=AutoresetMode.DISABLED)
+        with worker_environ(len(env_fns)):
+            super().__init__(env_fns, shared_memory=False, context=context, autoreset_mode=AutoresetMode.DISABLED)
         self._ctx = multiprocessing.get_context(context)
         self.invalid = np.zeros(self.num_envs, dtype=bool)
         self.num_restarts = 0
         self._reset_kwargs: List[Dict[str, Any]] = []
+        self._chunk_sent: Dict[int, Tuple[bool, bool]] = {}  # env -> (chunk sent, keep_frames) awaiting its result
+        self.pipeline = False
 
     def _restart(self, i: int) -> None:
         """Replace worker i by a fresh process (same env_fn, un-reset)."""
@@ -377,7 +459,8 @@ class LiberoVectorEnv(AsyncVectorEnv):
             args.append(None)
         process = self._ctx.Process(target=_async_worker, name=f"Worker<{type(self).__name__}>-{i}", args=tuple(args),
                                     daemon=self.daemon)
-        process.start()
+        with worker_environ(self.num_envs):
+            process.start()
         child_pipe.close()
         self.parent_pipes[i], self.processes[i] = parent_pipe, process
         self.num_restarts += 1
@@ -410,6 +493,10 @@ class LiberoVectorEnv(AsyncVectorEnv):
             raise RuntimeError(f"reset_async called while waiting for a pending '{self._state.value}'")
         if options and "reset_mask" in options:
             raise ValueError("LiberoVectorEnv resets all envs together; 'reset_mask' is not supported")
+        for i, (sent, _) in list(self._chunk_sent.items()):  # drain chunks of an abandoned rollout
+            if sent:
+                self._recv(i)
+        self._chunk_sent.clear()
         seeds = [None] * self.num_envs if seed is None else (
             [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
         self._reset_kwargs = [{"seed": s, "options": options} for s in seeds]
@@ -474,6 +561,50 @@ class LiberoVectorEnv(AsyncVectorEnv):
         infos["invalid"], infos["_invalid"] = self.invalid.copy(), np.ones(n, dtype=bool)
         self._state = AsyncState.DEFAULT
         return self._copy_obs(), rewards, terminated, truncated, infos
+
+    def step_chunk_async(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> None:
+        """Send envs `env_ids` (k,) their action chunks (k, chunk, 7): each worker runs its chunk (LiberoEnv.step_chunk)
+        while the caller goes on; `step_chunk_wait(env_ids)` collects them. Several subsets may be in flight."""
+        self._assert_is_running()
+        ids = [int(i) for i in env_ids]
+        actions = np.asarray(actions, dtype=np.float32)
+        if actions.ndim != 3 or actions.shape[0] != len(ids) or actions.shape[2] != 7:
+            raise ValueError(f"actions must have shape ({len(ids)}, chunk, 7), got {actions.shape}")
+        for j, i in enumerate(ids):
+            if i in self._chunk_sent:
+                raise RuntimeError(f"env {i} already has a chunk in flight")
+            sent = not self.invalid[i] and self._send(i, ("_call", ("step_chunk", (actions[j], keep_frames), {})))
+            self._chunk_sent[i] = (sent, keep_frames)
+
+    def step_chunk_wait(self, env_ids: np.ndarray) -> Dict[str, Any]:
+        """Results of `step_chunk_async(env_ids, ...)` as arrays over env_ids (obs dict, reward, steps, terminated,
+        truncated, success, invalid, frames); a worker that died ends its episode as truncated and invalid."""
+        results = []
+        for i in (int(i) for i in env_ids):
+            (sent, keep_frames), result, ok = self._chunk_sent.pop(i), None, False
+            if sent:
+                result, ok = self._recv(i)
+            elif not self.invalid[i]:  # the send failed: the worker is already gone
+                self._restart(i)
+            if not ok:  # episode lost (or lost before): keep the last observation, end it as invalid
+                died = not self.invalid[i]
+                self.invalid[i] = True
+                obs = {k: v[i] for k, v in self.observations.items()}
+                result = {"obs": obs, "reward": 0.0, "steps": int(died), "terminated": False, "truncated": True,
+                          "success": False}
+                if keep_frames:
+                    result["frames"] = np.repeat(obs["agentview"][None], int(died), axis=0)
+            for k, v in result["obs"].items():
+                self.observations[k][i] = v
+            results.append(result)
+        out = {key: np.array([r[key] for r in results]) for key in ("reward", "steps", "terminated", "truncated",
+                                                                      "success")}
+        out["reward"] = out["reward"].astype(np.float32)
+        out["invalid"] = self.invalid[np.asarray(env_ids, dtype=np.int64)].copy()
+        out["obs"] = {k: np.stack([r["obs"][k] for r in results]) for k in self.observations}
+        if results and "frames" in results[0]:
+            out["frames"] = [r["frames"] for r in results]
+        return out
 
     def _copy_obs(self) -> Dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.observations.items()}

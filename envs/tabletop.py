@@ -333,12 +333,15 @@ class TabletopCore:
     def done(self) -> np.ndarray:
         return self.success | self.truncated
 
-    def step(self, actions: np.ndarray) -> np.ndarray:
-        """Advance every unfinished env by one action; finished envs are absorbing. Returns the success reward (N,)."""
+    def step(self, actions: np.ndarray, envs: Optional[np.ndarray] = None) -> np.ndarray:
+        """Advance every unfinished env (of `envs`, default all) by one action; finished envs are absorbing. Returns
+        the success reward (N,)."""
         actions = np.asarray(actions, dtype=np.float64)
         if actions.shape != (self.n, 7):
             raise ValueError(f"actions must have shape ({self.n}, 7) (num_envs, 7), got {actions.shape}")
         act = np.flatnonzero(~self.done)
+        if envs is not None:
+            act = np.intersect1d(act, envs)
         if act.size == 0:
             return np.zeros(self.n, dtype=np.float32)
         a = np.clip(np.nan_to_num(actions[act]), -1.0, 1.0)
@@ -641,6 +644,8 @@ class TabletopVectorEnv(VectorEnv):
         self.num_trials = NUM_TRIALS
         self.task_descriptions = [task_description(t, self.core.variant) for t in range(NUM_TASKS)]
         self.task_names = [task_name(t, self.core.variant) for t in range(NUM_TASKS)]
+        self.pipeline = False  # collect_rollouts' default (env.pipeline): in-process numpy has no time to overlap
+        self._chunks: Dict[tuple, Dict[str, Any]] = {}
 
     def _obs(self) -> Dict[str, np.ndarray]:
         c = self.core
@@ -683,6 +688,44 @@ class TabletopVectorEnv(VectorEnv):
     def step(self, actions: np.ndarray):
         reward = self.core.step(actions)
         return self._obs(), reward, self.core.success.copy(), self.core.truncated.copy(), self._info()
+
+    def step_chunk_async(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> None:
+        """Run the chunk now (numpy, in-process: nothing to overlap); `step_chunk_wait(env_ids)` returns it."""
+        self._chunks[tuple(np.asarray(env_ids).tolist())] = self.step_chunk(env_ids, actions, keep_frames)
+
+    def step_chunk_wait(self, env_ids: np.ndarray) -> Dict[str, Any]:
+        return self._chunks.pop(tuple(np.asarray(env_ids).tolist()))
+
+    def step_chunk(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> Dict[str, Any]:
+        """Envs `env_ids` (k,) execute their action chunks (k, chunk, 7) step by step, each stopping when its episode
+        ends; the other envs are not touched. -> per env (k,): obs after its last step, summed reward, steps taken,
+        terminated, truncated, success, invalid (always False), and with `keep_frames` its agent views, one per step."""
+        c, ids = self.core, np.asarray(env_ids, dtype=np.int64)
+        actions = np.asarray(actions, dtype=np.float32)
+        k = len(ids)
+        if actions.ndim != 3 or actions.shape[0] != k or actions.shape[2] != 7:
+            raise ValueError(f"actions must have shape ({k}, chunk, 7), got {actions.shape}")
+        full = np.zeros((self.num_envs, 7), dtype=np.float32)
+        live = ~c.done[ids]
+        reward, steps = np.zeros(k, dtype=np.float32), np.zeros(k, dtype=np.int64)
+        frames: List[List[np.ndarray]] = [[] for _ in range(k)]
+        for s in range(actions.shape[1]):
+            if not live.any():
+                break
+            full[ids] = actions[:, s]
+            reward += c.step(full, ids[live])[ids]
+            steps += live
+            if keep_frames:
+                for j in np.flatnonzero(live):
+                    frames[j].append(c.agentview[ids[j]].copy())
+            live &= ~c.done[ids]
+        out = {"obs": {"agentview": c.agentview[ids], "wrist": c.wrist[ids], "state": c.state()[ids]},
+               "reward": reward, "steps": steps, "terminated": c.success[ids].copy(),
+               "truncated": c.truncated[ids].copy(), "success": c.success[ids].copy(),
+               "invalid": np.zeros(k, dtype=bool)}
+        if keep_frames:
+            out["frames"] = [np.stack(f) if f else np.zeros((0,) + c.agentview.shape[1:], np.uint8) for f in frames]
+        return out
 
     def expert_action(self) -> np.ndarray:
         """The scripted expert's action (N, 7) for the current state, with `expert_noise` on the xyz deltas."""

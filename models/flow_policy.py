@@ -68,6 +68,16 @@ TRAINABLE_WITH_LORA = ["embed_action_time", "action_out_proj"]  # PI0's action/t
 PI0_CONFIG_DIR = "pi0"  # inside a saved policy folder: the PI0Config (architecture), to rebuild without download
 
 
+def _randn(shape: Tuple[int, ...], device: torch.device,
+           generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
+    """Standard normal noise of `shape`; with `generators`, row i (dim 0) drawn on the CPU from generators[i]."""
+    if generators is None:
+        return torch.randn(shape, device=device)
+    if len(generators) != shape[0]:
+        raise ValueError(f"need one generator per row: {shape[0]} rows, {len(generators)} generators")
+    return torch.stack([torch.randn(shape[1:], generator=g) for g in generators]).to(device)
+
+
 @dataclass
 class FlowPolicyConfig:
     preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
@@ -344,17 +354,18 @@ class FlowPolicy(nn.Module):
     @torch.no_grad()
     def sample(self, obs: Obs, instructions: Optional[Sequence[str]] = None, num_steps: Optional[int] = None,
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
-               reuse_prefix: bool = True) -> FlowSample:
+               reuse_prefix: bool = True, generators: Optional[Sequence[torch.Generator]] = None) -> FlowSample:
         """Euler from t = 1 (noise) to t = 0 in `num_steps` (default cfg.num_steps) steps -> FlowSample(actions,
         x0, noise). noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
-        recomputes the prefix at every step (only to measure the cache)."""
+        recomputes the prefix at every step (only to measure the cache).
+        `generators` (B CPU generators): row i's noise comes from generators[i] instead of the global RNG."""
         num_steps = self.cfg.num_steps if num_steps is None else num_steps
         if num_steps < 1 or noise_level < 0:
             raise ValueError(f"need num_steps >= 1 and noise_level >= 0, got {num_steps}, {noise_level}")
         if prefix is None:
             prefix = self.prefix(obs, instructions)
         shape = (prefix.state.shape[0], self.horizon, self.model_dim)
-        x = torch.randn(shape, device=self.device) if noise is None else noise.to(self.device, torch.float32)
+        x = _randn(shape, self.device, generators) if noise is None else noise.to(self.device, torch.float32)
         if tuple(x.shape) != shape:
             raise ValueError(f"noise has shape {tuple(x.shape)}; expected {shape}")
         x1, dt = x.clone(), 1.0 / num_steps
@@ -367,11 +378,11 @@ class FlowPolicy(nn.Module):
             v = self.velocity(None, None, x, t, step_prefix)
             if i == sde_step:
                 mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
-                x = mean + std * torch.randn_like(x)
+                x = mean + std * _randn(shape, self.device, generators)
             else:
                 x = x - dt * v
                 if noise_level > 0 and not sde and i < num_steps - 1:
-                    x = x + noise_level * math.sqrt(dt) * torch.randn_like(x)
+                    x = x + noise_level * math.sqrt(dt) * _randn(shape, self.device, generators)
         return FlowSample(self.env_actions(x, prefix.raw_state), x, x1)
 
     def env_actions(self, x0: torch.Tensor, raw_state: Optional[torch.Tensor] = None) -> np.ndarray:

@@ -96,16 +96,18 @@ class TokenPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, obs: Obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
-            greedy: bool = False, return_hidden: bool = False):
+            greedy: bool = False, return_hidden: bool = False,
+            generators: Optional[Sequence[torch.Generator]] = None):
         """-> actions (B, chunk, 7) float32 numpy, tokens (B, chunk*7) long, log_probs (B, chunk*7) float
-        (log-softmax of logits / temperature, also for greedy), and the pooled hidden (B, D) if `return_hidden`."""
+        (log-softmax of logits / temperature, also for greedy), and the pooled hidden (B, D) if `return_hidden`.
+        `generators` (B CPU generators): row i's sample draws from generators[i] instead of the global RNG."""
         _check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         scaled = logits / temperature
         if greedy:
             tokens = scaled.argmax(-1)
         else:
-            tokens = sample_categorical(scaled)
+            tokens = sample_categorical(scaled, generators)
         log_probs = scaled.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         actions = self.action_tokenizer.decode(tokens.view(-1, self.action_chunk, ACTION_DIM))
         if return_hidden:
@@ -173,11 +175,19 @@ class TokenPolicy(nn.Module):
         return tokens
 
 
-def sample_categorical(logits: torch.Tensor) -> torch.Tensor:
+def sample_categorical(logits: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
     """One draw per row of softmax(logits) (..., K) by inverse CDF (one uniform per row; much faster on CPU than
-    torch.multinomial, which draws K exponentials per row)."""
+    torch.multinomial, which draws K exponentials per row). `generators`: one CPU generator per batch row (dim 0)
+    for its uniforms, so a row's draw does not depend on the other rows."""
     cdf = logits.softmax(-1).cumsum(-1)
-    u = torch.rand(cdf.shape[:-1] + (1,), device=cdf.device) * cdf[..., -1:]
+    shape = cdf.shape[:-1] + (1,)
+    if generators is None:
+        u = torch.rand(shape, device=cdf.device)
+    else:
+        if len(generators) != shape[0]:
+            raise ValueError(f"need one generator per row: {shape[0]} rows, {len(generators)} generators")
+        u = torch.stack([torch.rand(shape[1:], generator=g) for g in generators]).to(cdf.device)
+    u = u * cdf[..., -1:]
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 

