@@ -31,7 +31,7 @@ from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps, success_by_task
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from common.srpo import filter_groups, filter_metrics
-from envs import num_trials, suite_tasks
+from envs import max_steps, num_trials
 from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
@@ -198,7 +198,7 @@ if __name__ == "__main__":
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
-        max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
+        task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         mb, alg = cfg.train.ppo_micro_batch_size, cfg.algorithm
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
@@ -235,7 +235,7 @@ if __name__ == "__main__":
             metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(on_batch).items()})
 
             # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
-            task_max = np.array([max_steps[int(t)] for t in on_batch.task_ids])
+            task_max = np.array([task_max_steps[int(t)] for t in on_batch.task_ids])
             horizon = int(task_max.max())
             keep_on = filter_groups(torch.as_tensor(on_batch.complete),
                                     torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,

@@ -25,7 +25,7 @@ from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import collect_rollouts, flatten_steps, success_by_task
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from envs import num_trials, suite_tasks
+from envs import max_steps, num_trials
 from models import ACTION_DIM, EncoderConfig, TokenPolicy, TokenPolicyConfig, make_trajectory_encoder
 
 
@@ -154,7 +154,7 @@ if __name__ == "__main__":
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
-        max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
+        task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
 
@@ -179,7 +179,7 @@ if __name__ == "__main__":
             metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
 
             # 2. dynamic sampling: keep prompts whose group success lies in [lower, upper] (binary success)
-            task_max = np.array([max_steps[int(t)] for t in batch.task_ids])
+            task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
             horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
             keep = filter_groups(torch.as_tensor(batch.complete),
                                  torch.as_tensor(batch.finish_step + horizon - task_max), cfg.rollout.n, horizon,

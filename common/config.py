@@ -17,23 +17,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from envs.suites import EnvConfig, check_env_config  # EnvConfig re-exported: the env section of every script
+
 T = TypeVar("T")
-
-
-@dataclass
-class EnvConfig:
-    suite: str = "tabletop"  # tabletop | libero_spatial | libero_object | libero_goal | libero_10 | libero_90
-    task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
-    num_envs: int = 16  # parallel environments in one rollout chunk
-    image_size: int = 64  # square camera resolution (px) for agentview and wrist
-    max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
-    action_chunk: int = 8  # actions executed per policy call
-    expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
-    # real LIBERO only
-    assets_dir: Optional[str] = None  # LIBERO assets; None = $LIBERO_ASSETS_DIR, else hf-libero's own download
-    render_backend: str = "egl"  # egl | osmesa
-    fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
-    num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
 
 
 @dataclass
@@ -162,9 +148,8 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
 
 
 def check_run_config(cfg: Any) -> None:
-    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids."""
-    import envs
-
+    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids.
+    Reads the suites' static facts (envs/suites.py): no simulator is imported."""
     if cfg.env.num_envs < 1:
         raise ConfigError(f"env.num_envs={cfg.env.num_envs}: needs at least 1 environment")
     if cfg.log.checkpoint_every < 1 or cfg.log.keep_checkpoints < 1:
@@ -176,7 +161,10 @@ def check_run_config(cfg: Any) -> None:
                           f"trials_per_task >= 1, samples_per_trial >= 0")
     if cfg.train.iterations < 1:
         raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
-    envs.check_task_ids(cfg.env)
+    try:
+        check_env_config(cfg.env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     practice, first = getattr(getattr(cfg, "rollout", None), "train_trials", None), cfg.eval.trial_start
     if cfg.eval.every > 0 and practice is not None and first is not None and first < practice:
         print(f"[config] warning: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} overlap the "

@@ -2,7 +2,8 @@
 
 `make_vector_env(cfg, num_envs)` returns a `gymnasium.vector.VectorEnv` with autoreset disabled:
 `reset(options={"task_ids": [...], "trial_ids": [...]})` puts env i at (task_ids[i], trial_ids[i]); `step(actions)`
-takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the suite's tasks.
+takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the suite's tasks; the static suite
+facts config checks use (task and trial counts, episode limits) are in `envs/suites.py`, which imports no simulator.
 """
 from __future__ import annotations
 
@@ -12,49 +13,23 @@ from typing import Dict, List, Optional
 
 from gymnasium.vector import VectorEnv
 
-from common.config import EnvConfig
 from envs import tabletop
+from envs.suites import (LIBERO_SUITES, SUITES, EnvConfig, check_env_config, check_suite, check_task_ids, max_steps,
+                         num_tasks, num_trials)
 
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
-SUITES = ("tabletop",) + LIBERO_SUITES
 SUITE_VERSION_FILE = "suite_version.json"
 
 
-def check_suite(suite: str) -> None:
-    if suite not in SUITES:
-        raise ValueError(f"unknown env.suite '{suite}'; choose one of: {', '.join(SUITES)}")
-
-
 def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
-    """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps)."""
+    """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps). For LIBERO this
+    reads the benchmark (hf-libero); config checks use `envs.suites` instead."""
     check_suite(cfg.suite)
     if cfg.suite == "tabletop":
-        return [
-            {"name": tabletop.task_name(t), "description": tabletop.task_description(t),
-             "max_steps": cfg.max_steps or tabletop.TASKS[t][3]}
-            for t in range(tabletop.NUM_TASKS)
-        ]
+        return [{"name": tabletop.task_name(t), "description": tabletop.task_description(t),
+                 "max_steps": max_steps(cfg, t)} for t in range(tabletop.NUM_TASKS)]
     from envs import libero  # imported lazily: needs hf-libero and GL
 
     return libero.suite_tasks(cfg)
-
-
-def num_trials(cfg: EnvConfig) -> int:
-    """Fixed initial states per task (trial ids are 0..num_trials-1)."""
-    check_suite(cfg.suite)
-    if cfg.suite == "tabletop":
-        return tabletop.NUM_TRIALS
-    from envs import libero
-
-    return libero.num_trials(cfg)
-
-
-def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None:
-    """ValueError naming the valid range when a task id is outside the suite."""
-    n = len(suite_tasks(cfg))
-    for t in cfg.task_ids if task_ids is None else task_ids:
-        if not 0 <= int(t) < n:
-            raise ValueError(f"task id {t} is out of range: suite '{cfg.suite}' has task ids 0..{n - 1}")
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: Optional[int] = None, seed: Optional[int] = None) -> VectorEnv:

@@ -25,12 +25,13 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 
-from common.config import EnvConfig
+from envs.suites import LIBERO_SUITES as SUITES
+from envs.suites import SUITES as SUITE_FACTS
+from envs.suites import EnvConfig
 
-# Per-suite facts (task counts from LIBERO; max_steps as used by the VLA-RL papers: OpenVLA-OFT, SimpleVLA-RL, SRPO).
-SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
-SUITES = tuple(SUITE_NUM_TASKS)
+# Per-suite facts (task counts, max_steps) live in envs/suites.py, which config checks read without a simulator.
+SUITE_NUM_TASKS = {s: SUITE_FACTS[s]["tasks"] for s in SUITES}
+SUITE_MAX_STEPS = {s: SUITE_FACTS[s]["max_steps"] for s in SUITES}
 RENDER_BACKENDS = ("egl", "osmesa")
 ASSETS_ENV_VAR = "LIBERO_ASSETS_DIR"
 INSTALL_HINT = "pip install -r requirements-libero.txt && pip uninstall -y torchvision"
