@@ -24,12 +24,12 @@ from accelerate import Accelerator
 from tqdm import tqdm
 
 import envs
-from common.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from common.checkpoint import latest_checkpoint, load_saved_policy, load_training_state, save_checkpoint
 from common.config import EnvConfig, LogConfig, default_run_prefix, parse_cli, resolve_run_dir, save_config
 from common.demos import demos_to_samples, generate_expert_demos
 from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
-from models.saved import TRAIN_CONFIG, load_saved_policy
+from models.saved import TRAIN_CONFIG
 from models.action_tokenizer import ActionTokenizer
 from models.flow_policy import FlowPolicy, FlowPolicyConfig
 from models.token_policy import TokenPolicy, TokenPolicyConfig

@@ -4,8 +4,8 @@ from typing import Optional
 
 import pytest
 
-from common.config import (ConfigError, EnvConfig, LogConfig, check_run_config, load_config, parse_cli,
-                           resolve_run_dir)
+from common.config import ConfigError, LogConfig, check_run_config, load_config, parse_cli, resolve_run_dir
+from envs import EnvConfig
 
 
 @dataclass

@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from common.config import EnvConfig
+from envs import EnvConfig
 from envs import libero
 from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env, resolve_assets_dir
 

@@ -7,10 +7,10 @@ import torch
 
 import envs
 import train_sft
-from common.config import EnvConfig
+from envs import EnvConfig
 from common.demos import demos_to_samples, generate_expert_demos, load_demos_npz
 from common.rollout import collect_rollouts
-from models.saved import load_saved_policy
+from common.checkpoint import load_saved_policy
 from models import ActionTokenizer, TokenPolicy
 
 TINY = ["policy.token.hidden_size=32", "policy.token.num_layers=1", "policy.token.num_heads=2"]
