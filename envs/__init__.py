@@ -65,3 +65,7 @@ def stale_suite_message(path: str, suite: str) -> Optional[str]:
     return (f"{path} was trained on {trained}, but this code runs version {tabletop.SUITE_VERSION} (its starts "
             f"differ, so the policy's success will not carry over). Delete the folder and rerun to retrain it "
             f"(init.mode=auto_sft does so), or point init.path at a newer checkpoint.")
+
+
+__all__ = ["EnvConfig", "SUITES", "LIBERO_SUITES", "check_env_config", "check_suite", "check_task_ids", "max_steps",
+           "num_tasks", "num_trials", "suite_tasks", "make_vector_env", "write_suite_version", "stale_suite_message"]
