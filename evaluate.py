@@ -23,9 +23,11 @@ import numpy as np
 import torch
 import yaml
 
-from common.config import EnvConfig, check_writable
+from common.checkpoint import load_saved_policy, resolve_policy_dir
+from common.config import check_writable
 from common.evaluation import evaluate_policy
-from models.saved import TRAIN_CONFIG, PolicyLoadError, load_saved_policy, policy_type, resolve_policy_dir
+from envs import EnvConfig
+from models.saved import TRAIN_CONFIG, PolicyLoadError, policy_type
 
 
 def saved_train_config(path: str) -> Dict[str, Any]:

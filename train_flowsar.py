@@ -22,11 +22,13 @@ import numpy as np
 import torch
 
 from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
-from common.config import ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config, parse_cli
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.losses import compute_flow_sar_loss
-from common.rollout import collect_rollouts, flatten_steps, success_by_task
-from common.run import average_gradients, initial_policy, minibatches, start_run
-from envs import num_trials
+from common.rollout import collect_rollouts, flatten_steps
+from common.run import initial_policy, minibatches, start_run
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
+                          rollout_metrics, sample_prompts)
+from envs import EnvConfig
 from models import ACTION_DIM, FlowPolicy, FlowPolicyConfig
 
 LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
@@ -121,13 +123,6 @@ def check_config(cfg: Config) -> None:
     if r.flow_noise_level < 0 or (r.flow_steps is not None and r.flow_steps < 1):
         raise ConfigError(f"rollout.flow_noise_level={r.flow_noise_level}, rollout.flow_steps={r.flow_steps}: need "
                           f"noise >= 0 and steps >= 1 (or null = the policy's num_steps)")
-    if not 0 < r.train_trials < num_trials(cfg.env):
-        raise ConfigError(f"rollout.train_trials={r.train_trials} must leave held-out trials: the suite has "
-                          f"{num_trials(cfg.env)} trials per task")
-    t = cfg.train
-    if t.update_epochs < 1 or t.micro_batch_size < 1 or t.mini_batch_size % t.micro_batch_size:
-        raise ConfigError(f"train.update_epochs={t.update_epochs} must be >= 1 and train.mini_batch_size "
-                          f"({t.mini_batch_size}) a multiple of train.micro_batch_size ({t.micro_batch_size})")
 
 
 @contextlib.contextmanager
@@ -147,20 +142,14 @@ def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module) ->
 
 
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/flowsar.yaml", description=__doc__.split("\n")[0], script="flowsar")
-    try:
-        check_config(cfg)
-    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
-        raise SystemExit(f"error: {e}") from None
-
+    cfg = parse_and_check(Config, "configs/flowsar.yaml", "flowsar", __doc__, check_config)
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
         policy = initial_policy(run, FlowPolicy, policy_type="flow")
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
-        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup = max(1, cfg.train.lr_warmup_steps)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
+                                                 cfg.train.lr_warmup_steps)
         # theta_old: a frozen copy of the trainable weights (LoRA + heads, or all), one buffer per parameter
         ema = torch.nn.Module()
         for n, p in named:
@@ -177,18 +166,14 @@ if __name__ == "__main__":
             metrics = run.begin_iteration(iteration)
 
             # 1. rollout: prompts (task, trial) x n episodes; exploration = the initial noise (+ optional SDE noise)
-            tasks = run.prompt_rng.choice(cfg.env.task_ids, cfg.rollout.prompts_per_iteration).tolist()
-            trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, cfg.rollout.prompts_per_iteration).tolist()
+            tasks, trials = sample_prompts(run, cfg.rollout.prompts_per_iteration)
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
                                      desc=f"rollout {iteration}", **flow_kwargs)
             metrics["time/rollout"] = time.perf_counter() - t0
             run.count_env_steps(batch, metrics, metrics["time/rollout"])
-            metrics["rollout/success_rate"] = float(np.mean(run.gather(batch.complete.tolist())))
-            metrics["rollout/mean_length"] = float(np.mean(run.gather(batch.finish_step.tolist())))
-            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
-            metrics["rollout/invalid"] = float(batch.invalid.sum())
+            rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
             steps = flatten_steps(batch)  # one row per valid policy step: obs, instruction, executed chunk, ...
 
@@ -237,7 +222,7 @@ if __name__ == "__main__":
             stats = {}
             for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather):
                 optimizer.zero_grad(set_to_none=True)
-                micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                micro = micro_batches(steps, mb_inds, mb)
                 for part in micro:
                     v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
                                               part.tensor("flow_t", device))
@@ -251,10 +236,7 @@ if __name__ == "__main__":
                         loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
                         flow_t=part.tensor("flow_t", device))
                     (loss / len(micro)).backward()
-                average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip))
-                optimizer.step()
-                scheduler.step()
+                grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
                 if micro:  # the last micro-batch's loss terms and this mini-batch's gradient norm
                     for k, v in {**loss_metrics, "train/grad_norm": grad_norm}.items():
                         stats.setdefault(k, []).append(v)
@@ -269,7 +251,7 @@ if __name__ == "__main__":
             metrics["actor/flow_sar_ema_beta"] = ema_beta
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
-            metrics.update({k: float(np.mean(v)) for k, v in stats.items()})
+            metrics.update(mean_stats(stats, prefix=""))
 
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors)
             metrics["time/iteration"] = time.perf_counter() - t_iter

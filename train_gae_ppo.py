@@ -18,18 +18,18 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from common.advantages import compute_gae
-from common.config import (RESUMABLE, ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config,
-                           parse_cli)
+from common.config import RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
-from common.rollout import collect_rollouts, flatten_steps, success_by_task
+from common.rollout import collect_rollouts, flatten_steps
 from common.run import average_gradients, initial_policy, minibatches, start_run
-from envs import num_trials
+from common.train import adamw_with_warmup, mean_stats, micro_batches, parse_and_check, rollout_metrics, sample_prompts
+from envs import EnvConfig
 from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
 
 
@@ -115,16 +115,8 @@ def check_config(cfg: Config) -> None:
     if t.critic_warmup_iterations > 0 and not a.use_gae:
         raise ConfigError(f"train.critic_warmup_iterations={t.critic_warmup_iterations} needs a critic: set "
                           f"algorithm.use_gae=true or critic_warmup_iterations=0")
-    if cfg.rollout.episodes_per_iteration < 1 or not cfg.rollout.temperature > 0:
-        raise ConfigError(f"rollout.episodes_per_iteration={cfg.rollout.episodes_per_iteration} must be >= 1 and "
-                          f"rollout.temperature={cfg.rollout.temperature} > 0")
-    if t.ppo_epochs < 1 or t.ppo_micro_batch_size < 1 or t.ppo_mini_batch_size % t.ppo_micro_batch_size:
-        raise ConfigError(f"train.ppo_epochs ({t.ppo_epochs}) and train.ppo_micro_batch_size "
-                          f"({t.ppo_micro_batch_size}) must be >= 1 and train.ppo_mini_batch_size "
-                          f"({t.ppo_mini_batch_size}) a multiple of the micro-batch size")
-    if not 0 < cfg.rollout.train_trials < num_trials(cfg.env):
-        raise ConfigError(f"rollout.train_trials={cfg.rollout.train_trials} must leave held-out trials: the suite has "
-                          f"{num_trials(cfg.env)} trials per task")
+    if cfg.rollout.episodes_per_iteration < 1:
+        raise ConfigError(f"rollout.episodes_per_iteration={cfg.rollout.episodes_per_iteration}: must be >= 1")
 
 
 def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, step_mask: np.ndarray,
@@ -174,14 +166,15 @@ def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
 
 def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], train: TrainConfig
                     ) -> Tuple[List[torch.nn.Parameter], List[torch.nn.Parameter], torch.optim.Optimizer,
-                               Optional[torch.optim.Optimizer]]:
-    """(actor params, critic params, actor AdamW, critic AdamW or None): each optimizer holds its own parameters."""
+                               Optional[torch.optim.Optimizer], Any]:
+    """(actor params, critic params, actor AdamW, critic AdamW or None, the actor's warm-up schedule): each
+    optimizer holds its own parameters."""
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = list(value_head.parameters()) if value_head is not None else []
-    actor = torch.optim.AdamW(actor_params, lr=train.actor_lr, weight_decay=train.weight_decay)
+    actor, actor_sched = adamw_with_warmup(actor_params, train.actor_lr, train.weight_decay, train.lr_warmup_steps)
     critic = torch.optim.AdamW(critic_params, lr=train.critic_lr, weight_decay=train.weight_decay) \
         if critic_params else None
-    return actor_params, critic_params, actor, critic
+    return actor_params, critic_params, actor, critic, actor_sched
 
 
 def save_update_png(run, done: int) -> None:
@@ -192,19 +185,14 @@ def save_update_png(run, done: int) -> None:
 
 
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/gae_ppo.yaml", description=__doc__.split("\n")[0], script="gae_ppo",
-                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+    cfg = parse_and_check(Config, "configs/gae_ppo.yaml", "gae_ppo", __doc__, check_config,
+                          resumable=RESUMABLE + ("train.total_timesteps",), flags={
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)"),
                         "--num-envs": dict(type=int, key="env.num_envs", help="parallel environments"),
                         "--actor-lr": dict(type=float, key="train.actor_lr", help="policy (actor) learning rate"),
                         "--critic-lr": dict(type=float, key="train.critic_lr", help="value head learning rate"),
                         "--log-interval": dict(type=int, key="log.plot_every", help="PNG panels every N updates")})
-    try:
-        check_config(cfg)
-    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
-        raise SystemExit(f"error: {e}") from None
-
     with start_run(cfg, "gae_ppo") as run:
         device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
         if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, "modules",
@@ -215,9 +203,7 @@ if __name__ == "__main__":
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
             torch.manual_seed(cfg.seed)
             value_head = ValueHead(policy.hidden_size, cfg.value_head).to(device) if use_gae else None
-        actor_params, critic_params, actor_opt, critic_opt = make_optimizers(policy, value_head, cfg.train)
-        warmup = max(1, cfg.train.lr_warmup_steps)
-        actor_sched = torch.optim.lr_scheduler.LambdaLR(actor_opt, lambda step: min(1.0, (step + 1) / warmup))
+        actor_params, critic_params, actor_opt, critic_opt, actor_sched = make_optimizers(policy, value_head, cfg.train)
         run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
                    modules={"value_head": value_head} if use_gae else None,
                    eval_kwargs={"temperature": cfg.rollout.temperature},
@@ -234,20 +220,14 @@ if __name__ == "__main__":
             metrics = run.begin_iteration(iteration)
 
             # 1. rollout: random practice (task, trial) prompts, temperature sampling, hidden state per policy step
-            E = cfg.rollout.episodes_per_iteration
-            tasks = run.prompt_rng.choice(cfg.env.task_ids, E).tolist()
-            trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, E).tolist()
+            tasks, trials = sample_prompts(run, cfg.rollout.episodes_per_iteration)
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, temperature=temp, keep_hidden=use_gae,
                                      progress=run.is_main, desc=f"rollout {iteration}")
             metrics["time/rollout"] = time.perf_counter() - t0
             run.count_env_steps(batch, metrics, metrics["time/rollout"])
-            metrics["rollout/success_rate"] = float(np.mean(run.gather(batch.complete.tolist())))
-            metrics["rollout/mean_length"] = float(np.mean(run.gather(batch.finish_step.tolist())))
-            metrics["rollout/truncated_fraction"] = float(np.mean(run.gather(batch.truncated.tolist())))
-            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
-            metrics["rollout/invalid"] = float(batch.invalid.sum())
+            rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
 
             # 2. rewards per policy step: the env reward summed over the chunk (+ optional per-step shaping)
@@ -294,7 +274,7 @@ if __name__ == "__main__":
                 actor_opt.zero_grad(set_to_none=True)
                 if use_gae:
                     critic_opt.zero_grad(set_to_none=True)
-                micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                micro = micro_batches(steps, mb_inds, mb)
                 for part in micro:
                     log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
                                                                 temp, return_hidden=True)
@@ -313,26 +293,26 @@ if __name__ == "__main__":
                             vpreds, part.tensor("returns", device), part.tensor("values", device),
                             torch.ones_like(vpreds), alg.cliprange_value)
                         loss = loss + alg.value_loss_coef * vf_loss
-                        stats["value_loss"].append(vf_loss.item())
-                        stats["value_clipfrac"].append(vf_clipfrac.item())
+                        stats["value_loss"].append(vf_loss.detach())
+                        stats["value_clipfrac"].append(vf_clipfrac.detach())
                     (loss / len(micro)).backward()
                     for k, v in (("policy_loss", pg_loss), ("clipfrac", pg_clipfrac), ("approx_kl", ppo_kl),
                                  ("clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
-                        stats[k].append(v.item())
+                        stats[k].append(v.detach())  # read once after the update: no host sync here
                 average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
                 if use_gae:  # separate clipping (and logging) of the two norms; the no-GAE baseline logs neither
-                    stats["critic_grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(
-                        critic_params, cfg.train.critic_max_grad_norm)))
+                    stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
+                        critic_params, cfg.train.critic_max_grad_norm))
                     critic_opt.step()
-                actor_norm = float(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
+                actor_norm = torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm)
                 if move_actor:
                     if use_gae:
                         stats["actor_grad_norm"].append(actor_norm)
                     actor_opt.step()
                     actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0
-            metrics["train/actor_lr"] = actor_sched.get_last_lr()[0]
-            metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
+            metrics["train/lr"] = actor_sched.get_last_lr()[0]  # the policy's learning rate, as in every script
+            metrics.update(mean_stats(stats))
             metrics["train/advantage_abs_mean"] = float(np.abs(steps.data["advantages"][:, 0]).mean()) \
                 if len(steps) else float("nan")
 

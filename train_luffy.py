@@ -25,13 +25,15 @@ import numpy as np
 import torch
 
 from common.advantages import compute_advantage, make_response_mask, masked_mean
-from common.config import ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config, parse_cli
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.demos import rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
-from common.rollout import RolloutBatch, collect_rollouts, flatten_steps, success_by_task
-from common.run import average_gradients, initial_policy, minibatches, start_run
+from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
+from common.run import initial_policy, minibatches, start_run
 from common.srpo import filter_groups, filter_metrics
-from envs import num_trials, suite_tasks
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
+                          rollout_metrics, sample_prompts)
+from envs import EnvConfig, max_steps
 from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
@@ -115,9 +117,9 @@ def check_config(cfg: Config) -> None:
     if not 0 <= r.n_off < r.n:
         raise ConfigError(f"rollout.n_off={r.n_off} with rollout.n={r.n}: need 0 <= n_off < n (a group is n - n_off "
                           f"on-policy rollouts plus n_off demonstrations; LUFFY uses n=8, n_off=1)")
-    if r.n < 2 or r.prompts_per_iteration < 1 or not r.temperature > 0:
-        raise ConfigError(f"rollout.n={r.n}, prompts_per_iteration={r.prompts_per_iteration}, temperature="
-                          f"{r.temperature}: need n >= 2 (a group), >= 1 prompt, temperature > 0")
+    if r.n < 2 or r.prompts_per_iteration < 1:
+        raise ConfigError(f"rollout.n={r.n}, prompts_per_iteration={r.prompts_per_iteration}: need n >= 2 (a group) "
+                          f"and >= 1 prompt")
     if a.adv_estimator not in ("grpo", "grpo_split"):
         raise ConfigError(f"algorithm.adv_estimator={a.adv_estimator!r}: use grpo (LUFFY's recipe) or grpo_split")
     if a.use_sft_multitask_loss and r.n_off == 0:
@@ -129,15 +131,7 @@ def check_config(cfg: Config) -> None:
                                          on_policy_reshape=a.on_policy_reshape)
     except ValueError as e:
         raise ConfigError(f"algorithm.{str(e).split()[1]}: {e}") from None
-    if cfg.train.ppo_epochs < 1 or cfg.train.ppo_micro_batch_size < 1 or \
-            cfg.train.ppo_mini_batch_size % cfg.train.ppo_micro_batch_size:
-        raise ConfigError(f"train.ppo_epochs >= 1 and train.ppo_mini_batch_size ({cfg.train.ppo_mini_batch_size}) a "
-                          f"multiple of train.ppo_micro_batch_size ({cfg.train.ppo_micro_batch_size}) >= 1")
-    if cfg.env.suite == "tabletop":
-        if not 0 < r.train_trials < num_trials(cfg.env):
-            raise ConfigError(f"rollout.train_trials={r.train_trials} must leave held-out trials: the suite has "
-                              f"{num_trials(cfg.env)} trials per task")
-    elif not cfg.demos.paths:
+    if cfg.env.suite != "tabletop" and not cfg.demos.paths:
         raise ConfigError(f"env.suite={cfg.env.suite} needs demonstrations: set demos.paths=[<task>_demo.hdf5, ...] "
                           f"(LIBERO's HDF5 demos of the trained tasks; the scripted expert exists only on tabletop)")
 
@@ -181,27 +175,23 @@ def load_libero_prompts(cfg: Config) -> List[dict]:
 
 
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/luffy.yaml", description=__doc__.split("\n")[0], script="luffy")
-    try:
-        check_config(cfg)
-    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
-        raise SystemExit(f"error: {e}") from None
-
+    cfg = parse_and_check(Config, "configs/luffy.yaml", "luffy", __doc__, check_config)
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
         policy = initial_policy(run, TokenPolicy)
         params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup, temp = max(1, cfg.train.lr_warmup_steps), cfg.rollout.temperature
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
+                                                 cfg.train.lr_warmup_steps)
+        temp = cfg.rollout.temperature
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
-        max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
+        task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         mb, alg = cfg.train.ppo_micro_batch_size, cfg.algorithm
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
+        warned_short = False  # env.max_steps too short for the demos: said once
 
         for iteration in run.iterations():
             t_iter = time.perf_counter()
@@ -209,8 +199,7 @@ if __name__ == "__main__":
 
             # 1. prompts: tabletop (task, practice trial); LIBERO a demo (its task, reset to its first state)
             if libero_prompts is None:
-                tasks = run.prompt_rng.choice(cfg.env.task_ids, P).tolist()
-                trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, P).tolist()
+                tasks, trials = sample_prompts(run, P)
                 reset_options, demo_actions = None, None
             else:
                 picked = [libero_prompts[i] for i in run.prompt_rng.integers(0, len(libero_prompts), P)]
@@ -230,18 +219,17 @@ if __name__ == "__main__":
             metrics["time/rollout"] = time.perf_counter() - t0
             run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
                                 metrics, metrics["time/rollout"])
-            metrics["rollout/success_rate"] = float(np.mean(run.gather(on_batch.complete.tolist())))
-            metrics["rollout/mean_length"] = float(np.mean(run.gather(on_batch.finish_step.tolist())))
-            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(on_batch).items()})
+            rollout_metrics(run, on_batch, metrics)
 
             # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
-            task_max = np.array([max_steps[int(t)] for t in on_batch.task_ids])
+            task_max = np.array([task_max_steps[int(t)] for t in on_batch.task_ids])
             horizon = int(task_max.max())
             keep_on = filter_groups(torch.as_tensor(on_batch.complete),
                                     torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,
                                     alg.filter_accuracy, alg.filter_truncated, alg.accuracy_lower_bound,
                                     alg.accuracy_upper_bound).numpy()
-            metrics.update(filter_metrics(torch.as_tensor(on_batch.complete), torch.as_tensor(keep_on), n_on))
+            complete_all, keep_all = zip(*run.gather(list(zip(on_batch.complete.tolist(), keep_on.tolist()))))
+            metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), n_on))
             kept_groups = on_batch.group_ids[keep_on]
             batch = on_batch.select(keep_on & ~on_batch.invalid)
             num_demo_rows = 0
@@ -249,6 +237,13 @@ if __name__ == "__main__":
                 ok = demo_batch.complete & ~demo_batch.invalid
                 metrics["demos/success_rate"] = float(np.mean(run.gather(ok.tolist())))
                 metrics["demos/dropped"] = float(sum(run.gather([int((~ok).sum())])))
+                limit = np.array([task_max_steps[int(t)] for t in demo_batch.task_ids])
+                cut = sum(run.gather([int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())]))
+                if cut and not warned_short and run.is_main:  # once: dropped demos silently turn LUFFY into GRPO
+                    print(f"[luffy] warning: {cut} demonstration(s) reached env.max_steps={cfg.env.max_steps} before "
+                          f"succeeding and were dropped; raise env.max_steps (null = the suite's limit) so the "
+                          f"demos fit, or LUFFY learns without them (plain GRPO)", flush=True)
+                warned_short = warned_short or cut > 0
                 rows = np.repeat(np.flatnonzero(ok & np.isin(demo_batch.group_ids, kept_groups)), n_off)
                 batch, num_demo_rows = RolloutBatch.concat([batch, demo_batch.select(rows)]), len(rows)
             is_demo = np.arange(len(batch)) >= len(batch) - num_demo_rows  # demo rows come last
@@ -291,7 +286,7 @@ if __name__ == "__main__":
                 for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
                                            cfg.train.ppo_epochs, run.gather):
                     optimizer.zero_grad(set_to_none=True)
-                    micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                    micro = micro_batches(steps, mb_inds, mb)
                     for part in micro:
                         log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
                         loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
@@ -300,14 +295,11 @@ if __name__ == "__main__":
                         (loss / len(micro)).backward()
                         for k in LOSS_KEYS + ("entropy", "sft_loss"):
                             if k in out:
-                                stats[k].append(out[k].item())
-                    average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
-                    stats["grad_norm"].append(float(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip)))
-                    optimizer.step()
-                    scheduler.step()
+                                stats[k].append(out[k].detach())  # read once after the update: no host sync
+                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
-            metrics.update({f"train/{k}": float(np.mean(v)) for k, v in stats.items() if v})
+            metrics.update(mean_stats(stats))
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter

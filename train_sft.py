@@ -26,13 +26,13 @@ from tqdm import tqdm
 
 import envs
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
-                               read_rng_state, save_checkpoint)
+                               load_saved_policy, read_rng_state, save_checkpoint)
 from common.config import (ConfigError, EnvConfig, LogConfig, create_run_dir, default_run_prefix, parse_cli,
                            remove_if_empty, resolve_run_dir, save_config)
 from common.demos import demos_to_samples, generate_expert_demos
 from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
-from models.saved import TRAIN_CONFIG, load_saved_policy
+from models.saved import TRAIN_CONFIG
 from models.action_tokenizer import ActionTokenizer
 from models.flow_policy import FlowPolicy, FlowPolicyConfig
 from models.token_policy import TokenPolicy, TokenPolicyConfig

@@ -20,12 +20,14 @@ import numpy as np
 import torch
 
 from common.advantages import compute_advantage, make_response_mask, masked_mean
-from common.config import ConfigError, EnvConfig, EvalConfig, InitConfig, LogConfig, check_run_config, parse_cli
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
-from common.rollout import collect_rollouts, flatten_steps, success_by_task
-from common.run import average_gradients, initial_policy, minibatches, start_run
+from common.rollout import collect_rollouts, flatten_steps
+from common.run import initial_policy, minibatches, start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from envs import num_trials, suite_tasks
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
+                          rollout_metrics, sample_prompts)
+from envs import EnvConfig, max_steps
 from models import ACTION_DIM, EncoderConfig, TokenPolicy, TokenPolicyConfig, make_trajectory_encoder
 
 
@@ -108,9 +110,6 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: GRPO needs n >= 2 samples per prompt to form a group baseline")
     if cfg.rollout.prompts_per_iteration < 1:
         raise ConfigError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration}: needs at least 1")
-    if not cfg.rollout.temperature > 0:
-        raise ConfigError(f"rollout.temperature={cfg.rollout.temperature}: must be > 0 (it divides the logits; "
-                          f"greedy evaluation is separate, eval.*)")
     if cfg.reward.mode not in ("srpo", "binary"):
         raise ConfigError(f"reward.mode={cfg.reward.mode!r}: use srpo or binary")
     if cfg.algorithm.adv_estimator not in ("grpo", "step_grpo", "advanced_grpo"):
@@ -121,40 +120,26 @@ def check_config(cfg: Config) -> None:
                           "with its LoRA adapters disabled")
     if cfg.train.lr_schedule not in ("constant", "cosine"):
         raise ConfigError(f"train.lr_schedule={cfg.train.lr_schedule!r}: use constant or cosine")
-    if cfg.train.ppo_epochs < 1 or cfg.train.ppo_micro_batch_size < 1:
-        raise ConfigError("train.ppo_epochs and train.ppo_micro_batch_size must be >= 1")
-    if cfg.train.ppo_mini_batch_size % cfg.train.ppo_micro_batch_size:
-        raise ConfigError(f"train.ppo_mini_batch_size ({cfg.train.ppo_mini_batch_size}) must be a multiple of "
-                          f"train.ppo_micro_batch_size ({cfg.train.ppo_micro_batch_size})")
-    if not 0 < cfg.rollout.train_trials < num_trials(cfg.env):
-        raise ConfigError(f"rollout.train_trials={cfg.rollout.train_trials} must leave held-out trials: the suite has "
-                          f"{num_trials(cfg.env)} trials per task")
 
 
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/srpo.yaml", description=__doc__.split("\n")[0], script="srpo")
-    try:
-        check_config(cfg)
-    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
-        raise SystemExit(f"error: {e}") from None
-
+    cfg = parse_and_check(Config, "configs/srpo.yaml", "srpo", __doc__, check_config)
     with start_run(cfg, "srpo") as run:
         device = run.device
         policy = initial_policy(run, TokenPolicy)
         params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(params, lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
-        warmup = max(1, cfg.train.lr_warmup_steps)
         clock = {"iteration": 0}  # the cosine schedule's position, set at the start of every iteration (and on resume)
 
-        def lr_factor(step: int) -> float:
-            decay = 0.5 * (1 + math.cos(math.pi * (clock["iteration"] / cfg.train.iterations)))
-            return min(1.0, (step + 1) / warmup) * (decay if cfg.train.lr_schedule == "cosine" else 1.0)
+        def decay() -> float:  # train.lr_schedule=cosine: lr * (1 + cos(pi * iteration / iterations)) / 2
+            return 0.5 * (1 + math.cos(math.pi * (clock["iteration"] / cfg.train.iterations))) \
+                if cfg.train.lr_schedule == "cosine" else 1.0
 
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
+                                                 cfg.train.lr_warmup_steps, decay)
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
-        max_steps = {t: int(suite_tasks(cfg.env)[t]["max_steps"]) for t in cfg.env.task_ids}
+        task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
 
@@ -164,8 +149,7 @@ if __name__ == "__main__":
             clock["iteration"] = iteration
 
             # 1. rollout: prompts (task, trial) x n samples, temperature sampling
-            tasks = run.prompt_rng.choice(cfg.env.task_ids, cfg.rollout.prompts_per_iteration).tolist()
-            trials = run.prompt_rng.integers(0, cfg.rollout.train_trials, cfg.rollout.prompts_per_iteration).tolist()
+            tasks, trials = sample_prompts(run, cfg.rollout.prompts_per_iteration)
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, temperature=temp,
@@ -174,42 +158,42 @@ if __name__ == "__main__":
             batch.group_ids = batch.group_ids + run.rank * cfg.rollout.prompts_per_iteration  # unique over processes
             metrics["time/rollout"] = time.perf_counter() - t0
             run.count_env_steps(batch, metrics, metrics["time/rollout"])
-            metrics["rollout/success_rate"] = float(np.mean(run.gather(batch.complete.tolist())))
-            metrics["rollout/mean_length"] = float(np.mean(run.gather(batch.finish_step.tolist())))
-            metrics.update({f"rollout/success_task{t}": s for t, s in success_by_task(batch).items()})
+            rollout_metrics(run, batch, metrics)
 
             # 2. dynamic sampling: keep prompts whose group success lies in [lower, upper] (binary success)
-            task_max = np.array([max_steps[int(t)] for t in batch.task_ids])
+            task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
             horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
             keep = filter_groups(torch.as_tensor(batch.complete),
                                  torch.as_tensor(batch.finish_step + horizon - task_max), cfg.rollout.n, horizon,
                                  cfg.algorithm.filter_accuracy, cfg.algorithm.filter_truncated,
                                  cfg.algorithm.accuracy_lower_bound, cfg.algorithm.accuracy_upper_bound).numpy()
             keep &= ~batch.invalid  # episodes of a crashed simulator worker never enter an update
-            metrics.update(filter_metrics(torch.as_tensor(batch.complete), torch.as_tensor(keep), cfg.rollout.n))
-            metrics["rollout/invalid"] = float(batch.invalid.sum())
+            complete_all, keep_all = zip(*run.gather(list(zip(batch.complete.tolist(), keep.tolist()))))
+            metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), cfg.rollout.n))
             batch = batch.select(keep)
             kept_counts = run.gather([len(batch)])  # kept episodes per process
             metrics["train/skipped_update"] = float(sum(kept_counts) == 0)  # all groups filtered: nothing to learn
 
             # 3. progress reward: world-model embeddings of the kept episodes, pooled per task over all processes
             t0 = time.perf_counter()
+            offset = sum(kept_counts[:run.rank])  # this process's rows in the gathered order
             if cfg.reward.mode == "srpo":
                 emb = encoder.embed(batch.frames) if len(batch) else np.zeros((0, encoder.dim), np.float32)
                 gathered = run.gather(list(zip(batch.complete.tolist(), emb, batch.task_names)))
-                scores = compute_embodied_reward(
-                    np.array([g[0] for g in gathered], dtype=bool),
+                complete_all = np.array([g[0] for g in gathered], dtype=bool)
+                scores_all = compute_embodied_reward(
+                    complete_all,
                     np.stack([g[1] for g in gathered]) if gathered else np.zeros((0, encoder.dim), np.float32),
                     [g[2] for g in gathered], cfg.reward.dbscan_eps, cfg.reward.dbscan_min_samples,
                     cfg.reward.sigmoid_steepness, cfg.reward.sigmoid_offset, cfg.reward.max_failure_reward)
-                offset = sum(kept_counts[:run.rank])  # this process's rows in the gathered order
-                scores = scores[offset:offset + len(batch)]
             else:
-                scores = batch.complete.astype(np.float64)
+                complete_all = np.array(run.gather(batch.complete.tolist()), dtype=bool)
+                scores_all = complete_all.astype(np.float64)
+            scores = scores_all[offset:offset + len(batch)]
             metrics["time/reward"] = time.perf_counter() - t0
-            if len(batch):
-                failures = scores[~batch.complete]
-                metrics["reward/mean"] = float(scores.mean())
+            if len(scores_all):  # over every process's kept episodes
+                failures = scores_all[~complete_all]
+                metrics["reward/mean"] = float(scores_all.mean())
                 metrics["reward/failure_mean"] = float(failures.mean()) if failures.size else math.nan
                 metrics["reward/failure_max"] = float(failures.max()) if failures.size else math.nan
 
@@ -257,7 +241,7 @@ if __name__ == "__main__":
                 for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
                                            cfg.train.ppo_epochs, run.gather):
                     optimizer.zero_grad(set_to_none=True)
-                    micro = [steps.take(mb_inds[s:s + mb]) for s in range(0, len(mb_inds), mb)]
+                    micro = micro_batches(steps, mb_inds, mb)
                     for part in micro:
                         log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
                         if not cfg.algorithm.entropy_coeff:
@@ -279,13 +263,10 @@ if __name__ == "__main__":
                         for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
                                      ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
                             stats[k].append(v.detach())  # read once after the update: no host sync here
-                    average_gradients(run.accelerator, params)  # processes that ran out contribute zeros
-                    stats["grad_norm"].append(torch.nn.utils.clip_grad_norm_(params, cfg.train.grad_clip))
-                    optimizer.step()
-                    scheduler.step()
+                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
-            metrics.update({f"train/{k}": float(np.mean(torch.stack(v).tolist())) for k, v in stats.items() if v})
+            metrics.update(mean_stats(stats))
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter

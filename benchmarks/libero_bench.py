@@ -23,7 +23,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.config import EnvConfig  # noqa: E402
+from envs import EnvConfig  # noqa: E402
 from envs.libero import LiberoEnv, make_libero_vector_env  # noqa: E402
 
 

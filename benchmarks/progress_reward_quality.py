@@ -28,7 +28,7 @@ from scipy.stats import spearmanr
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from common.config import EnvConfig  # noqa: E402
+from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts  # noqa: E402
 from common.srpo import compute_embodied_reward, filter_groups  # noqa: E402
 from envs import make_vector_env  # noqa: E402

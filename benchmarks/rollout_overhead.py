@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a script
 
-from common.config import EnvConfig  # noqa: E402
+from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 

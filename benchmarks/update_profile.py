@@ -23,7 +23,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a script
 
-from common.config import EnvConfig  # noqa: E402
+from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts, flatten_steps  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 from models import TokenPolicy, TokenPolicyConfig  # noqa: E402

@@ -26,6 +26,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from models.saved import PolicyLoadError, is_policy_dir, policy_type, readable_files  # noqa: F401 - re-exported
+
 MANIFEST = "MANIFEST.json"
 
 
@@ -47,16 +49,6 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def readable_files(folder: str) -> None:
-    """Give every file under `folder` the mode a normally created file gets (0666 less the umask, usually 0644):
-    safetensors writes its files 0600, which colleagues sharing a cluster cannot read."""
-    umask = os.umask(0)
-    os.umask(umask)
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
 
 
 def capture_rng_state() -> Dict[str, Any]:
@@ -256,3 +248,45 @@ def read_rng_states(path: str) -> List[Dict[str, Any]]:
     """Every process's RNG dict of a checkpoint (one per process of the run that wrote it)."""
     states = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
     return [states] if isinstance(states, dict) else list(states)
+
+
+# ---- saved policies under any folder a user gives: a policy folder, an SFT run's best/last, an RL checkpoint
+
+def resolve_policy_dir(path: str) -> str:
+    """The folder holding `config.json` + `model.safetensors`: `path` itself, its policy/, best/ or last/, or for a
+    run folder the policy of its newest complete checkpoint (checked against its manifest)."""
+    if not os.path.exists(path):
+        raise PolicyLoadError(f"{path}: no such file or folder")
+    if os.path.isfile(os.path.join(path, "MANIFEST.json")) or os.path.basename(path.rstrip("/")).startswith("iter_"):
+        try:  # a training checkpoint: refuse a truncated or altered one instead of loading garbage
+            verify_checkpoint(path)
+        except CheckpointError as e:
+            raise PolicyLoadError(f"{e}; use an earlier checkpoint of the run") from None
+    candidates = [path, os.path.join(path, "policy"), os.path.join(path, "best"), os.path.join(path, "last")]
+    if os.path.isdir(os.path.join(path, "checkpoints")):  # a run folder of an RL script
+        newest = latest_checkpoint(path)
+        if newest is not None:
+            candidates.append(os.path.join(newest, "policy"))
+    for candidate in candidates:
+        if is_policy_dir(candidate):
+            return candidate
+    raise PolicyLoadError(f"no saved policy at {path} (expected config.json + model.safetensors there, in its policy/, "
+                          f"best/ or last/ subfolder, or a complete checkpoint in its checkpoints/); train one with "
+                          f"`python train_sft.py` first")
+
+
+def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] = None):
+    """The saved policy (class from models/policy.py's FAMILIES) from any path `resolve_policy_dir` accepts, in eval
+    mode; PolicyLoadError (one line) for a missing, truncated or garbage checkpoint."""
+    policy_dir = resolve_policy_dir(path)
+    kind = policy_type(policy_dir)
+    try:
+        from models.policy import policy_class
+
+        policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)
+    except PolicyLoadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors, json, shape and key errors all mean "not a good checkpoint"
+        msg = " ".join(str(e).split())[:300]
+        raise PolicyLoadError(f"could not load the {kind} policy in {policy_dir}: {type(e).__name__}: {msg}") from None
+    return policy.eval()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 import os
+import re
 import sys
 import tempfile
 import time
@@ -18,23 +20,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
+
 T = TypeVar("T")
-
-
-@dataclass
-class EnvConfig:
-    suite: str = "tabletop"  # tabletop | libero_{spatial,object,goal,10,90} | LIBERO-PRO: libero_<base>_{lan,object,swap,task}
-    task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
-    num_envs: int = 16  # parallel environments in one rollout chunk
-    image_size: int = 64  # square camera resolution (px) for agentview and wrist
-    max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
-    action_chunk: int = 8  # actions executed per policy call
-    expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
-    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps (real LIBERO)
-    # real LIBERO only
-    render_backend: str = "egl"  # egl | osmesa
-    fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
-    num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
 
 
 @dataclass
@@ -68,10 +56,6 @@ class InitConfig:
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: shipped configs and scripts
 RESUMABLE = ("resume", "train.iterations", "eval.", "log.")  # keys a resumed run may change (nothing run so far)
-
-
-class ConfigError(ValueError):
-    """A bad key or value in a YAML file or a command-line override; the message is one line and says how to fix it."""
 
 
 def _schema_keys(node: Any) -> Dict[str, Any]:
@@ -163,9 +147,8 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
 
 
 def check_run_config(cfg: Any) -> None:
-    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids."""
-    import envs
-
+    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids.
+    Reads the suites' static facts (envs/suites.py): no simulator is imported."""
     if cfg.env.num_envs < 1:
         raise ConfigError(f"env.num_envs={cfg.env.num_envs}: needs at least 1 environment")
     if cfg.log.checkpoint_every < 1 or cfg.log.keep_checkpoints < 1:
@@ -177,8 +160,25 @@ def check_run_config(cfg: Any) -> None:
                           f"trials_per_task >= 1, samples_per_trial >= 0")
     if cfg.train.iterations < 1:
         raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
-    envs.check_task_ids(cfg.env)
-    practice, first = getattr(getattr(cfg, "rollout", None), "train_trials", None), cfg.eval.trial_start
+    try:
+        check_env_config(cfg.env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    rollout, train = getattr(cfg, "rollout", None), cfg.train
+    if hasattr(rollout, "temperature") and not rollout.temperature > 0:
+        raise ConfigError(f"rollout.temperature={rollout.temperature}: must be > 0 (it divides the logits; greedy "
+                          f"evaluation is separate, eval.*)")
+    sizes = [k for k in ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "update_epochs",
+                         "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
+    if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
+        epochs, mini, micro = (getattr(train, k) for k in sizes)
+        if min(epochs, mini, micro) < 1 or mini % micro:
+            raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: each "
+                              f"must be >= 1 and the mini-batch a multiple of the micro-batch")
+    if hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):
+        raise ConfigError(f"rollout.train_trials={rollout.train_trials} must leave held-out trials: the suite has "
+                          f"{num_trials(cfg.env)} trials per task")
+    practice, first = getattr(rollout, "train_trials", None), cfg.eval.trial_start
     if cfg.eval.every > 0 and practice is not None and first is not None and first < practice:
         print(f"[config] warning: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} overlap the "
               f"practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ success is not on "
@@ -221,11 +221,58 @@ def saved_script(run_dir: str) -> Optional[str]:
     return head if head in ("srpo", "gae_ppo", "luffy", "flowsar", "train_sft") else None
 
 
+def field_comments(cls: type) -> Dict[str, str]:
+    """Field name -> its one-line meaning: the comment after the field in the dataclass source (comment-only lines
+    right below it continue it)."""
+    try:
+        lines = inspect.getsource(cls).splitlines()
+    except (OSError, TypeError):
+        return {}
+    out: Dict[str, str] = {}
+    name = None
+    for line in lines[1:]:
+        field_line = re.match(r"    (\w+)\s*:", line)
+        comment = line.split("  # ", 1)[1].strip() if "  # " in line else ""
+        if field_line:
+            name = field_line.group(1)
+            out[name] = comment
+        elif name is not None and line.strip().startswith("#"):
+            out[name] = f"{out[name]} {line.strip()[1:].strip()}".strip()
+        else:
+            name = None
+    return out
+
+
+def hyperparameter_help(cfg: Any, prefix: str = "") -> List[str]:
+    """One line per leaf key of the config tree `cfg`: `section.key=value  meaning`, CleanRL's --help in our syntax."""
+    lines: List[str] = []
+    comments = field_comments(type(cfg))
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if is_dataclass(value):
+            lines += hyperparameter_help(value, f"{prefix}{f.name}.")
+            continue
+        shown = yaml.safe_dump(value, default_flow_style=True, width=1000).strip()
+        shown = shown[:-4] if shown.endswith("\n...") else shown.replace("\n...", "")
+        key = f"  {prefix}{f.name}={shown}"
+        lines.append(f"{key:<44} {comments.get(f.name, '')}".rstrip() if len(key) < 44 else
+                     f"{key}\n{'':44} {comments.get(f.name, '')}".rstrip())
+    return lines
+
+
 def build_arg_parser(description: str, default_config: str,
-                     flags: Optional[Dict[str, Dict[str, Any]]] = None) -> argparse.ArgumentParser:
+                     flags: Optional[Dict[str, Dict[str, Any]]] = None,
+                     defaults: Any = None) -> argparse.ArgumentParser:
     """The named flags every script takes (+ a script's own `flags`: name -> argparse kwargs with `key`, the config
-    key it sets); anything else on the line is a `section.key=value` override."""
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    key it sets); anything else on the line is a `section.key=value` override. `defaults` (the config the default
+    YAML gives) lists every hyper-parameter with its value and meaning under the flags."""
+    epilog = None
+    if defaults is not None:
+        source = default_config or "the defaults"
+        epilog = (f"hyper-parameters: set any with section.key=value (shown: the value {source} gives)\n"
+                  + "\n".join(hyperparameter_help(defaults)))
+    p = argparse.ArgumentParser(description=description, epilog=epilog,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help=f"YAML config file (default {default_config})")
     p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
     p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
@@ -290,7 +337,9 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
     is_override = [("=" in a and not a.startswith("-")) for a in argv]
-    parser = build_arg_parser(description, default_config, flags)
+    help_asked = any(a in ("-h", "--help") for a in argv)
+    defaults = load_config(schema, resolve_config_path(None, default_config)) if help_asked else None
+    parser = build_arg_parser(description, default_config, flags, defaults)
     args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
     overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:

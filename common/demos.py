@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from common.config import EnvConfig
+from envs import EnvConfig
 from models.action_tokenizer import ACTION_DIM
 
 DEMO_CACHE_DIR = os.path.join("cache", "demos")

@@ -4,7 +4,7 @@ Token tensors are (B, L); masks are bool or 0/1 floats of the same shape. Everyt
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -264,9 +264,10 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
                           labels: torch.Tensor, beta: float, energy_type: str = "mse",
                           loss_variant: str = "mse_branch", kl_coeff: float = 0.5,
                           flow_t: Optional[torch.Tensor] = None,
-                          loss_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, float]]:
+                          loss_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """FlowSAR mirror loss (seed 001 §2.2): v+- = (1 -+ b) v_old +- b v_theta, E+- = mean (v+- - u)^2 (sde: / 2t);
-    mse_branch w[R E+ + (1-R) E-] or softplus_kl w softplus(y (E+ - E-) / 2) + kl_coeff mean (v_theta - v_old)^2."""
+    mse_branch w[R E+ + (1-R) E-] or softplus_kl w softplus(y (E+ - E-) / 2) + kl_coeff mean (v_theta - v_old)^2.
+    The metrics are detached 0-d tensors (read them after the update: no host sync per micro-batch)."""
     check_same_shape(v_theta=v_theta, v_old=v_old, u_target=u_target)
     check_same_shape(weights=weights, labels=labels)
     sample_shape = tuple(weights.shape)
@@ -299,22 +300,22 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
 
     labels = labels.to(e_pos.dtype)
     success = (labels + 1.0) / 2.0
-    metrics: Dict[str, float] = {}
+    metrics: Dict[str, Any] = {}
     if loss_variant == "mse_branch":
         per_sample = weights * (success * e_pos + (1.0 - success) * e_neg)
-        metrics["actor/flow_sar_success_ratio"] = float(masked_mean(success, loss_mask))
+        metrics["actor/flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
     else:
         contrastive = weights * F.softplus(0.5 * labels * (e_pos - e_neg))
         penalty = kl_coeff * (v_theta - v_old).square().flatten(k).mean(dim=-1)
         per_sample = contrastive + penalty
-        metrics["actor/flow_sar_contrastive"] = float(masked_mean(contrastive.detach(), loss_mask))
-        metrics["actor/flow_sar_kl_penalty"] = float(masked_mean(penalty.detach(), loss_mask))
+        metrics["actor/flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
+        metrics["actor/flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
     loss = masked_mean(per_sample, loss_mask)
     metrics.update({
-        "actor/flow_sar_loss": float(loss.detach()),
-        "actor/flow_sar_E_pos": float(masked_mean(e_pos.detach(), loss_mask)),
-        "actor/flow_sar_E_neg": float(masked_mean(e_neg.detach(), loss_mask)),
-        "actor/flow_sar_weight_mean": float(masked_mean(weights.detach().to(e_pos.dtype), loss_mask)),
+        "actor/flow_sar_loss": loss.detach(),
+        "actor/flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
+        "actor/flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
+        "actor/flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
         "actor/flow_sar_energy_type": 1.0 if energy_type == "sde" else 0.0,
         "actor/flow_sar_loss_variant": 1.0 if loss_variant == "softplus_kl" else 0.0,
     })

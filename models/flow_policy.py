@@ -461,7 +461,7 @@ class FlowPolicy(nn.Module):
         statistics (pi0_stats.json) when it has them."""
         from safetensors.torch import save_model
 
-        from common.checkpoint import readable_files
+        from models.saved import readable_files
 
         os.makedirs(path, exist_ok=True)
         save_model(self.net, os.path.join(path, "model.safetensors"))

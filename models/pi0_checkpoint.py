@@ -23,7 +23,6 @@ import os
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 NORM_STATS = os.path.join("physical-intelligence", "libero", "norm_stats.json")  # RLinf's place (asset id)

@@ -1,10 +1,10 @@
-"""Saved policies on disk: find the policy folder under any path a user gives (policy folder, training checkpoint,
-run folder), tell token from flow, and load it with a one-line error for anything that is not a good checkpoint."""
+"""Saved policy folders (`config.json` + `model.safetensors`): tell token from flow, and the one-line error for a path
+that holds no loadable policy. Finding the policy under a run or checkpoint folder and loading it is
+`common.checkpoint.load_saved_policy`."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Optional
 
 TRAIN_CONFIG = "train_config.yaml"  # the training run's resolved config, saved beside an exported policy
 
@@ -13,35 +13,10 @@ class PolicyLoadError(ValueError):
     """A path that holds no loadable policy; the message is one line naming the path, the problem and the fix."""
 
 
-def _is_policy_dir(path: str) -> bool:
+def is_policy_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json")) and (
         os.path.isfile(os.path.join(path, "model.safetensors")) or
         os.path.isfile(os.path.join(path, "model.safetensors.index.json")))  # sharded: a published OpenVLA-OFT
-
-
-def resolve_policy_dir(path: str) -> str:
-    """The folder holding `config.json` + `model.safetensors`: `path` itself, its policy/, best/ or last/, or for a
-    run folder the policy of its newest complete checkpoint (checked against its manifest)."""
-    from common.checkpoint import CheckpointError, latest_checkpoint, verify_checkpoint
-
-    if not os.path.exists(path):
-        raise PolicyLoadError(f"{path}: no such file or folder")
-    if os.path.isfile(os.path.join(path, "MANIFEST.json")) or os.path.basename(path.rstrip("/")).startswith("iter_"):
-        try:  # a training checkpoint: refuse a truncated or altered one instead of loading garbage
-            verify_checkpoint(path)
-        except CheckpointError as e:
-            raise PolicyLoadError(f"{e}; use an earlier checkpoint of the run") from None
-    candidates = [path, os.path.join(path, "policy"), os.path.join(path, "best"), os.path.join(path, "last")]
-    if os.path.isdir(os.path.join(path, "checkpoints")):  # a run folder of an RL script
-        newest = latest_checkpoint(path)
-        if newest is not None:
-            candidates.append(os.path.join(newest, "policy"))
-    for candidate in candidates:
-        if _is_policy_dir(candidate):
-            return candidate
-    raise PolicyLoadError(f"no saved policy at {path} (expected config.json + model.safetensors there, in its policy/, "
-                          f"best/ or last/ subfolder, or a complete checkpoint in its checkpoints/); train one with "
-                          f"`python train_sft.py` first")
 
 
 def policy_type(policy_dir: str) -> str:
@@ -56,18 +31,11 @@ def policy_type(policy_dir: str) -> str:
         raise PolicyLoadError(str(e)) from None
 
 
-def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] = None):
-    """The saved policy (class from models/policy.py's FAMILIES) from any path `resolve_policy_dir` accepts, in eval
-    mode; PolicyLoadError (one line) for a missing, truncated or garbage checkpoint."""
-    policy_dir = resolve_policy_dir(path)
-    kind = policy_type(policy_dir)
-    try:
-        from models.policy import policy_class
-
-        policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)
-    except PolicyLoadError:
-        raise
-    except Exception as e:  # noqa: BLE001 - safetensors, json, shape and key errors all mean "not a good checkpoint"
-        msg = " ".join(str(e).split())[:300]
-        raise PolicyLoadError(f"could not load the {kind} policy in {policy_dir}: {type(e).__name__}: {msg}") from None
-    return policy.eval()
+def readable_files(folder: str) -> None:
+    """Give every file under `folder` the mode a normally created file gets (0666 less the umask, usually 0644):
+    safetensors writes its files 0600, which colleagues sharing a cluster cannot read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for dirpath, _, filenames in os.walk(folder):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)

@@ -283,7 +283,7 @@ def save_policy_files(path: str, net: nn.Module, cfg, encoder: PrefixEncoder, ac
 
     from safetensors.torch import save_model
 
-    from common.checkpoint import readable_files
+    from models.saved import readable_files
 
     os.makedirs(path, exist_ok=True)
     save_model(net, os.path.join(path, "model.safetensors"))

@@ -4,8 +4,8 @@ from typing import Optional
 
 import pytest
 
-from common.config import (ConfigError, EnvConfig, LogConfig, check_run_config, load_config, parse_cli,
-                           resolve_run_dir)
+from common.config import ConfigError, LogConfig, check_run_config, load_config, parse_cli, resolve_run_dir
+from envs import EnvConfig
 
 
 @dataclass
@@ -125,3 +125,24 @@ def test_run_config_warns_when_evaluation_trials_are_practised(capsys):
     check_run_config(cfg)
     out = capsys.readouterr().out
     assert "evaluation trials 30..49 overlap the practice trials 0..39" in out and "eval.trial_start>=40" in out
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.ppo_mini_batch_size=0", "train.ppo_epochs=1, train.ppo_mini_batch_size=0, train.ppo_micro_batch_size=16: "
+                                    "each must be >= 1"),
+    ("env.max_steps=0", "env.max_steps=0: must be >= 1, or null for the suite's own limit"),
+    ("env.action_chunk=0", "env.action_chunk=0: must be >= 1"),
+    ("env.image_size=-1", "env.image_size=-1: must be >= 1"),
+    ("env.task_ids=[10]", "task id 10 is out of range: suite 'libero_goal' has task ids 0..9"),
+])
+def test_shared_checks_are_one_line_and_need_no_simulator(override, message, monkeypatch):
+    """The checks every RL script shares, on a LIBERO suite with hf-libero and robosuite made unimportable."""
+    import sys
+
+    import train_srpo
+    monkeypatch.setitem(sys.modules, "libero", None)
+    monkeypatch.setitem(sys.modules, "robosuite", None)
+    cfg = parse_cli(train_srpo.Config, "configs/srpo_libero.yaml", argv=["env.suite=libero_goal", override])
+    with pytest.raises(ConfigError) as e:
+        train_srpo.check_config(cfg)
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import envs
-from common.config import EnvConfig
+from envs import EnvConfig
 from common.demos import generate_expert_demos, rollout_demos, tokenize_demo_actions
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from models import TokenPolicy, TokenPolicyConfig

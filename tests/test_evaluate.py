@@ -10,7 +10,8 @@ import torch
 
 import evaluate
 from common.checkpoint import save_checkpoint
-from models.saved import PolicyLoadError, load_saved_policy, policy_type, resolve_policy_dir
+from common.checkpoint import load_saved_policy, resolve_policy_dir
+from models.saved import PolicyLoadError, policy_type
 from models.token_policy import TokenPolicy, TokenPolicyConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

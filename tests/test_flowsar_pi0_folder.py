@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.saved import load_saved_policy
+from common.checkpoint import load_saved_policy
 from models.text_tokenizer import ByteTokenizer
 from tests.scripts import read_metrics, run_script
 from tests.test_models_pi0_checkpoint import tiny_pi0, write_lerobot, write_openpi

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import yaml
 
-from common.config import EnvConfig
+from envs import EnvConfig
 from envs import libero
 from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env
 

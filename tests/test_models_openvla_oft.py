@@ -306,7 +306,8 @@ def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
     from models.openvla_oft import OpenVLAOFTPolicy as Cls
     from models.policy import (FAMILIES, FlowActionPolicy, TokenActionPolicy, action_kind, family_of_folder,
                                policy_class)
-    from models.saved import load_saved_policy, policy_type
+    from common.checkpoint import load_saved_policy
+    from models.saved import policy_type
     from models.token_policy import TokenPolicy, TokenPolicyConfig
 
     assert set(FAMILIES) == {"token", "flow", "openvla_oft"}

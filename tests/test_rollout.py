@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.config import EnvConfig
+from envs import EnvConfig
 from common.rollout import collect_rollouts, flatten_steps, make_prompts, success_by_task
 from envs import make_vector_env
 from models import TokenPolicy, TokenPolicyConfig

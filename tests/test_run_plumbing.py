@@ -328,7 +328,7 @@ def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
     assert "earlier checkpoints are intact" in err[-1] and f"--resume {run_dir}" in err[-1]
     assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["iter_000001"]  # no .tmp_iter_* left behind
     from common.checkpoint import verify_checkpoint
-    from models.saved import load_saved_policy
+    from common.checkpoint import load_saved_policy
 
     verify_checkpoint(os.path.join(run_dir, "checkpoints", "iter_000001"))
     load_saved_policy(os.path.join(run_dir, "checkpoints", "iter_000001"))

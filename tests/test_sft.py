@@ -13,10 +13,10 @@ from safetensors.torch import load_file
 
 import envs
 import train_sft
-from common.config import EnvConfig
+from envs import EnvConfig
 from common.demos import demos_to_samples, generate_expert_demos, load_demos_npz
 from common.rollout import collect_rollouts
-from models.saved import load_saved_policy
+from common.checkpoint import load_saved_policy
 from models import ActionTokenizer, TokenPolicy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

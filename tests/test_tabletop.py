@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from common.config import EnvConfig
+from envs import EnvConfig
 from envs import check_task_ids, make_vector_env, suite_tasks
 from envs.tabletop import (HOME_JITTER, HOME_XY, JITTER, LAYOUTS, NUM_TASKS, NUM_TRIALS, TASKS, TabletopEnv,
                            TabletopVectorEnv, initial_state)

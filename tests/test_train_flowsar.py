@@ -134,17 +134,28 @@ def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
     assert any(not torch.equal(ema_2[k], ema_b[k]) for k in ema_b)
 
 
-@pytest.mark.parametrize("variant,energy,schedule", [("mse_branch", "sde", "fixed"), ("softplus_kl", "sde", "linear")])
-def test_other_loss_variants_energies_and_schedules(tmp_path, variant, energy, schedule):
-    run(["--task-id", "0", "train.iterations=1", f"algorithm.flow_sar_loss_variant={variant}",
-         f"algorithm.flow_sar_energy_type={energy}", f"algorithm.flow_sar_ema_schedule={schedule}",
-         "rollout.flow_noise_level=0.5", "policy.lora_rank=4"], tmp_path)
-    (row,) = read_metrics(run_dirs(tmp_path)[0])
-    assert row["actor/flow_sar_energy_type"] == 1.0
-    assert row["actor/flow_sar_loss_variant"] == (1.0 if variant == "softplus_kl" else 0.0)
-    assert row["actor/flow_sar_ema_beta"] == pytest.approx(0.995 if schedule == "fixed" else 0.001)
-    assert ("actor/flow_sar_success_ratio" in row) == (variant == "mse_branch")
-    assert row["train/grad_norm"] > 0
+@pytest.mark.parametrize("variant,schedule", [("mse_branch", "fixed"), ("softplus_kl", "linear")])
+def test_other_loss_variants_energies_and_schedules(tmp_path, variant, schedule):
+    """One update from the same start and rollouts with energy sde and with mse; all 4 x 8 policy steps in one
+    micro-batch, so both measure the same samples before any step. sde divides every energy by 2t with t in
+    [0.2, 0.25]: its mean energies are 2 to 2.5 times mse's (an ignored energy type gives 1). softplus_kl's loss is its
+    contrastive term plus its KL penalty."""
+    rows = {}
+    for energy in ("sde", "mse"):
+        run(["--task-id", "0", "train.iterations=1", f"algorithm.flow_sar_loss_variant={variant}",
+             f"algorithm.flow_sar_energy_type={energy}", f"algorithm.flow_sar_ema_schedule={schedule}",
+             "algorithm.flow_sar_t_min=0.2", "algorithm.flow_sar_t_max=0.25", "train.mini_batch_size=4096",
+             "train.micro_batch_size=4096", "rollout.flow_noise_level=0.5", "policy.lora_rank=4"], tmp_path / energy)
+        (rows[energy],) = read_metrics(run_dirs(tmp_path / energy)[0])
+    sde, mse = rows["sde"], rows["mse"]
+    for key in ("actor/flow_sar_E_pos", "actor/flow_sar_E_neg"):
+        assert 2.0 * 0.999 <= sde[key] / mse[key] <= 2.5 * 1.001, (key, sde[key], mse[key])
+    if variant == "softplus_kl":
+        assert sde["actor/flow_sar_loss"] == pytest.approx(sde["actor/flow_sar_contrastive"]
+                                                           + sde["actor/flow_sar_kl_penalty"], rel=1e-5)
+    assert ("actor/flow_sar_success_ratio" in sde) == (variant == "mse_branch")
+    assert sde["actor/flow_sar_ema_beta"] == pytest.approx(0.995 if schedule == "fixed" else 0.001)
+    assert sde["train/grad_norm"] > 0
 
 
 BAD = [("algorithm.flow_sar_loss_variant=nft", "flow_sar_loss_variant='nft': use mse_branch or softplus_kl"),

@@ -84,7 +84,7 @@ def test_loss_gradient_by_hand_raises_demo_tokens_and_lowers_failed_ones():
 
 def test_one_step_on_a_policy_raises_the_demo_tokens_log_probs():
     import envs
-    from common.config import EnvConfig
+    from envs import EnvConfig
 
     torch.manual_seed(0)
     policy = TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2))

@@ -1,0 +1,80 @@
+"""The pieces every RL script's loop repeats, once: command line + checks, AdamW with linear warm-up, prompt sampling,
+rollout and dynamic-sampling metrics over all processes, micro-batches, the optimizer step (gradients averaged over
+processes, clipped) and the mean of the update's statistics. What defines an algorithm stays in its script."""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Type, TypeVar
+
+import numpy as np
+import torch
+
+from common.config import parse_cli
+from common.run import average_gradients
+
+T = TypeVar("T")
+
+
+def parse_and_check(schema: Type[T], default_config: str, script: str, doc: str, check: Callable[[T], None],
+                    **kwargs: Any) -> T:
+    """The `__main__` prelude: the config from YAML + command line, checked; a bad value exits with one line."""
+    cfg = parse_cli(schema, default_config, description=doc.split("\n\n")[0], script=script, **kwargs)
+    try:
+        check(cfg)
+    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
+        raise SystemExit(f"error: {e}") from None
+    return cfg
+
+
+def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int,
+                      decay: Callable[[], float] = lambda: 1.0
+                      ) -> Tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW and its schedule: lr * min(1, (step + 1) / warmup_steps) * decay() (verl's lr_warmup_steps)."""
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    warmup = max(1, warmup_steps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) * decay())
+    return optimizer, scheduler
+
+
+def sample_prompts(run: Any, count: int) -> Tuple[List[int], List[int]]:
+    """`count` (task, trial) prompts: a task of env.task_ids and a practice trial 0..rollout.train_trials-1 each."""
+    tasks = run.prompt_rng.choice(run.cfg.env.task_ids, count).tolist()
+    trials = run.prompt_rng.integers(0, run.cfg.rollout.train_trials, count).tolist()
+    return tasks, trials
+
+
+def rollout_metrics(run: Any, batch: Any, metrics: Dict[str, float]) -> None:
+    """rollout/success_rate, mean_length, truncated_fraction, invalid and success_task{t} over every process."""
+    rows = run.gather(list(zip(batch.task_ids.tolist(), batch.complete.tolist(), batch.finish_step.tolist(),
+                               batch.truncated.tolist(), batch.invalid.tolist())))
+    task, complete, length, truncated, invalid = (np.array(c) for c in zip(*rows)) if rows else [np.zeros(0)] * 5
+    metrics["rollout/success_rate"] = float(np.mean(complete.tolist()))
+    metrics["rollout/mean_length"] = float(np.mean(length.tolist()))
+    metrics["rollout/truncated_fraction"] = float(np.mean(truncated.tolist()))
+    metrics["rollout/invalid"] = float(invalid.sum())
+    for t in np.unique(task):
+        ok = (task == t) & ~invalid.astype(bool)
+        metrics[f"rollout/success_task{int(t)}"] = float(complete[ok].mean()) if ok.any() else math.nan
+
+
+def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int) -> List[Any]:
+    """A mini-batch's rows of `steps` as micro-batches of `size` rows (gradient accumulation)."""
+    return [steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)]
+
+
+def optimizer_step(run: Any, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
+                   scheduler: Any, max_norm: float) -> torch.Tensor:
+    """Average the gradients over processes (a process that ran out of rows adds zeros), clip them to `max_norm`,
+    step; returns the gradient norm before clipping (a tensor: read it after the update)."""
+    average_gradients(run.accelerator, params)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    optimizer.step()
+    scheduler.step()
+    return grad_norm
+
+
+def mean_stats(stats: Dict[str, List[Any]], prefix: str = "train/") -> Dict[str, float]:
+    """The mean of each statistic collected during the update (detached tensors, read here once: no host sync
+    inside the loop); empty lists are left out."""
+    return {f"{prefix}{k}": float(np.mean(torch.stack(v).tolist() if torch.is_tensor(v[0]) else v))
+            for k, v in stats.items() if v}

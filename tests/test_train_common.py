@@ -1,0 +1,48 @@
+"""common/train.py, the plumbing the RL scripts share: the optimizer step over two real processes (gloo on CPU) takes
+the MEAN of their gradients (a sum would double every step), clips and steps; the update statistics are read once."""
+import os
+import socket
+import types
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from common.train import mean_stats
+
+
+def _step_on_two_processes(rank: int, port: int, results) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    from accelerate import Accelerator
+
+    from common.train import optimizer_step
+
+    run = types.SimpleNamespace(accelerator=Accelerator(cpu=True))
+    weight = torch.nn.Parameter(torch.zeros(2))
+    weight.grad = torch.full((2,), 1.0 + 2.0 * rank)  # process 0: [1, 1], process 1: [3, 3]
+    optimizer = torch.optim.SGD([weight], lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    norm = optimizer_step(run, [weight], optimizer, scheduler, max_norm=100.0)
+    results[rank] = (weight.grad.tolist(), float(norm), weight.detach().tolist())
+    torch.distributed.destroy_process_group()
+
+
+def test_optimizer_step_averages_gradients_over_processes():
+    """Mean of [1, 1] and [3, 3] = [2, 2] (a sum gives [4, 4]); its norm sqrt(8) is not clipped at 100; SGD with lr 1
+    moves both replicas from 0 to -2."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_step_on_two_processes, args=(port, results), nprocs=2, join=True)
+        results = dict(results)
+    for rank in (0, 1):
+        grad, norm, weight = results[rank]
+        assert grad == [2.0, 2.0] and norm == pytest.approx(8 ** 0.5) and weight == [-2.0, -2.0]
+
+
+def test_mean_stats_reads_tensors_once_and_skips_empty_lists():
+    stats = {"pg_loss": [torch.tensor(1.0), torch.tensor(2.0)], "grad_norm": [0.5, 1.5], "kl_loss": []}
+    assert mean_stats(stats) == {"train/pg_loss": 1.5, "train/grad_norm": 1.0}
