@@ -128,9 +128,9 @@ def write_bar_chart(results: Dict[str, Any], path: str) -> str:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("success rate")
     means = ", ".join(f"{m} {results['mean_' + m]:.1%}" for m in modes)
-    name = os.path.normpath(results["checkpoint"])
-    name = name if len(name) <= 90 else "..." + name[-87:]
     at = f" (iteration {results['iteration']})" if results.get("iteration") is not None else ""
+    name, room = os.path.normpath(results["checkpoint"]), 80 - len(at)  # the first line fits a 6-inch figure
+    name = name if len(name) <= room else "..." + name[-(room - 3):]
     ax.set_title(f"{name}{at}\n{means} | trials {results['trial_range']} ({results['trials']} per task)", fontsize=8)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)

@@ -149,10 +149,11 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
     torch.save(list(rng_states), os.path.join(tmp, "rng.pt"))
     with open(os.path.join(tmp, "state.json"), "w") as f:
         json.dump({"iteration": int(iteration), "time": time.time(), "extra": extra or {}}, f, indent=1)
-    if config is not None:
-        from common.config import save_config
+    if config is not None:  # the resolved config as common.config.config_to_yaml writes it (that module imports this)
+        from omegaconf import OmegaConf
 
-        save_config(config, os.path.join(tmp, "config.yaml"))
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
     files = {}
     readable_files(tmp)
     for dirpath, _, filenames in os.walk(tmp):

@@ -590,15 +590,17 @@ class OpenVLAOFTPolicy(nn.Module):
 
     @torch.no_grad()
     def act(self, obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
-            greedy: bool = False, return_hidden: bool = False):
+            greedy: bool = False, return_hidden: bool = False,
+            generators: Optional[Sequence[torch.Generator]] = None):
         """-> actions (B, 8, 7) float32 numpy (env units), bin indices (B, 56) long, log-probs (B, 56) under
-        softmax(logits / temperature) over the 256 action ids (argmax when `greedy`), [+ hidden (B, D)]."""
+        softmax(logits / temperature) over the 256 action ids (argmax when `greedy`), [+ hidden (B, D)].
+        `generators` (B CPU generators): row i's sample draws from generators[i] instead of the global RNG."""
         from models.token_policy import _check_temperature, sample_categorical
 
         _check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         scaled = logits / temperature
-        tokens = scaled.argmax(-1) if greedy else sample_categorical(scaled)
+        tokens = scaled.argmax(-1) if greedy else sample_categorical(scaled, generators)
         log_probs = scaled.log_softmax(-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         actions = self.action_tokenizer.decode(tokens.view(-1, ACTION_CHUNK, ACTION_DIM))
         if return_hidden:

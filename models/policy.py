@@ -9,14 +9,15 @@ Every family:
   set_lora_rank(r)     merge any LoRA, add fresh LoRA of rank r (0 = full fine-tuning)
   cfg.action_chunk, cfg.image_size, cfg.lora_rank, action_chunk, hidden_size, device
 Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT):
-  act(obs, instructions, temperature, greedy, return_hidden) -> actions (B, chunk, 7) env units, tokens (B, chunk*7)
-      in [0, action_tokenizer.n_bins), log-probs (B, chunk*7) at that temperature [, hidden (B, hidden_size)]
+  act(obs, instructions, temperature, greedy, return_hidden, generators) -> actions (B, chunk, 7) env units,
+      tokens (B, chunk*7) in [0, action_tokenizer.n_bins), log-probs (B, chunk*7) at that temperature
+      [, hidden (B, hidden_size)]; `generators` (None, or one torch.Generator per row): where row i draws its sample
   log_prob(obs, instructions, tokens, temperature, return_hidden) -> log-probs, entropies (B, chunk*7) with grads
   hidden(obs, instructions) -> (B, hidden_size) value-head input
   sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/loss", "sft/token_accuracy"})
   action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
-Flow families (continuous actions; FlowSAR, SFT): sample / velocity / flow_matching_loss / normalize_actions (see
-models/flow_policy.py).
+Flow families (continuous actions; FlowSAR, SFT): sample(obs, instructions, num_steps, noise_level, generators) /
+velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py).
 """
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ class TokenActionPolicy(SavedPolicy, Protocol):
     action_tokenizer: Any
 
     def act(self, obs: Dict, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
-            greedy: bool = False, return_hidden: bool = False) -> Tuple: ...
+            greedy: bool = False, return_hidden: bool = False,
+            generators: Optional[Sequence[torch.Generator]] = None) -> Tuple: ...
 
     def log_prob(self, obs: Dict, instructions: Optional[Sequence[str]], tokens: torch.Tensor,
                  temperature: float = 1.0, return_hidden: bool = False) -> Tuple: ...
