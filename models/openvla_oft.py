@@ -636,14 +636,10 @@ class OpenVLAOFTPolicy(nn.Module):
     def sft_loss(self, obs, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]:
         """Cross-entropy over the 256 action ids on the demo actions (B, 8, 7), tokenised with the checkpoint's
         statistics and bins -> (loss, {"sft/loss", "sft/token_accuracy"})."""
+        from models.token_policy import token_cross_entropy
+
         logits, _ = self._forward(obs, instructions)
-        b = logits.shape[0]
-        if tuple(actions.shape) != (b, ACTION_CHUNK, ACTION_DIM):
-            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {ACTION_CHUNK}, 7)")
-        target = self.action_tokenizer.encode(actions).to(logits.device).view(b, -1)
-        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
-        acc = (logits.argmax(-1) == target).float().mean()
-        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc.item()}
+        return token_cross_entropy(logits, actions, self.action_tokenizer, ACTION_CHUNK)
 
     def reference(self):
         """The frozen pre-LoRA model (peft `disable_adapter()`); ValueError without LoRA."""

@@ -135,13 +135,7 @@ class TokenPolicy(nn.Module):
     def sft_loss(self, obs: Obs, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]:
         """Cross-entropy on the tokenised demo actions (B, chunk, 7) -> (loss, {"sft/loss", "sft/token_accuracy"})."""
         logits, _ = self._forward(obs, instructions)
-        b = logits.shape[0]
-        if tuple(actions.shape) != (b, self.action_chunk, ACTION_DIM):
-            raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {self.action_chunk}, 7)")
-        target = self.action_tokenizer.encode(actions).to(logits.device).view(b, -1)
-        loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
-        acc = (logits.argmax(-1) == target).float().mean()
-        return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc.item()}
+        return token_cross_entropy(logits, actions, self.action_tokenizer, self.action_chunk)
 
     def reference(self):
         """Context manager running the frozen pre-LoRA model (peft `disable_adapter()`); ValueError without LoRA."""
@@ -173,6 +167,18 @@ class TokenPolicy(nn.Module):
         if lo < 0 or hi >= self.cfg.n_bins:
             raise ValueError(f"token ids must lie in [0, {self.cfg.n_bins}), got [{lo}, {hi}]")
         return tokens
+
+
+def token_cross_entropy(logits: torch.Tensor, actions, action_tokenizer, chunk: int) -> Tuple[torch.Tensor, Dict]:
+    """Cross-entropy of logits (B, chunk*7, n_bins) on the demo actions (B, chunk, 7) tokenised by `action_tokenizer`
+    -> (loss, {"sft/loss", "sft/token_accuracy"}): every token family's SFT loss."""
+    b = logits.shape[0]
+    if tuple(actions.shape) != (b, chunk, ACTION_DIM):
+        raise ValueError(f"actions have shape {tuple(actions.shape)}; expected ({b}, {chunk}, 7)")
+    target = action_tokenizer.encode(actions).to(logits.device).view(b, -1)
+    loss = F.cross_entropy(logits.flatten(0, 1), target.flatten())
+    acc = (logits.argmax(-1) == target).float().mean()
+    return loss, {"sft/loss": loss.item(), "sft/token_accuracy": acc.item()}
 
 
 def sample_categorical(logits: torch.Tensor, generators: Optional[Sequence[torch.Generator]] = None) -> torch.Tensor:
