@@ -1,0 +1,30 @@
+"""test_all.py: the learning tests run beside the others, and the closing line counts both runs."""
+import importlib.util
+import os
+
+from tests.scripts import ROOT
+
+
+def _test_all():
+    spec = importlib.util.spec_from_file_location("test_all_module", os.path.join(ROOT, "test_all.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_counts_read_pytest_summary_lines():
+    counts = _test_all().counts
+    assert counts("x\n3 failed, 386 passed, 6 deselected, 6 warnings in 1457.94s (0:24:17)\n") == {
+        "passed": 386, "failed": 3, "skipped": 0}
+    assert counts("1 error, 2 passed, 4 skipped in 3.0s") == {"passed": 2, "failed": 1, "skipped": 4}
+
+
+def test_side_by_side_runs_count_both_and_fail_when_either_fails(tmp_path, capsys):
+    good, bad = tmp_path / "test_good.py", tmp_path / "test_bad.py"
+    good.write_text("def test_a():\n    assert 1\n\ndef test_b():\n    assert 2\n")
+    bad.write_text("import pytest\n\ndef test_c():\n    assert 0\n\n@pytest.mark.skip('why')\ndef test_d():\n    pass\n")
+    module = _test_all()
+    assert module.run_side_by_side([str(good)], [str(good)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "4 passed, 0 failed, 0 skipped"
+    assert module.run_side_by_side([str(bad)], [str(good)]) == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "2 passed, 1 failed, 1 skipped"
