@@ -10,7 +10,7 @@ chunk). `physics` = half the time one round of chunks takes at latency 0 with th
 two calls per round take as long as the physics of the round. steps/s counts env steps over the wall-clock of whole
 `collect_rollouts` calls (resets included), the median of --repeats runs taken in turns with the other mode; each
 worker count builds its simulators once, outside the timing.
-Needs real LIBERO and its assets (--assets, else $LIBERO_ASSETS_DIR, else ../shared/libero_assets).
+Needs real LIBERO (pip install -r requirements-libero.txt, which brings its assets).
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ class SleepPolicy:
 
     def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False, generators=None):
         b = len(instructions)
-        a = torch.stack([(torch.rand(self.action_chunk, 7, generator=g) - 0.5) * 0.6 for g in generators])
+        a = torch.stack([(torch.rand(self.action_chunk, 7, generator=g) - 0.5) * 0.6 for g in generators or [None] * b])
         a[..., 6] = -1.0
         time.sleep(self.latency)
         n = self.action_chunk * 7
@@ -69,10 +69,7 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=1, help="rounds of `workers` episodes per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per setting (median reported)")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
-    parser.add_argument("--assets", default=None)
     args = parser.parse_args()
-    assets = args.assets or os.environ.get("LIBERO_ASSETS_DIR") or os.path.join(os.path.dirname(ROOT), "shared",
-                                                                                  "libero_assets")
     torch.manual_seed(0)
     print(f"# {args.suite} task 0, {args.size} px, fast render {bool(args.fast_render)}, episodes of {args.max_steps} "
           f"steps, chunk {args.chunk}, {args.blocks} round(s) of episodes per measurement, {os.cpu_count()} CPUs, "
@@ -82,7 +79,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     base: List[float] = []
     for workers in args.workers:
-        cfg = EnvConfig(suite=args.suite, task_ids=[0], image_size=args.size, assets_dir=assets,
+        cfg = EnvConfig(suite=args.suite, task_ids=[0], image_size=args.size,
                         render_backend=args.backend, fast_render=bool(args.fast_render), max_steps=args.max_steps,
                         num_envs=workers, action_chunk=args.chunk)
         env = make_vector_env(cfg)
