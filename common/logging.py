@@ -79,14 +79,15 @@ def display_name(key: str) -> str:
 def format_line(iteration: int, metrics: Dict[str, Any], keys: Sequence[str], total: Optional[int] = None,
                 eta_s: Optional[float] = None) -> str:
     """One concise console line, e.g. `iter 12/30 | SPS 812 | rollout/success_rate 0.625 | pg_loss -0.0132 |
-    time/iteration 5.7s | ETA 1m40s`: each metric always spelled the same, seconds (time/*, *_s) with a unit."""
+    time/iteration 5.7s | ETA 1m40s`: each metric always spelled the same, seconds (time/*, *_s but not the
+    rates *_per_s) with a unit."""
     parts = [f"iter {iteration}" + (f"/{total}" if total else "")]
     for key in keys:
         value = _to_float(metrics.get(key)) if key in metrics else None
         if value is None:
             continue
         name = display_name(key)
-        if key.startswith("time/") or key.endswith("_s"):
+        if (key.startswith("time/") or key.endswith("_s")) and not key.endswith("_per_s"):  # a rate is no duration
             parts.append(f"{name} {duration(value)}")
         elif value == int(value) and abs(value) >= 10:
             parts.append(f"{name} {int(value)}")

@@ -79,9 +79,11 @@ def test_format_line():
                                                    "train/steps", "missing"])
     assert line == "iter 12 | SPS 812.4 | rollout/success_rate 0.625 | policy_loss -0.01321 | steps 4096"
     # k/N and an ETA; seconds carry a unit (not `iteration 5.72`, read as a count)
-    line = format_line(5, {"time/iteration": 5.72, "charts/elapsed_s": 192.0, "val/success_rate": 0.5}, [
-        "time/iteration", "charts/elapsed_s", "val/success_rate"], total=30, eta_s=143.0)
-    assert line == "iter 5/30 | time/iteration 5.7s | elapsed_s 3m12s | val/success_rate 0.5 | ETA 2m23s"
+    line = format_line(5, {"time/iteration": 5.72, "charts/elapsed_s": 192.0, "val/success_rate": 0.5,
+                           "charts/samples_per_s": 56.9}, [
+        "time/iteration", "charts/elapsed_s", "val/success_rate", "charts/samples_per_s"], total=30, eta_s=143.0)
+    assert line == ("iter 5/30 | time/iteration 5.7s | elapsed_s 3m12s | val/success_rate 0.5 | samples_per_s 56.9 | "
+                    "ETA 2m23s")  # a rate (*_per_s) is not a duration
 
 
 def test_a_metric_is_spelled_the_same_on_every_line():
