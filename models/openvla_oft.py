@@ -470,12 +470,11 @@ def published_state_dict(core: OFTCore) -> Dict[str, torch.Tensor]:
     return {k: v.detach().contiguous() for k, v in out.items()}
 
 
-def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, tokenizer_dir: Optional[str]) -> None:
-    """The published layout: config.json, two safetensors shards + index, dataset_statistics.json, tokenizer files."""
+def write_shards(folder: str, state: Dict[str, torch.Tensor]) -> None:
+    """Published-layout weights: the vision tower + projector and the language model in two safetensors shards, and
+    model.safetensors.index.json mapping every key to its shard."""
     from safetensors.torch import save_file
 
-    os.makedirs(folder, exist_ok=True)
-    state = published_state_dict(core)
     shards = {"model-00001-of-00002.safetensors": {k: v for k, v in state.items() if not k.startswith("language")},
               "model-00002-of-00002.safetensors": {k: v for k, v in state.items() if k.startswith("language")}}
     weight_map = {}
@@ -485,6 +484,12 @@ def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, to
     total = sum(v.numel() * v.element_size() for v in state.values())
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+
+
+def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, tokenizer_dir: Optional[str]) -> None:
+    """The published layout: config.json, two safetensors shards + index, dataset_statistics.json, tokenizer files."""
+    os.makedirs(folder, exist_ok=True)
+    write_shards(folder, published_state_dict(core))
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
     with open(os.path.join(folder, "dataset_statistics.json"), "w") as f:
