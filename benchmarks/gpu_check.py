@@ -1,0 +1,278 @@
+"""What only a GPU can show: the real-size architectures with random weights (bf16), their act / log-prob / training
+step times and peak memory, and each training script's first iterations on CUDA. Prints one JSON line per figure.
+
+    python benchmarks/gpu_check.py --part oft7b_lora     # OpenVLA-OFT 7B, LoRA r=32 + gradient checkpointing
+    python benchmarks/gpu_check.py --part oft7b_full     # OpenVLA-OFT 7B, full fine-tuning, fp32 master weights, 1 GPU
+    python benchmarks/gpu_check.py --part oft7b_offload  # the same under FSDP2 (1 rank) with CPU offload
+    python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
+    python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
+
+Random weights: no checkpoint is needed (or downloadable here); the OpenVLA-OFT folder is the published config.json
+with the tiny fixture's statistics and tokenizer. Results are written up in docs/gpu.md.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+FIXTURE = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")
+INSTRUCTION = "put both the alphabet soup and the tomato sauce in the basket"
+
+
+def emit(**row):
+    print(json.dumps(row), flush=True)
+
+
+def gib(x):
+    return round(x / 2 ** 30, 2)
+
+
+def timed(fn, repeats=3):
+    fn()  # warm-up (kernels, allocator)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        out = fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / repeats, out
+
+
+def oft_folder():
+    """The published 7B config.json (towers + Llama-2 7B text config) beside the fixture's statistics/tokenizer."""
+    folder = tempfile.mkdtemp(prefix="oft7b_")
+    for name in os.listdir(FIXTURE):
+        if not name.endswith(".safetensors") and not name.endswith(".index.json"):
+            shutil.copy(os.path.join(FIXTURE, name), folder)
+    with open(os.path.join(FIXTURE, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["timm_model_ids"] = ["vit_large_patch14_reg4_dinov2.lvd142m", "vit_so400m_patch14_siglip_224"]
+    cfg["text_config"] = {"model_type": "llama", "vocab_size": 32064, "pad_token_id": 32000,
+                          "torch_dtype": "bfloat16"}
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return folder
+
+
+def oft_obs(b):
+    rng = np.random.default_rng(0)
+    return {"agentview": rng.integers(0, 256, (b, 224, 224, 3), dtype=np.uint8), "instructions": [INSTRUCTION] * b}
+
+
+def build_oft(lora_rank, bf16_weights, ckpt):
+    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
+
+    cfg = OpenVLAOFTConfig(init_path=oft_folder(), lora_rank=lora_rank, bf16_weights=bf16_weights,
+                           gradient_checkpointing=ckpt)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        policy = OpenVLAOFTPolicy(cfg, _load_weights=False)  # random init, built on the GPU
+    torch.cuda.synchronize()
+    n = sum(p.numel() for p in policy.parameters())
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    emit(part="build", lora_rank=lora_rank, bf16_weights=bf16_weights, params=n, trainable=trainable,
+         seconds=round(time.perf_counter() - t0, 1), allocated_gib=gib(torch.cuda.memory_allocated()))
+    return policy
+
+
+def oft_act(policy, sizes=(1, 8, 32)):
+    policy.eval()
+    for b in sizes:
+        obs = oft_obs(b)
+        torch.cuda.reset_peak_memory_stats()
+        s, out = timed(lambda: policy.act(obs))
+        emit(part="oft7b_act", batch=b, seconds=round(s, 4), per_obs_ms=round(1000 * s / b, 1),
+             peak_gib=gib(torch.cuda.max_memory_allocated()), action_shape=list(out[0].shape))
+
+
+def oft_train_step(policy, opt, micro, steps=2, tag=""):
+    policy.train()
+    obs = oft_obs(micro)
+    tokens = torch.randint(0, 256, (micro, 56), device="cuda")
+
+    def step():
+        logp, ent = policy.log_prob(obs, None, tokens)
+        loss = -logp.mean() - 0.0 * ent.mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return float(loss.detach())
+
+    torch.cuda.reset_peak_memory_stats()
+    s, loss = timed(step, repeats=steps)
+    emit(part=f"oft7b_train{tag}", micro_batch=micro, seconds_per_step=round(s, 3),
+         peak_gib=gib(torch.cuda.max_memory_allocated()), reserved_gib=gib(torch.cuda.max_memory_reserved()),
+         loss=round(loss, 4))
+
+
+def part_oft7b_lora():
+    policy = build_oft(lora_rank=32, bf16_weights=True, ckpt=True)
+    oft_act(policy)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
+    for micro in (4, 16):
+        oft_train_step(policy, opt, micro, tag="_lora32_ckpt")
+    policy.set_gradient_checkpointing(False)
+    oft_train_step(policy, opt, 4, tag="_lora32_no_ckpt")
+
+
+def part_oft7b_full():
+    """SimpleVLA-RL's recipe on one GPU without sharding: fp32 weights (AdamW master copy), bf16 autocast."""
+    policy = build_oft(lora_rank=0, bf16_weights=False, ckpt=True)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6, fused=True)
+    for micro in (2, 8):
+        try:
+            oft_train_step(policy, opt, micro, steps=1, tag="_full_fp32_ckpt")
+        except torch.cuda.OutOfMemoryError as e:
+            emit(part="oft7b_train_full_fp32_ckpt", micro_batch=micro, oom=str(e).splitlines()[0][:200])
+            break
+
+
+def part_oft7b_offload():
+    """FSDP2 fully_shard on one rank with CPUOffloadPolicy: parameters, gradients and AdamW state live in CPU memory,
+    each Llama layer is brought to the GPU for its forward/backward."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
+
+    cfg = OpenVLAOFTConfig(init_path=oft_folder(), lora_rank=0, bf16_weights=False, gradient_checkpointing=True)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        policy = OpenVLAOFTPolicy(cfg, _load_weights=False)
+    core = policy.core
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    kw = dict(mp_policy=mp, offload_policy=CPUOffloadPolicy())
+    for layer in core.language_model.model.layers:
+        fully_shard(layer, **kw)
+    fully_shard(core, **kw)
+    torch.cuda.synchronize()
+    emit(part="offload_build", seconds=round(time.perf_counter() - t0, 1),
+         allocated_gib=gib(torch.cuda.memory_allocated()))
+    policy.cfg.bf16 = False  # FSDP's mixed precision casts the parameters; no autocast on top
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    torch.cuda.reset_peak_memory_stats()
+    obs, tokens = oft_obs(4), torch.randint(0, 256, (4, 56), device="cuda")
+    for i in range(2):
+        t0 = time.perf_counter()
+        logp, _ = policy.log_prob(obs, None, tokens)
+        (-logp.mean()).backward()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        emit(part="oft7b_train_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(t1 - t0, 2),
+             optimizer_s=round(t2 - t1, 2), peak_gib=gib(torch.cuda.max_memory_allocated()))
+    dist.destroy_process_group()
+
+
+def part_pi0_expert():
+    from models.flow_policy import FlowPolicy, FlowPolicyConfig
+
+    cfg = FlowPolicyConfig(preset="pi0", image_size=224, action_chunk=5, horizon=50, train_expert_only=True,
+                           bf16_weights=True, num_steps=10)
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        policy = FlowPolicy(cfg)
+    torch.cuda.synchronize()
+    n = sum(p.numel() for p in policy.parameters())
+    trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
+    emit(part="pi0_build", params=n, trainable=trainable, seconds=round(time.perf_counter() - t0, 1),
+         allocated_gib=gib(torch.cuda.memory_allocated()))
+    rng = np.random.default_rng(0)
+
+    def obs(b):
+        return {"agentview": rng.integers(0, 256, (b, 224, 224, 3), dtype=np.uint8),
+                "wrist": rng.integers(0, 256, (b, 224, 224, 3), dtype=np.uint8),
+                "state": rng.standard_normal((b, 8)).astype(np.float32), "instructions": [INSTRUCTION] * b}
+
+    policy.eval()
+    for b in (1, 8, 32):
+        o = obs(b)
+        torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            s, out = timed(lambda: policy.sample(o, noise_level=0.5))
+        emit(part="pi0_sample_10_steps", batch=b, seconds=round(s, 4), per_obs_ms=round(1000 * s / b, 1),
+             peak_gib=gib(torch.cuda.max_memory_allocated()), action_shape=list(out.actions.shape))
+    policy.train()
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=5e-6, fused=True)
+    for micro in (8, 32):
+        o = obs(micro)
+        actions = torch.randn(micro, policy.horizon, 7)
+
+        def step():
+            loss, _ = policy.flow_matching_loss(o, None, actions)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return float(loss.detach())
+
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            s, loss = timed(step, repeats=2)
+            emit(part="pi0_expert_only_train", micro_batch=micro, seconds_per_step=round(s, 3),
+                 peak_gib=gib(torch.cuda.max_memory_allocated()), loss=round(loss, 4))
+        except torch.cuda.OutOfMemoryError as e:
+            emit(part="pi0_expert_only_train", micro_batch=micro, oom=str(e).splitlines()[0][:200])
+
+
+SCRIPTS = {
+    "train_srpo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
+                      "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2",
+                      "reward.encoder.num_frames=4"],
+    "train_gae_ppo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8", "eval.every=1",
+                         "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1"],
+    "train_flowsar.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=2", "rollout.prompts_per_iteration=2",
+                         "rollout.flow_steps=2", "eval.every=1", "eval.trials_per_task=2"],
+    "train_luffy.py": ["env.num_envs=8", "env.max_steps=32", "rollout.n=4", "rollout.prompts_per_iteration=2",
+                       "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0"],
+}
+
+
+def part_scripts():
+    """Each RL script from scratch for 2 iterations on CUDA (its default policy), then train_sft.py for 20 steps."""
+    out = tempfile.mkdtemp(prefix="gpu_scripts_")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), WANDB_MODE="disabled")
+    runs = [(s, ["--task-id", "0", "--gpu", "0", "--no-wandb", "init.mode=scratch", "train.iterations=2", *a])
+            for s, a in SCRIPTS.items()]
+    runs.append(("train_sft.py", ["--task-id", "0", "--gpu", "0", "--no-wandb", "sft.num_demos=2", "sft.steps=20",
+                                  "sft.eval_every=10", f"sft.output_path={out}/sft_export"]))
+    for script, args in runs:
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, script, *args, f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+        rows = []
+        for root, _, files in os.walk(os.path.join(out, "runs")):
+            if "metrics.jsonl" in files and script.split(".")[0].split("_", 1)[1] in root:
+                with open(os.path.join(root, "metrics.jsonl")) as f:
+                    rows = [json.loads(line) for line in f]
+        last = rows[-1] if rows else {}
+        emit(part="script", script=script, rc=p.returncode, seconds=round(time.perf_counter() - t0, 1),
+             iterations=len(rows), peak_gib=last.get("perf/max_memory_allocated_gb"),
+             tail=(p.stdout + p.stderr)[-600:] if p.returncode else (p.stdout.strip().splitlines() or [""])[-1])
+
+
+PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
+         "pi0_expert": part_pi0_expert, "scripts": part_scripts}
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--part", choices=sorted(PARTS), required=True)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("benchmarks/gpu_check.py needs a CUDA GPU")
+    emit(part="device", name=torch.cuda.get_device_name(), torch=torch.__version__,
+         total_gib=gib(torch.cuda.get_device_properties(0).total_memory))
+    PARTS[args.part]()
