@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Iterator, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from common.run import initial_policy, minibatches, start_run
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
                           rollout_metrics, sample_prompts)
 from envs import EnvConfig
-from models import ACTION_DIM, FlowPolicy, FlowPolicyConfig
+from models import ACTION_DIM, FlowPolicyConfig
 
 LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
 
@@ -78,7 +78,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)  # architecture for init.mode=scratch; LoRA
+    policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type picks the family (flow): its keys
                                                                         # keys always (the rest from the checkpoint)
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -145,7 +145,7 @@ if __name__ == "__main__":
     cfg = parse_and_check(Config, "configs/flowsar.yaml", "flowsar", __doc__, check_config)
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
-        policy = initial_policy(run, FlowPolicy, policy_type="flow")
+        policy = initial_policy(run, "flow")
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,

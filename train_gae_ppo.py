@@ -30,7 +30,7 @@ from common.rollout import collect_rollouts, flatten_steps
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from common.train import adamw_with_warmup, mean_stats, micro_batches, parse_and_check, rollout_metrics, sample_prompts
 from envs import EnvConfig
-from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
+from models import ACTION_DIM, TokenPolicyConfig, ValueHead, ValueHeadConfig
 
 
 @dataclass
@@ -83,7 +83,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture (init.mode=scratch), LoRA keys
+    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type picks the family (token (default) | openvla_oft): its keys
     value_head: ValueHeadConfig = field(default_factory=lambda: ValueHeadConfig(hidden_dims=[256, 128]))
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -199,7 +199,7 @@ if __name__ == "__main__":
                                                                             "value_head.safetensors")):
             raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
                               f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
-        policy = initial_policy(run, TokenPolicy)
+        policy = initial_policy(run, "token")
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
             torch.manual_seed(cfg.seed)
             value_head = ValueHead(policy.hidden_size, cfg.value_head).to(device) if use_gae else None

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from common.srpo import filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
                           rollout_metrics, sample_prompts)
 from envs import EnvConfig, max_steps
-from models import ACTION_DIM, TokenPolicy, TokenPolicyConfig
+from models import ACTION_DIM, TokenPolicyConfig
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
              "on_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac")
@@ -100,7 +100,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch, LoRA
+    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type picks the family (token (default) | openvla_oft): its keys
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     demos: DemoConfig = field(default_factory=DemoConfig)
@@ -179,7 +179,7 @@ if __name__ == "__main__":
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
-        policy = initial_policy(run, TokenPolicy)
+        policy = initial_policy(run, "token")
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps)

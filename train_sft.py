@@ -34,8 +34,9 @@ from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
 from models.saved import TRAIN_CONFIG
 from models.action_tokenizer import ActionTokenizer
-from models.flow_policy import FlowPolicy, FlowPolicyConfig
-from models.token_policy import TokenPolicy, TokenPolicyConfig
+from models.flow_policy import FlowPolicyConfig
+from models.policy import FAMILIES, FlowActionPolicy, policy_class
+from models.token_policy import TokenPolicyConfig
 
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (as the RL scripts')
@@ -43,8 +44,9 @@ INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (as the RL s
 
 @dataclass
 class PolicySection:
-    type: str = "token"  # token (cross-entropy on action bins) | flow (flow matching)
-    init_path: Optional[str] = None  # start from a saved policy instead of a fresh one (its own type is used)
+    type: str = "token"  # fresh policy: token (cross-entropy on action bins) | flow (flow matching); openvla_oft
+                         # starts from its published folder (policy.init_path)
+    init_path: Optional[str] = None  # start from a saved or published policy folder (its own family is used)
     token: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)
     flow: FlowPolicyConfig = field(default_factory=FlowPolicyConfig)
 
@@ -91,7 +93,7 @@ class SFTLoss(torch.nn.Module):
         self.policy = policy
 
     def forward(self, obs: Dict[str, np.ndarray], instructions: List[str], actions: np.ndarray):
-        if isinstance(self.policy, FlowPolicy):
+        if isinstance(self.policy, FlowActionPolicy):
             return self.policy.flow_matching_loss(obs, instructions, actions)
         return self.policy.sft_loss(obs, instructions, actions)
 
@@ -132,13 +134,9 @@ def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
     """A fresh policy (action statistics fitted on the demos) or the one at `policy.init_path`."""
     if cfg.policy.init_path:
         return load_saved_policy(cfg.policy.init_path).train()
-    if cfg.policy.type == "token":
-        tokenizer = ActionTokenizer.fit(demo_actions, n_bins=cfg.policy.token.n_bins)
-        return TokenPolicy(cfg.policy.token, tokenizer)
-    if cfg.policy.type == "flow":
-        tokenizer = ActionTokenizer.fit(demo_actions, n_bins=cfg.policy.flow.n_bins)
-        return FlowPolicy(cfg.policy.flow, tokenizer)
-    raise SystemExit(f"policy.type={cfg.policy.type!r}: use token or flow")
+    family_cfg = getattr(cfg.policy, cfg.policy.type)  # the section of that family (check_config: token or flow)
+    tokenizer = ActionTokenizer.fit(demo_actions, n_bins=family_cfg.n_bins)
+    return policy_class(cfg.policy.type)(family_cfg, tokenizer)
 
 
 def export_policy(src: str, dst: str, cfg: Config) -> None:
@@ -174,8 +172,10 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
     if not sft.lr > 0:
         raise ConfigError(f"sft.lr={sft.lr}: must be > 0")
-    if cfg.policy.type not in ("token", "flow"):
-        raise ConfigError(f"policy.type={cfg.policy.type!r}: use token or flow")
+    if cfg.policy.type not in ("token", "flow") and not cfg.policy.init_path:
+        hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
+                if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
+        raise ConfigError(f"policy.type={cfg.policy.type!r}{hint}")
     if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
         raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
                           f"must be >= 1")

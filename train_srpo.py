@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
                           rollout_metrics, sample_prompts)
 from envs import EnvConfig, max_steps
-from models import ACTION_DIM, EncoderConfig, TokenPolicy, TokenPolicyConfig, make_trajectory_encoder
+from models import ACTION_DIM, EncoderConfig, TokenPolicyConfig, make_trajectory_encoder
 
 
 @dataclass
@@ -92,7 +92,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: TokenPolicyConfig = field(default_factory=TokenPolicyConfig)  # architecture for init.mode=scratch; LoRA keys
+    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type picks the family (token (default) | openvla_oft): its keys
                                                                         # always (the rest comes from a checkpoint)
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -126,7 +126,7 @@ if __name__ == "__main__":
     cfg = parse_and_check(Config, "configs/srpo.yaml", "srpo", __doc__, check_config)
     with start_run(cfg, "srpo") as run:
         device = run.device
-        policy = initial_policy(run, TokenPolicy)
+        policy = initial_policy(run, "token")
         params = [p for p in policy.parameters() if p.requires_grad]
         clock = {"iteration": 0}  # the cosine schedule's position, set at the start of every iteration (and on resume)
 

@@ -4,8 +4,10 @@ step times and peak memory, and each training script's first iterations on CUDA.
     python benchmarks/gpu_check.py --part oft7b_lora     # OpenVLA-OFT 7B, LoRA r=32 + gradient checkpointing
     python benchmarks/gpu_check.py --part oft7b_full     # OpenVLA-OFT 7B, full fine-tuning, fp32 master weights, 1 GPU
     python benchmarks/gpu_check.py --part oft7b_offload  # the same under FSDP2 (1 rank) with CPU offload
+    python benchmarks/gpu_check.py --part oft7b_lora_offload  # LoRA r=32 under FSDP2 (1 rank) with CPU offload
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
     python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
+    python benchmarks/gpu_check.py --part srpo_7b [--extra train.strategy=fsdp]  # SRPO from a random 7B OFT folder
 
 Random weights: no checkpoint is needed (or downloadable here); the OpenVLA-OFT folder is the published config.json
 with the tiny fixture's statistics and tokenizer. Results are written up in docs/gpu.md.
@@ -178,6 +180,45 @@ def part_oft7b_offload():
     dist.destroy_process_group()
 
 
+def part_oft7b_lora_offload():
+    """LoRA r=32 under FSDP2 on one rank with CPUOffloadPolicy: the frozen bf16 base lives in (pinned) host memory and
+    each wrapped block comes to the GPU for its forward/backward; peak GPU and host memory, seconds per update."""
+    import resource
+
+    import torch.distributed as dist
+    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29534")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    policy = build_oft(lora_rank=32, bf16_weights=True, ckpt=True)
+    core = policy.core
+    t0 = time.perf_counter()
+    for block in [*core.language_model.model.layers, *core.dino.blocks, *core.siglip.blocks]:
+        fully_shard(block, offload_policy=CPUOffloadPolicy())
+    fully_shard(policy.net, offload_policy=CPUOffloadPolicy())
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    emit(part="lora_offload_wrap", seconds=round(time.perf_counter() - t0, 1),
+         allocated_gib=gib(torch.cuda.memory_allocated()))
+    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
+    obs, tokens = oft_obs(4), torch.randint(0, 256, (4, 56), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(3):
+        t0 = time.perf_counter()
+        logp, _ = policy.log_prob(obs, None, tokens)
+        (-logp.mean()).backward()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        t2 = time.perf_counter()
+        emit(part="oft7b_lora32_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(t1 - t0, 2),
+             optimizer_s=round(t2 - t1, 2), peak_gpu_gib=gib(torch.cuda.max_memory_allocated()),
+             host_maxrss_gib=gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+    dist.destroy_process_group()
+
+
 def part_pi0_expert():
     from models.flow_policy import FlowPolicy, FlowPolicyConfig
 
@@ -228,6 +269,43 @@ def part_pi0_expert():
             emit(part="pi0_expert_only_train", micro_batch=micro, oom=str(e).splitlines()[0][:200])
 
 
+def part_srpo_7b(extra=()):
+    """train_srpo.py on the embedded suite from a random OpenVLA-OFT 7B folder in the published layout (saved here
+    first): one iteration, LoRA r=32, bf16 frozen base, gradient checkpointing; `extra` overrides (e.g. the strategy)."""
+    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
+
+    folder = tempfile.mkdtemp(prefix="oft7b_published_")
+    t0 = time.perf_counter()
+    with torch.device("cuda"):
+        policy = OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=oft_folder(), bf16_weights=True), _load_weights=False)
+    policy.save(folder)
+    del policy
+    torch.cuda.empty_cache()
+    emit(part="srpo_7b_folder", seconds=round(time.perf_counter() - t0, 1),
+         gib_on_disk=gib(sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))))
+    out = tempfile.mkdtemp(prefix="srpo7b_")
+    args = ["--task-id", "0", "--gpu", "0", "--no-wandb", f"init.path={folder}", "policy.type=openvla_oft",
+            "policy.lora_rank=32", "policy.bf16_weights=true", "policy.gradient_checkpointing=true", "env.num_envs=8",
+            "env.max_steps=24", "rollout.n=8", "rollout.prompts_per_iteration=1", "algorithm.filter_accuracy=false",
+            "algorithm.entropy_coeff=0.001", "reward.mode=binary", "eval.every=0", "train.iterations=1",
+            "train.ppo_mini_batch_size=8", "train.ppo_micro_batch_size=4", f"log.output_dir={out}/runs",
+            f"log.plots_dir={out}/plots", *extra]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), WANDB_MODE="disabled")
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "train_srpo.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=400)
+    rows = []
+    for root, _, files in os.walk(os.path.join(out, "runs")):
+        if "metrics.jsonl" in files:
+            with open(os.path.join(root, "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
+    last = rows[-1] if rows else {}
+    emit(part="srpo_7b", extra=list(extra), rc=p.returncode, seconds=round(time.perf_counter() - t0, 1),
+         **{k: last.get(k) for k in ("time/rollout", "time/update", "time/iteration", "train/grad_norm",
+                                     "perf/max_memory_allocated_gb", "charts/env_steps")},
+         tail=(p.stdout + p.stderr)[-1500:] if p.returncode else "")
+
+
 SCRIPTS = {
     "train_srpo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
                       "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2",
@@ -265,14 +343,16 @@ def part_scripts():
 
 
 PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
+         "oft7b_lora_offload": part_oft7b_lora_offload, "srpo_7b": part_srpo_7b,
          "pi0_expert": part_pi0_expert, "scripts": part_scripts}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=sorted(PARTS), required=True)
+    ap.add_argument("--extra", nargs="*", default=[], help="srpo_7b: more train_srpo.py overrides")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu_check.py needs a CUDA GPU")
     emit(part="device", name=torch.cuda.get_device_name(), torch=torch.__version__,
          total_gib=gib(torch.cuda.get_device_properties(0).total_memory))
-    PARTS[args.part]()
+    PARTS[args.part](*([args.extra] if args.part == "srpo_7b" else []))

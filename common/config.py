@@ -118,8 +118,7 @@ def _expected_type(schema: Any, dotted: str) -> str:
 
 def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence[str] = ()) -> T:
     """Defaults of `schema` <- YAML file <- `key=value` overrides, strictly checked; returns a `schema` instance."""
-    default = schema()
-    cfg = OmegaConf.structured(default)
+    data: Dict[str, Any] = {}
     if path is not None:
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path} (the configs/ folder lists the shipped ones)")
@@ -130,7 +129,7 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
                 raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
-        cfg = _merge(cfg, data, default, path)
+    given = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command line: override '{item}' must look like section.key=value")
@@ -142,8 +141,37 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
         for part in parts[:-1]:
             node = node.setdefault(part, {})
         node[parts[-1]] = value
+        given.append(nested)
+    default = _with_policy_family(schema(), [data, *given])
+    cfg = OmegaConf.structured(default)
+    if path is not None:
+        cfg = _merge(cfg, data, default, path)
+    for nested in given:
         cfg = _merge(cfg, nested, default, "command line")
     return OmegaConf.to_object(cfg)  # type: ignore[return-value]
+
+
+def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
+    """A script whose `policy` section is a policy family's config (a dataclass with a `type` field, annotated `Any`
+    in the script's Config) takes the family that `policy.type` names (the YAML, then the command line; the last
+    wins): its keys are that family's config class's keys (models/policy.py FAMILIES)."""
+    policy = getattr(default, "policy", None)
+    if not is_dataclass(policy) or "type" not in {f.name for f in fields(policy)} or \
+            get_type_hints(type(default)).get("policy") is not Any:
+        return default
+    family = policy.type
+    for source in sources:
+        section = source.get("policy") if isinstance(source, dict) else None
+        if isinstance(section, dict) and "type" in section:
+            family = section["type"]
+    if family == policy.type:
+        return default
+    from models.policy import FAMILIES, config_class
+
+    if family not in FAMILIES:
+        raise ConfigError(f"policy.type={family!r}: unknown policy family; use one of {', '.join(sorted(FAMILIES))}")
+    default.policy = config_class(family)()
+    return default
 
 
 def check_run_config(cfg: Any) -> None:
@@ -160,6 +188,9 @@ def check_run_config(cfg: Any) -> None:
                           f"trials_per_task >= 1, samples_per_trial >= 0")
     if cfg.train.iterations < 1:
         raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
+    if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
+        raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
+                          f"first when init.path is missing) or scratch")
     try:
         check_env_config(cfg.env)
     except ValueError as e:

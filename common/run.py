@@ -467,6 +467,7 @@ def start_run(cfg: Any, script: str) -> Run:
     return run
 
 
+SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py", "flow": "train_flowsar.py"}
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")  # the RL run's own policy keys
 
 
@@ -479,27 +480,55 @@ def sft_command(cfg: Any, path: str, policy_type: str) -> List[str]:
             f"log.plots_dir={cfg.log.plots_dir}", f"log.wandb={str(cfg.log.wandb).lower()}", *cfg.init.sft_args]
 
 
-def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
-    """The policy RL starts from, on the run's device: the resumed checkpoint's; a fresh one (init.mode=scratch); or
-    the SFT checkpoint (auto_sft trains it first on the main process) with its LoRA merged into the base and fresh
-    LoRA of policy.lora_rank on top, so the KL reference (adapters off) is exactly the policy RL started from.
-    Architecture keys come from the checkpoint (one line names those that differ from the YAML) and `cfg.policy` /
-    `cfg.env.image_size|action_chunk` are set to what runs, so the saved config is what ran."""
+def initial_policy(run: "Run", kind: str):
+    """The start policy (`_start_policy`), checked against the env: a policy that reads the wrist camera needs it
+    rendered (env.wrist_camera)."""
+    policy = _start_policy(run, kind)
+    env = run.cfg.env
+    if not env.wrist_camera and getattr(policy.cfg, "use_wrist", False) and not env.suite.startswith("tabletop"):
+        raise ConfigError("env.wrist_camera=false but the policy reads the wrist camera (policy.use_wrist=true): "
+                          "set env.wrist_camera=true, or train a policy without it")
+    return policy
+
+
+def _start_policy(run: "Run", kind: str):
+    """The policy RL starts from, on the run's device; `kind` is what the script trains: 'token' (discrete actions
+    with log-probs) or 'flow'. The family (models/policy.py FAMILIES) is `policy.type`; a checkpoint folder must hold
+    that family. The start is the resumed checkpoint's policy; a fresh one (init.mode=scratch); or the checkpoint at
+    init.path (auto_sft trains it first on the main process: token and flow families) with its LoRA merged into the
+    base and fresh LoRA of policy.lora_rank on top, so the KL reference (adapters off) is exactly the policy RL started
+    from. Architecture keys come from the checkpoint (one line names those that differ from the YAML) and `cfg.policy`
+    / `cfg.env.image_size|action_chunk` are set to what runs, so the saved config is what ran."""
     import envs
-    from models.saved import policy_type as saved_type
+    from models.policy import FAMILIES, action_kind, policy_class
+    from models.saved import policy_type as saved_family
 
     cfg = run.cfg
+    family = cfg.policy.type
+    if action_kind(family) != kind:
+        fits = "|".join(f for f in FAMILIES if action_kind(f) == kind)
+        raise ConfigError(f"this script trains policies with {kind} actions (policy.type: {fits}); {family} policies "
+                          f"have {action_kind(family)} actions: train them with {SCRIPTS_FOR[action_kind(family)]}")
     if run.resume_path is not None:
-        return policy_cls.load(os.path.join(run.resume_path, "policy"), device=str(run.device))
+        saved = os.path.join(run.resume_path, "policy")
+        return policy_class(saved_family(saved)).load(saved, device=str(run.device))
+    cls = policy_class(family)
     if cfg.init.mode == "scratch":
+        if getattr(cfg.policy, "init_path", None) is not None:  # a family that only starts from published weights
+            raise ConfigError(f"policy.type={family} starts from a published checkpoint, not from scratch: set "
+                              f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
+                              f"checkpoints)")
         cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
         torch.manual_seed(cfg.seed)
-        return policy_cls(cfg.policy).to(run.device)
+        return cls(cfg.policy).to(run.device)
     tasks = "-".join(str(t) for t in cfg.env.task_ids)
-    path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if policy_type == 'token' else 'sft_flow'}_"
+    path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if family == 'token' else 'sft_' + family}_"
                                                         f"{cfg.env.suite}_task{tasks}")
     if not os.path.isdir(path):
-        cmd = sft_command(cfg, path, policy_type)
+        if getattr(cfg.policy, "init_path", None) is not None:
+            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
+                              f"papers' checkpoints) and set init.path to its folder")
+        cmd = sft_command(cfg, path, family)
         shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
         if cfg.init.mode != "auto_sft":
             raise ConfigError(f"no SFT checkpoint at {path}: RL starts from a supervised policy; make it with `{shown}`, "
@@ -522,26 +551,32 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
                 raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
     run.accelerator.wait_for_everyone()
     try:
-        found = saved_type(path)
+        found = saved_family(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"init.path {path}: not a saved policy ({e}); point init.path at a train_sft.py output") from None
-    if found != policy_type:
-        raise ConfigError(f"init.path {path} holds a {found} policy; this script trains a {policy_type} policy: train "
-                          f"one with `python train_sft.py policy.type={policy_type} ...` and point init.path at it")
-    if policy_type == "flow":  # a pi0 checkpoint (openpi / RLinf, LeRobot): its weights and statistics, run with the
+    if found != family:
+        if action_kind(found) != kind:
+            raise ConfigError(f"init.path {path} holds a policy of family {found} ({action_kind(found)} actions): "
+                              f"train it with {SCRIPTS_FOR[action_kind(found)]}; this script needs a {family} "
+                              f"policy there (train_sft.py policy.type={family} makes one)")
+        raise ConfigError(f"init.path {path} holds a policy of family {found} but policy.type={family}: set "
+                          f"policy.type={found} (and that family's policy keys, as configs/*_libero.yaml do)")
+    if getattr(cfg.policy, "init_path", None) is not None:  # a published-checkpoint family: the YAML's policy keys
+        return _published_start(run, cls, path)             # (LoRA, precision, memory) apply to its weights
+    if family == "flow":  # a pi0 checkpoint (openpi / RLinf, LeRobot): its weights and statistics, run with the
         from models.pi0_checkpoint import is_pi0_folder  # YAML's policy section (no saved policy config to take)
 
         if is_pi0_folder(path):
             cfg.policy.pretrained_path = path
             cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
             try:
-                return policy_cls(cfg.policy).to(run.device)
+                return cls(cfg.policy).to(run.device)
             except ValueError as e:  # pi0.5, legacy layout, missing weights or tokenizer: one line
                 raise ConfigError(f"init.path {path}: {e}") from None
     stale = envs.stale_suite_message(path, cfg.env.suite)
     if stale and run.is_main:
         print(f"[init] warning: {stale}", flush=True)
-    policy = policy_cls.load(path, device=str(run.device))
+    policy = cls.load(path, device=str(run.device))
     differ = [f"policy.{k}" for k in policy_keys_from_checkpoint(cfg.policy, policy.cfg, LORA_KEYS)]
     differ += [f"env.{k}" for k in ("image_size", "action_chunk") if getattr(cfg.env, k) != getattr(policy.cfg, k)]
     if differ and run.is_main:
@@ -552,6 +587,33 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
     policy.set_lora_rank(cfg.policy.lora_rank)  # merge the SFT's LoRA, fresh adapters on top (or none: full FT)
     cfg.policy = policy.cfg
     cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.cfg.action_chunk
+    return policy.to(run.device)
+
+
+def _published_start(run: "Run", cls: Any, path: str):
+    """A family whose architecture is the published folder's config.json (OpenVLA-OFT): every key of the YAML's policy
+    section is the run's own (LoRA, precision, gradient checkpointing, image size, statistics key); the folder's own
+    LoRA (a checkpoint this project saved) is merged and fresh LoRA of policy.lora_rank goes on top. The statistics
+    key defaults to the suite's (`<suite>_no_noops`), or the only one there on the embedded suite."""
+    cfg = run.cfg
+    keys = {f.name: getattr(cfg.policy, f.name) for f in dataclasses.fields(cfg.policy)
+            if f.name not in ("type", "init_path", "lora_rank", "lora_alpha", "lora_dropout", "action_chunk")}
+    if keys.get("unnorm_key") is None and cfg.env.suite != "tabletop":
+        keys["unnorm_key"] = cfg.env.suite
+    keys["image_size"] = cfg.env.image_size
+    if keys.get("image_pipeline") == "auto":
+        keys["image_pipeline"] = "resize" if cfg.env.suite.startswith("tabletop") else "libero"
+    try:
+        policy = cls.load(path, device=str(run.device), **keys)
+    except ValueError as e:  # statistics key, wrong layout, L1-regression checkpoint: one line
+        raise ConfigError(f"init.path {path}: {e}") from None
+    policy.cfg = dataclasses.replace(policy.cfg, lora_alpha=cfg.policy.lora_alpha, lora_dropout=cfg.policy.lora_dropout)
+    policy.set_lora_rank(cfg.policy.lora_rank)
+    if cfg.env.action_chunk != policy.action_chunk and run.is_main:
+        print(f"[init] env.action_chunk={cfg.env.action_chunk} -> {policy.action_chunk}: {path} predicts "
+              f"{policy.action_chunk} actions per call", flush=True)
+    cfg.env.action_chunk = policy.action_chunk
+    cfg.policy = dataclasses.replace(policy.cfg, init_path=path)
     return policy.to(run.device)
 
 

@@ -227,6 +227,8 @@ class LiberoEnv(gym.Env):
                                           camera_heights=size, camera_widths=size, hard_reset=False, ignore_done=True)
         if self.cfg.fast_render:
             self._fast_render()
+        if not self.cfg.wrist_camera:  # never rendered: not part of the observations robosuite returns
+            self.raw_env.env._observables[CAMERAS["wrist"]].set_enabled(False)
         self._built_task = task_id
 
     def _fast_render(self) -> None:
@@ -248,8 +250,14 @@ class LiberoEnv(gym.Env):
     def _obs(self, raw: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         state = np.concatenate([raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
                                 raw["robot0_gripper_qpos"]]).astype(np.float32)
-        return {"agentview": upright(raw[CAMERAS["agentview"]]), "wrist": upright(raw[CAMERAS["wrist"]]),
-                "state": state}
+        agent = upright(raw[CAMERAS["agentview"]])
+        wrist = upright(raw[CAMERAS["wrist"]]) if self.cfg.wrist_camera else np.zeros_like(agent)
+        return {"agentview": agent, "wrist": wrist, "state": state}
+
+    @property
+    def _cameras(self) -> Dict[str, str]:
+        """The rendered cameras: observation key -> robosuite observable (the wrist one only with env.wrist_camera)."""
+        return {key: name for key, name in CAMERAS.items() if key == "agentview" or self.cfg.wrist_camera}
 
     def _info(self, success: bool) -> Dict[str, Any]:
         return {"task_description": self.task_descriptions[self.task_id], "task_name": self.task_names[self.task_id],
@@ -292,7 +300,7 @@ class LiberoEnv(gym.Env):
             self._build(self.task_id)
         env = self.raw_env
         self._make_current()
-        cameras = [env.env._observables[name] for name in CAMERAS.values()]
+        cameras = [env.env._observables[name] for name in self._cameras.values()]
         for camera in cameras:  # rendering is ~90% of a step: render once, after the scene has settled
             camera.set_enabled(False)
         # Fixture placement (cabinets, stoves) is drawn from numpy's global RNG on every reset and is not part of the
@@ -352,9 +360,9 @@ class LiberoEnv(gym.Env):
             raise ValueError(f"actions must have shape (chunk, 7), got {actions.shape}")
         obs, terminated, truncated = self._last
         reward, steps, frames, info = 0.0, 0, [], self._info(terminated)
-        cameras = {key: self.raw_env.env._observables[name] for key, name in CAMERAS.items()}
+        cameras = {key: self.raw_env.env._observables[name] for key, name in self._cameras.items()}
         sensors = {key: camera._sensor for key, camera in cameras.items()}
-        rendered = {key: True for key in CAMERAS}
+        rendered = {key: True for key in cameras}
         try:
             for s, action in enumerate(actions):
                 if terminated or truncated:
@@ -373,7 +381,7 @@ class LiberoEnv(gym.Env):
                 camera._sensor = sensors[key]
         if steps and not all(rendered.values()):  # ended mid-chunk: render what was skipped, at the current state
             self._make_current()
-            for key in CAMERAS:
+            for key in cameras:
                 if not rendered[key]:
                     obs[key] = upright(sensors[key]({}))
             self._last = (obs, terminated, truncated)

@@ -32,6 +32,8 @@ class EnvConfig:
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
     num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
+    wrist_camera: bool = True  # render the wrist camera; false: obs["wrist"] is black and only the agent view is
+                               # rendered (policies that read the agent view alone, e.g. openvla_oft)
 
 
 SUITES = {

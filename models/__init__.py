@@ -1,12 +1,20 @@
-"""Policies, value head and trajectory encoders (see each module's docstring)."""
-from models.action_tokenizer import ACTION_DIM, ActionTokenizer
-from models.flow_policy import FlowPolicy, FlowPolicyConfig, FlowSample, Prefix
-from models.text_tokenizer import ByteTokenizer, HFTextTokenizer, load_text_tokenizer
-from models.token_policy import TokenPolicy, TokenPolicyConfig, count_parameters
-from models.trajectory_encoders import EncoderConfig, PixelEncoder, VJEPA2Encoder, make_trajectory_encoder
-from models.value_head import ValueHead, ValueHeadConfig
+"""Policies, value head and trajectory encoders (see each module's docstring). The names below load their module on
+first use, so a script that trains a token policy never imports the flow policy's transformers models (PEP 562)."""
+import importlib
 
-__all__ = ["ACTION_DIM", "ActionTokenizer", "FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "ByteTokenizer",
-           "HFTextTokenizer", "load_text_tokenizer", "TokenPolicy",
-           "TokenPolicyConfig", "count_parameters", "EncoderConfig", "PixelEncoder", "VJEPA2Encoder",
-           "make_trajectory_encoder", "ValueHead", "ValueHeadConfig"]
+_HOME = {
+    "models.action_tokenizer": ["ACTION_DIM", "ActionTokenizer"],
+    "models.flow_policy": ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix"],
+    "models.text_tokenizer": ["ByteTokenizer", "HFTextTokenizer", "load_text_tokenizer"],
+    "models.token_policy": ["TokenPolicy", "TokenPolicyConfig", "count_parameters"],
+    "models.trajectory_encoders": ["EncoderConfig", "PixelEncoder", "VJEPA2Encoder", "make_trajectory_encoder"],
+    "models.value_head": ["ValueHead", "ValueHeadConfig"],
+}
+_MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
+__all__ = list(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module 'models' has no attribute {name!r}")
+    return getattr(importlib.import_module(_MODULE_OF[name]), name)

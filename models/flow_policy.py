@@ -80,6 +80,7 @@ def _randn(shape: Tuple[int, ...], device: torch.device,
 
 @dataclass
 class FlowPolicyConfig:
+    type: str = "flow"  # the policy family (models/policy.py FAMILIES)
     preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
     pretrained_path: Optional[str] = None  # pi0 checkpoint: openpi/RLinf or LeRobot folder, transformers' dir or hub id
     tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer

@@ -66,6 +66,7 @@ ADAPTER_FILE = "lora_adapter.safetensors"
 
 @dataclass
 class OpenVLAOFTConfig:
+    type: str = "openvla_oft"  # the policy family (models/policy.py FAMILIES)
     init_path: str = ""  # the published (or saved) checkpoint folder
     unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
     image_size: int = IMAGE_SIZE  # camera image side the env renders; resized to 224 when different
@@ -76,7 +77,9 @@ class OpenVLAOFTConfig:
     bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
     bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
     gradient_checkpointing: bool = False
-    policy_type: str = "openvla_oft"
+    image_pipeline: str = "auto"  # libero: the reference's JPEG q95 round trip + Lanczos to 224 + centre crop
+                                  # (libero_image; render at env.image_size 256) | resize: PIL bicubic to 224 only |
+                                  # auto: libero on LIBERO suites, resize on the embedded one (set when RL starts)
 
 
 # ---------------------------------------------------------------- action bins, statistics, gripper
@@ -201,9 +204,10 @@ def _crop_resize_bilinear(img: np.ndarray, crop_scale: float = 0.9) -> np.ndarra
     return top + (bottom - top) * dy
 
 
-def libero_image(frame: np.ndarray, center_crop: bool = True) -> np.ndarray:
+def libero_image(frame: np.ndarray, center_crop: bool = True, rotate: bool = True) -> np.ndarray:
     """The reference observation pipeline for this family on LIBERO (openvla-oft run_libero_eval / SimpleVLA-RL):
-    a (256, 256, 3) uint8 render -> rotate 180 degrees -> JPEG round trip at quality 95 (4:2:0) -> lanczos3
+    a (256, 256, 3) uint8 render -> rotate 180 degrees (`rotate=False` for a frame already upright, as envs/libero.py
+    returns them) -> JPEG round trip at quality 95 (4:2:0) -> lanczos3
     antialiased resize to 224, rounded -> centre crop of 0.9 area resized back to 224 (bilinear), truncated to
     uint8 as tf.image.convert_image_dtype does. The reference runs TensorFlow; here PIL encodes, simplejpeg decodes
     with TF's default fast IDCT, numpy does the rest (docs/openvla_oft.md has the measured difference). Feed the
@@ -217,7 +221,8 @@ def libero_image(frame: np.ndarray, center_crop: bool = True) -> np.ndarray:
     except ImportError:
         raise ImportError("libero_image needs simplejpeg (pip install simplejpeg): TensorFlow decodes JPEG with "
                           "libjpeg's fast integer IDCT, which PIL cannot select") from None
-    img = np.ascontiguousarray(np.asarray(frame)[::-1, ::-1])
+    img = np.asarray(frame)
+    img = np.ascontiguousarray(img[::-1, ::-1] if rotate else img)
     if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
         raise ValueError(f"frame must be uint8 (H, W, 3), got {img.dtype} {img.shape}")
     buf = io.BytesIO()
@@ -534,6 +539,8 @@ class OpenVLAOFTPolicy(nn.Module):
 
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()
+        if cfg.image_pipeline not in ("auto", "libero", "resize"):
+            raise ValueError(f"image_pipeline must be auto, libero or resize, got {cfg.image_pipeline!r}")
         if cfg.action_chunk != ACTION_CHUNK:
             raise ValueError(f"OpenVLA-OFT predicts {ACTION_CHUNK} actions per call; set action_chunk: "
                              f"{ACTION_CHUNK} (got {cfg.action_chunk})")
@@ -590,6 +597,8 @@ class OpenVLAOFTPolicy(nn.Module):
         from models.vla_backbone import autocast
 
         images, instructions = _check_obs(obs, instructions)
+        if self.cfg.image_pipeline == "libero":
+            images = np.stack([libero_image(im, rotate=False) for im in _numpy(images)])
         with autocast(self.device, self.cfg.bf16):
             return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
 
@@ -673,6 +682,7 @@ class OpenVLAOFTPolicy(nn.Module):
         if os.path.isfile(os.path.join(path, POLICY_CONFIG)):
             with open(os.path.join(path, POLICY_CONFIG)) as f:
                 saved = json.load(f)
+            saved.pop("policy_type", None)  # written by earlier versions; the family is `type` now
         cfg = OpenVLAOFTConfig(**{**saved, **overrides, "init_path": path})
         policy = cls(cfg).to(device)
         if cfg.lora_rank > 0 and os.path.isfile(os.path.join(path, ADAPTER_FILE)):
@@ -731,6 +741,10 @@ def _load_text_tokenizer(folder: str):
     if not os.path.isfile(path):
         raise PolicyLoadError(f"{path} is missing; copy the tokenizer files of the published checkpoint there")
     return Tokenizer.from_file(path)
+
+
+def _numpy(images) -> np.ndarray:
+    return images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
 
 
 def _check_obs(obs, instructions):

@@ -1,6 +1,8 @@
 """The policy interface the rollout, evaluation, SFT and RL scripts rely on, and the one table from a policy family to
-its class. A family is named by the config (`policy.type`) or told by a saved folder (`family_of_folder`); adding a
-family means a class that satisfies one of the protocols below and a row in FAMILIES.
+its class. A family is named by the config (`policy.type`: an RL script's `policy` section then takes the keys of
+that family's config class, common/config.py) or told by a saved folder (`family_of_folder`); `common.run.
+initial_policy` builds or loads it, so adding a family means a class that satisfies one of the protocols below, a
+config dataclass with a `type` field, and a row in FAMILIES (no script changes).
 
 Every family:
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
@@ -114,7 +116,7 @@ def family_of_folder(folder: str) -> str:
         raise ValueError(f"{folder}/config.json is not a policy config")
     if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
         return "openvla_oft"
-    if cfg.get("policy_type") == "flow" or "expert_dim" in cfg:
+    if cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" or "expert_dim" in cfg:
         return "flow"
     return "token"
 

@@ -24,6 +24,7 @@ TRAINABLE_WITH_LORA = ["projector", "state_proj", "action_queries", "action_head
 
 @dataclass
 class TokenPolicyConfig:
+    type: str = "token"  # the policy family (models/policy.py FAMILIES); openvla_oft loads a published checkpoint
     preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
     image_size: int = 64  # square camera images (px); multiple of 16
     action_chunk: int = 8  # actions per policy call; the model predicts action_chunk * 7 tokens

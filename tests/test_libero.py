@@ -241,6 +241,23 @@ def test_reset_same_trial_twice_is_identical_and_upright(env):
 
 
 @needs_sim
+def test_without_the_wrist_camera_the_agent_view_and_state_are_unchanged(env):
+    """env.wrist_camera=false renders the agent view only: its images and the states are bitwise those of the env
+    with both cameras, after reset and after an action chunk; the wrist image is black."""
+    plain = LiberoEnv(sim_cfg(wrist_camera=False))
+    try:
+        actions = np.random.default_rng(0).uniform(-0.5, 0.5, (8, 7)).astype(np.float32)
+        for e in (env, plain):
+            e.reset(options={"task_id": 0, "trial_id": 2})
+        both, agent_only = env.step_chunk(actions)["obs"], plain.step_chunk(actions)["obs"]
+        for key in ("agentview", "state"):
+            np.testing.assert_array_equal(both[key], agent_only[key])
+        assert agent_only["wrist"].shape == (SIZE, SIZE, 3) and agent_only["wrist"].max() == 0 < both["wrist"].max()
+    finally:
+        plain.close()
+
+
+@needs_sim
 def test_step_moves_end_effector_in_commanded_direction(env):
     obs, _ = env.reset(options={"task_id": 0, "trial_id": 0})
     for axis in (0, 2, 1):  # +x, then +z, then +y

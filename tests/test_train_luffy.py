@@ -21,6 +21,7 @@ from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "luffy.yaml")
+OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=32", "rollout.n=4", "rollout.prompts_per_iteration=2",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0", "train.ppo_mini_batch_size=16",
         "train.ppo_micro_batch_size=8", "--no-wandb"]
@@ -227,7 +228,9 @@ def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
                 g.create_dataset(f"obs/{key}", data=np.zeros(shape, np.uint8 if "rgb" in key else np.float64))
     out = run(["--config", "configs/luffy_libero.yaml", "--task-id", "0", f"demos.paths=[{path}]", "env.image_size=32",
                "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "rollout.n=3",
-               "rollout.prompts_per_iteration=1", "train.iterations=1", "eval.every=0", "policy.lora_rank=0"],
+               "rollout.prompts_per_iteration=1", "train.iterations=1", "eval.every=0", "init.mode=checkpoint",
+               f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
+               "policy.unnorm_key=libero_10"],  # the config's OpenVLA-OFT family: demos in its statistics and bins
               tmp_path)
     assert "2 HDF5 demos" in out.stdout
     (row,) = read_metrics(only_run(tmp_path / "runs"))

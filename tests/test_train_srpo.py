@@ -8,6 +8,7 @@ import pytest
 from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "reward.encoder.num_frames=4",
         "--no-wandb"]
@@ -97,7 +98,9 @@ def test_bad_task_id_and_unknown_key(tmp_path):
 
 
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
-    """configs/srpo_libero.yaml on the real simulator (tiny policy, 64 px, 2 workers, 16 steps): one iteration."""
+    """configs/srpo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder in the published layout (the
+    config's policy family) and its observation protocol (256 px render, JPEG round trip, Lanczos, centre crop, no
+    wrist camera): 2 workers, 16 steps, one iteration."""
     import importlib.util
 
     if importlib.util.find_spec("libero") is None:
@@ -105,7 +108,8 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_SILENT="true")
     out = subprocess.run(
         [sys.executable, "train_srpo.py", "--config", "configs/srpo_libero.yaml", "--task-id", "0", "--no-wandb",
-         "init.mode=scratch", "env.image_size=64", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true",
+         "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
+         "policy.unnorm_key=libero_10", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true",
          "rollout.n=2", "rollout.prompts_per_iteration=1", "reward.encoder.kind=pixels",
          "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=4",
          "train.ppo_micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
@@ -116,6 +120,10 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     (row,) = read_metrics(run_dir)
     assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "train/pg_loss" in row
     assert os.path.isdir(os.path.join(run_dir, "checkpoints", "iter_000001", "policy"))
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        text = f.read()
+    assert "type: openvla_oft" in text and "image_pipeline: libero" in text and "image_size: 256" in text
+    assert "wrist_camera: false" in text and "unnorm_key: libero_10" in text
 
 
 def test_auto_sft_trains_the_missing_warm_start_first(tmp_path):
