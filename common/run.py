@@ -493,8 +493,11 @@ def initial_policy(run: "Run", policy_cls: Any, policy_type: str = "token"):
         return policy_cls.load(os.path.join(run.resume_path, "policy"), device=str(run.device))
     if cfg.init.mode == "scratch":
         cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
-        torch.manual_seed(cfg.seed)
-        return policy_cls(cfg.policy).to(run.device)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every process ...
+        policy = policy_cls(cfg.policy).to(run.device)
+        if run.rank:  # ... then each its own sampling noise (process 0 keeps the one-process stream)
+            torch.manual_seed(cfg.seed + run.rank)
+        return policy
     tasks = "-".join(str(t) for t in cfg.env.task_ids)
     path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if policy_type == 'token' else 'sft_flow'}_"
                                                         f"{cfg.env.suite}_task{tasks}")
