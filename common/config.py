@@ -160,6 +160,12 @@ def check_run_config(cfg: Any) -> None:
                           f"trials_per_task >= 1, samples_per_trial >= 0")
     if cfg.train.iterations < 1:
         raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
+    from common.fsdp import check_strategy
+
+    try:
+        check_strategy(getattr(cfg.train, "strategy", "ddp"), getattr(cfg.train, "fsdp_offload", False))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         check_env_config(cfg.env)
     except ValueError as e:

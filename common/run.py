@@ -36,6 +36,7 @@ from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkp
 from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
                            remove_if_empty, resolve_run_dir, save_config, script_file)
 from common.evaluation import eval_trials, evaluate_policy
+from common import fsdp
 from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
 
@@ -83,7 +84,11 @@ def env_rng(vec_env) -> Optional[np.random.Generator]:
 
 
 def average_gradients(accelerator, params: Sequence[torch.nn.Parameter]) -> None:
-    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros)."""
+    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros); for a
+    policy sharded by train.strategy=fsdp the same mean, each process keeping its shard's slice (common/fsdp.py)."""
+    owners = fsdp.sharded_owners(params)
+    if owners:
+        return fsdp.average_sharded(accelerator, params, owners)
     if accelerator.num_processes == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -201,8 +206,14 @@ class Run:
             self.make_envs()
         self.eval_kwargs = eval_kwargs or {}
         if self.resume_path is not None:
-            self.start_iteration, extra = load_training_state(self.resume_path, optimizers, schedulers, modules,
-                                                              rank=self.rank)
+            sharded = {k: o for k, o in optimizers.items() if fsdp.is_sharded(policy) and fsdp._holds(policy, o)}
+            self.start_iteration, extra = load_training_state(
+                self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
+                rank=self.rank)
+            if sharded:  # the consolidated state, each process keeping its shard
+                states = torch.load(os.path.join(self.resume_path, "optimizers.pt"), map_location="cpu",
+                                    weights_only=False)
+                fsdp.load_optimizer_states(policy, sharded, states)
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -210,6 +221,7 @@ class Run:
                 env_rng(self.envs).bit_generator.state = rng["env"]
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
+        fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
         if self.is_main:
             config_path = os.path.join(self.run_dir, "config.yaml")
             if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
@@ -282,6 +294,15 @@ class Run:
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         rng_states = self._rng_states()
+        saving = done % cfg.log.checkpoint_every == 0 or last
+        sharded = fsdp.is_sharded(self._tracked["policy"])
+        # fsdp: the optimizer state is gathered to process 0 (every process takes part) for the checkpoint; no
+        # in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
+        weights = opt_states = None
+        if sharded and saving:
+            weights = fsdp.gathered_copy(self._tracked["policy"]) if self.is_main else None
+            fsdp.reshard(self._tracked["policy"])
+            opt_states = fsdp.full_optimizer_states(self._tracked["policy"], self._tracked["optimizers"])
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
@@ -291,8 +312,10 @@ class Run:
                     per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
                     eta = per_iteration * max(0, cfg.train.iterations - done)
                 print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
-                if done % cfg.log.checkpoint_every == 0 or last:
-                    self.save(done, rng_states)
+                if saving:
+                    self.save(done, rng_states, opt_states, weights)
+                    self._snapshot = None
+                elif sharded:
                     self._snapshot = None
                 else:
                     self._snapshot = self._take_snapshot(done, rng_states)
@@ -300,13 +323,18 @@ class Run:
                 self._deferring = False
             if self._pending_signal:
                 raise KeyboardInterrupt
+        if sharded and saving:  # resharded for the save
+            fsdp.gather_weights(self._tracked["policy"])
         self.accelerator.wait_for_everyone()
 
-    def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
+    def save(self, iteration: int, rng_states: List[Dict[str, Any]],
+             optimizer_states: Optional[Dict[str, Any]] = None, weights: Optional[Dict[int, Any]] = None) -> str:
         t = self._tracked
-        path = save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"], t["modules"],
-                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
-                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ holds the gathered weights (one process loads it)
+            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizer_states or t["optimizers"],
+                                   t["schedulers"], t["modules"], config=self.cfg,
+                                   extra={"run_name": self.run_name, "state": self.state},
+                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
         self._saved_iteration = iteration
         return path
 
@@ -399,8 +427,9 @@ class Run:
         if self.world == 1:
             return
         tracked = {"policy": self._tracked["policy"], **self._tracked["modules"]}
-        checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
-                     for m in tracked.values()]
+        with fsdp.plain_state_dicts(self._tracked["policy"]):  # fsdp: the gathered copies must agree
+            checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
+                         for m in tracked.values()]
         per_process = self.gather([checksums])  # one list of checksums per process
         for i, name in enumerate(tracked):
             sums = [c[i] for c in per_process]
