@@ -71,7 +71,7 @@ class TrainConfig:
     mini_batch_size: int = 64  # policy steps per optimizer step
     micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation), also self-annotation
     grad_clip: float = 1.0
-    strategy: str = "ddp"  # ddp: every process a full replica | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
 
 

@@ -76,7 +76,7 @@ class TrainConfig:
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     actor_max_grad_norm: float = 1.0
     critic_max_grad_norm: float = 1.0
-    strategy: str = "ddp"  # ddp: every process a full replica | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     critic_warmup_iterations: int = 0  # first N iterations train the value head only (the actor does not move)
 

@@ -93,7 +93,7 @@ class TrainConfig:
     ppo_mini_batch_size: int = 64  # policy steps per optimizer step
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
-    strategy: str = "ddp"  # ddp: every process a full replica | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = True  # on-policy rows (demo rows have none); False = the rollout's log-probs
 

@@ -81,7 +81,7 @@ class TrainConfig:
     ppo_mini_batch_size: int = 64  # policy steps (observation + its chunk of action tokens) per optimizer step
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation inside a mini-batch)
     grad_clip: float = 1.0
-    strategy: str = "ddp"  # ddp: every process a full replica | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = False  # True = seed 000's actor_old_log_prob node, a second forward over every
                                           # step. The rollout's own log-probs come from the same module and weights:

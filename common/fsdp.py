@@ -85,7 +85,7 @@ def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
     # bf16 gathered weights on GPUs; the gradients stay in that dtype until average_gradients reduces them in fp32
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
         if run.device.type == "cuda" else MixedPrecisionPolicy()
-    offload = CPUOffloadPolicy() if run.cfg.train.fsdp_offload else OffloadPolicy()
+    offload = CPUOffloadPolicy(pin_memory=run.device.type == "cuda") if run.cfg.train.fsdp_offload else OffloadPolicy()
     for block in _blocks(policy):
         fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
     fully_shard(policy, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)

@@ -330,7 +330,7 @@ class Run:
     def save(self, iteration: int, rng_states: List[Dict[str, Any]],
              optimizer_states: Optional[Dict[str, Any]] = None, weights: Optional[Dict[int, Any]] = None) -> str:
         t = self._tracked
-        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ holds the gathered weights (one process loads it)
+        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ = the gathered weights
             path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizer_states or t["optimizers"],
                                    t["schedulers"], t["modules"], config=self.cfg,
                                    extra={"run_name": self.run_name, "state": self.state},
