@@ -145,3 +145,63 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
                     assert torch.equal(resumed[k], final[k]), (offload, k)
             if strategy == "fsdp":
                 assert norms2 == norms[1:]
+
+
+# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, resumable, one-process loadable
+
+def _launch(args, tmp_path, port):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_run_plumbing import ENV, FAST, ROOT
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
+           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if "ep/s" not in line)[-3000:]
+    return out
+
+
+def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_process(tmp_path):
+    import os
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from common.checkpoint import load_saved_policy
+    from tests.test_run_plumbing import deterministic, rows, the_run
+
+    _launch([], tmp_path / "ddp", 29561)
+    out = _launch(["train.strategy=fsdp"], tmp_path / "fsdp", 29563)
+    assert "policy weights identical on all 2 processes" in out.stdout
+    ddp, fsdp_run = the_run(tmp_path / "ddp" / "runs"), the_run(tmp_path / "fsdp" / "runs")
+
+    def weights(run_dir, it):
+        return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
+
+    final = weights(fsdp_run, 2)
+    moved = max(float((final[k] - weights(fsdp_run, 1)[k]).abs().max()) for k in final)
+    assert moved > 1e-5  # the second update really moved the weights (float32 steps there are ~1e-8)
+    for k, v in weights(ddp, 2).items():  # no clipping in these updates: the same sums in the same order
+        assert torch.equal(final[k], v), k
+    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):  # the gradient norm sums sharded norms: to rounding
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
+        assert a == b
+
+    # interrupted after iteration 1 (its checkpoint kept, iteration 2's gone): the resume is the uninterrupted run
+    copy = tmp_path / "resumed" / "runs" / os.path.basename(fsdp_run)
+    shutil.copytree(fsdp_run, copy)
+    shutil.rmtree(copy / "checkpoints" / "iter_000002")
+    _launch(["--resume", str(copy)], tmp_path / "resumed", 29565)
+    for k, v in weights(str(copy), 2).items():
+        assert torch.equal(final[k], v), k
+    assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+
+    policy = load_saved_policy(fsdp_run)  # one process, the consolidated policy/ of the newest checkpoint
+    for k, v in policy.net.state_dict().items():
+        assert torch.equal(v, final[k]), k
