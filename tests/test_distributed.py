@@ -156,8 +156,8 @@ def _launch(args, tmp_path, port):
 
     from tests.test_run_plumbing import ENV, FAST, ROOT
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-           "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
+           os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
            os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
@@ -205,3 +205,19 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
     policy = load_saved_policy(fsdp_run)  # one process, the consolidated policy/ of the newest checkpoint
     for k, v in policy.net.state_dict().items():
         assert torch.equal(v, final[k]), k
+
+
+def test_shipped_accelerate_launch_files_load():
+    import os
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from tests.test_run_plumbing import ROOT
+
+    expected = {"1gpu.yaml": 1, "8gpu.yaml": 8, "8gpu_fsdp.yaml": 8, "2nodes_8gpu.yaml": 16, "cpu_2proc.yaml": 2}
+    folder = os.path.join(ROOT, "configs", "accelerate")
+    assert sorted(os.listdir(folder)) == sorted(expected)
+    for name, processes in expected.items():
+        cfg = load_config_from_file(os.path.join(folder, name))
+        assert cfg.num_processes == processes and cfg.mixed_precision == "no", name
+        assert (cfg.distributed_type == "NO") == (processes == 1), name
