@@ -141,16 +141,35 @@ def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer
     gather_weights(policy)
 
 
+BUCKET = 1 << 24  # elements per all-reduce (64 MiB of fp32): the reduction's buffer does not grow with the model
+
+
 def average_sharded(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
-    """average_gradients under fsdp: every gathered gradient (zeros where a process has none) averaged in fp32 in
-    one reduction, then each sharded parameter gets its slice as a DTensor gradient; plain ones (a value head) the
-    average itself."""
+    """average_gradients under fsdp: every gathered gradient (zeros where a process has none) averaged in fp32, in
+    buckets of BUCKET elements (the same sums as one flat reduction), then each sharded parameter gets its slice as a
+    DTensor gradient and its gathered gradient is freed; plain parameters (a value head) get the average itself."""
+    bucket: List[torch.nn.Parameter] = []
+    size = 0
+    for p in params:
+        bucket.append(p)
+        size += _full(p, owners).numel()
+        if size >= BUCKET:
+            _average_bucket(accelerator, bucket, owners)
+            bucket, size = [], 0
+    if bucket:
+        _average_bucket(accelerator, bucket, owners)
+
+
+def _full(p: torch.nn.Parameter, owners: Dict[int, Any]) -> torch.Tensor:
+    return p if id(p) not in owners else owners[id(p)].unsharded_param
+
+
+def _average_bucket(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
     from torch.distributed.tensor import DTensor
 
     grads = []
     for p in params:
-        fp = owners.get(id(p))
-        full = p if fp is None else fp.unsharded_param
+        full = _full(p, owners)
         grads.append(full.grad if full.grad is not None else torch.zeros_like(full))
     flat = torch.cat([g.reshape(-1).float() for g in grads])
     if accelerator.num_processes > 1:
@@ -165,11 +184,12 @@ def average_sharded(accelerator: Any, params: Sequence[torch.nn.Parameter], owne
             continue
         fp.unsharded_param.grad = None
         chunks = mean.chunk(world, 0)  # FSDP2 shards dim 0 as torch.chunk does
-        local_shape = p.to_local().shape
         local = chunks[rank] if rank < len(chunks) else mean[:0]
-        assert local.shape == local_shape, (local.shape, local_shape)
-        p.grad = DTensor.from_local(local.to(device=p.to_local().device, dtype=p.dtype).contiguous(), p.device_mesh,
-                                    p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+        if local.shape != p.to_local().shape:
+            raise RuntimeError(f"fsdp: a gradient slice of shape {tuple(local.shape)} for a shard of shape "
+                               f"{tuple(p.to_local().shape)} (this torch shards differently from torch.chunk)")
+        p.grad = DTensor.from_local(local.to(device=p.to_local().device, dtype=p.dtype, copy=True).contiguous(),
+                                    p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
 
 
 def grad_norm(norm: torch.Tensor) -> torch.Tensor:

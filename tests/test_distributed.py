@@ -62,6 +62,7 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     from common.train import adamw_with_warmup, optimizer_step
 
     accelerator = Accelerator(cpu=True)
+    fsdp.BUCKET = 40  # fsdp's gradient mean in several all-reduces (of 40+ elements) instead of one
     torch.manual_seed(0)
     model = Toy()
     if resume is not None:
