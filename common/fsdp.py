@@ -132,11 +132,11 @@ def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer
         return
     if policy not in _ROOTS:
         _ROOTS.append(policy)
-    if not any(_holds(policy, opt) for opt in optimizers):
+    if not any(holds_shards(policy, opt) for opt in optimizers):
         raise RuntimeError("train.strategy=fsdp: no optimizer holds the policy's shards (build it on "
                            "policy.parameters() after shard_policy, before Run.attach)")
     for opt in optimizers:
-        if _holds(policy, opt):
+        if holds_shards(policy, opt):
             opt.register_step_post_hook(lambda *_: gather_weights(policy))
     gather_weights(policy)
 
@@ -253,7 +253,8 @@ def full_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.o
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     out = {}
     for name, opt in optimizers.items():
-        out[name] = get_optimizer_state_dict(policy, opt, options=opts) if _holds(policy, opt) else opt.state_dict()
+        out[name] = get_optimizer_state_dict(policy, opt, options=opts) if holds_shards(policy, opt) \
+            else opt.state_dict()
     return out
 
 
@@ -263,13 +264,13 @@ def load_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.o
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     for name, opt in optimizers.items():
-        if _holds(policy, opt):
+        if holds_shards(policy, opt):
             set_optimizer_state_dict(policy, opt, states[name], options=StateDictOptions(full_state_dict=True))
         else:
             opt.load_state_dict(states[name])
 
 
-def _holds(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
+def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
     """Whether `opt` steps shards of the sharded `policy`."""
     mine = {id(fp.sharded_param) for fp in _fsdp_params(policy)}
     return any(id(p) in mine for g in opt.param_groups for p in g["params"])

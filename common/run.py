@@ -31,12 +31,12 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from common import fsdp
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
                                read_rng_state, read_rng_states, save_checkpoint)
 from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
                            remove_if_empty, resolve_run_dir, save_config, script_file)
 from common.evaluation import eval_trials, evaluate_policy
-from common import fsdp
 from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
 
@@ -206,7 +206,8 @@ class Run:
             self.make_envs()
         self.eval_kwargs = eval_kwargs or {}
         if self.resume_path is not None:
-            sharded = {k: o for k, o in optimizers.items() if fsdp.is_sharded(policy) and fsdp._holds(policy, o)}
+            sharded = {k: o for k, o in optimizers.items()
+                       if fsdp.is_sharded(policy) and fsdp.holds_shards(policy, o)}
             self.start_iteration, extra = load_training_state(
                 self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
                 rank=self.rank)
