@@ -71,6 +71,8 @@ class TrainConfig:
     mini_batch_size: int = 64  # policy steps per optimizer step
     micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation), also self-annotation
     grad_clip: float = 1.0
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
 
 
 @dataclass
@@ -91,6 +93,9 @@ class Config:
 def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
+    if cfg.train.strategy == "fsdp":  # reference_weights swaps EMA values into the parameters, which fsdp shards
+        raise ConfigError("train.strategy=fsdp is not supported by train_flowsar.py yet (its EMA reference swaps "
+                          "whole parameters): use train.strategy=ddp")
     a = cfg.algorithm
     if a.flow_sar_loss_variant not in LOSS_VARIANTS:
         raise ConfigError(f"algorithm.flow_sar_loss_variant={a.flow_sar_loss_variant!r}: use mse_branch or softplus_kl")

@@ -27,6 +27,7 @@ from common.advantages import compute_gae
 from common.config import RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
+from common.fsdp import grad_norm as plain_norm, shard_policy
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from common.train import adamw_with_warmup, mean_stats, micro_batches, parse_and_check, rollout_metrics, sample_prompts
 from envs import EnvConfig
@@ -75,6 +76,8 @@ class TrainConfig:
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     actor_max_grad_norm: float = 1.0
     critic_max_grad_norm: float = 1.0
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     critic_warmup_iterations: int = 0  # first N iterations train the value head only (the actor does not move)
 
 
@@ -199,7 +202,7 @@ if __name__ == "__main__":
                                                                             "value_head.safetensors")):
             raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
                               f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
-        policy = initial_policy(run, "token")
+        policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
             torch.manual_seed(cfg.seed)
             value_head = ValueHead(policy.hidden_size, cfg.value_head).to(device) if use_gae else None
@@ -304,7 +307,7 @@ if __name__ == "__main__":
                     stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
                         critic_params, cfg.train.critic_max_grad_norm))
                     critic_opt.step()
-                actor_norm = torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm)
+                actor_norm = plain_norm(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
                 if move_actor:
                     if use_gae:
                         stats["actor_grad_norm"].append(actor_norm)

@@ -29,6 +29,7 @@ from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_
 from common.demos import rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
+from common.fsdp import shard_policy
 from common.run import initial_policy, minibatches, start_run
 from common.srpo import filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
@@ -92,6 +93,8 @@ class TrainConfig:
     ppo_mini_batch_size: int = 64  # policy steps per optimizer step
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = True  # on-policy rows (demo rows have none); False = the rollout's log-probs
 
 
@@ -179,7 +182,7 @@ if __name__ == "__main__":
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
-        policy = initial_policy(run, "token")
+        policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps)

@@ -23,6 +23,7 @@ from common.advantages import compute_advantage, make_response_mask, masked_mean
 from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
 from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import collect_rollouts, flatten_steps
+from common.fsdp import shard_policy
 from common.run import initial_policy, minibatches, start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
@@ -80,6 +81,8 @@ class TrainConfig:
     ppo_mini_batch_size: int = 64  # policy steps (observation + its chunk of action tokens) per optimizer step
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation inside a mini-batch)
     grad_clip: float = 1.0
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = False  # True = seed 000's actor_old_log_prob node, a second forward over every
                                           # step. The rollout's own log-probs come from the same module and weights:
                                           # they differ from a recompute by <1e-6, as much as the recompute differs
@@ -126,7 +129,7 @@ if __name__ == "__main__":
     cfg = parse_and_check(Config, "configs/srpo.yaml", "srpo", __doc__, check_config)
     with start_run(cfg, "srpo") as run:
         device = run.device
-        policy = initial_policy(run, "token")
+        policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
         clock = {"iteration": 0}  # the cosine schedule's position, set at the start of every iteration (and on resume)
 

@@ -7,7 +7,7 @@ step times and peak memory, and each training script's first iterations on CUDA.
     python benchmarks/gpu_check.py --part oft7b_lora_offload  # LoRA r=32 under FSDP2 (1 rank) with CPU offload
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
     python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
-    python benchmarks/gpu_check.py --part srpo_7b [--extra train.strategy=fsdp]  # SRPO from a random 7B OFT folder
+    python benchmarks/gpu_check.py --part srpo_7b --variants "" "train.strategy=fsdp"  # SRPO from a random 7B folder
 
 Random weights: no checkpoint is needed (or downloadable here); the OpenVLA-OFT folder is the published config.json
 with the tiny fixture's statistics and tokenizer. Results are written up in docs/gpu.md.
@@ -269,9 +269,10 @@ def part_pi0_expert():
             emit(part="pi0_expert_only_train", micro_batch=micro, oom=str(e).splitlines()[0][:200])
 
 
-def part_srpo_7b(extra=()):
+def part_srpo_7b(variants=("",)):
     """train_srpo.py on the embedded suite from a random OpenVLA-OFT 7B folder in the published layout (saved here
-    first): one iteration, LoRA r=32, bf16 frozen base, gradient checkpointing; `extra` overrides (e.g. the strategy)."""
+    first): one iteration, LoRA r=32, bf16 frozen base, gradient checkpointing; one run per variant (a string of
+    space-separated overrides, e.g. "train.strategy=fsdp")."""
     from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
 
     folder = tempfile.mkdtemp(prefix="oft7b_published_")
@@ -283,6 +284,11 @@ def part_srpo_7b(extra=()):
     torch.cuda.empty_cache()
     emit(part="srpo_7b_folder", seconds=round(time.perf_counter() - t0, 1),
          gib_on_disk=gib(sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))))
+    for variant in variants or ("",):
+        _srpo_7b_run(folder, variant.split())
+
+
+def _srpo_7b_run(folder, extra):
     out = tempfile.mkdtemp(prefix="srpo7b_")
     args = ["--task-id", "0", "--gpu", "0", "--no-wandb", f"init.path={folder}", "policy.type=openvla_oft",
             "policy.lora_rank=32", "policy.bf16_weights=true", "policy.gradient_checkpointing=true", "env.num_envs=8",
@@ -349,10 +355,10 @@ PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_of
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=sorted(PARTS), required=True)
-    ap.add_argument("--extra", nargs="*", default=[], help="srpo_7b: more train_srpo.py overrides")
+    ap.add_argument("--variants", nargs="*", default=[""], help="srpo_7b: one run per string of overrides")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu_check.py needs a CUDA GPU")
     emit(part="device", name=torch.cuda.get_device_name(), torch=torch.__version__,
          total_gib=gib(torch.cuda.get_device_properties(0).total_memory))
-    PARTS[args.part](*([args.extra] if args.part == "srpo_7b" else []))
+    PARTS[args.part](*([args.variants] if args.part == "srpo_7b" else []))

@@ -143,7 +143,8 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
         for name, module in modules.items():
             state = {k: v.detach().contiguous().cpu() for k, v in _unwrap(module).state_dict().items()}
             save_file(state, os.path.join(tmp, "modules", f"{name}.safetensors"))
-    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
+    torch.save({name: opt if isinstance(opt, dict) else opt.state_dict() for name, opt in optimizers.items()},
+               os.path.join(tmp, "optimizers.pt"))  # a dict: a state already gathered (train.strategy=fsdp)
     if schedulers:
         torch.save({name: s.state_dict() for name, s in schedulers.items()}, os.path.join(tmp, "schedulers.pt"))
     torch.save(list(rng_states), os.path.join(tmp, "rng.pt"))

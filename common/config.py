@@ -191,6 +191,12 @@ def check_run_config(cfg: Any) -> None:
     if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
         raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
                           f"first when init.path is missing) or scratch")
+    from common.fsdp import check_strategy
+
+    try:
+        check_strategy(getattr(cfg.train, "strategy", "ddp"), getattr(cfg.train, "fsdp_offload", False))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         check_env_config(cfg.env)
     except ValueError as e:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
+from common import fsdp
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
                                read_rng_state, read_rng_states, save_checkpoint)
 from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
@@ -83,7 +84,11 @@ def env_rng(vec_env) -> Optional[np.random.Generator]:
 
 
 def average_gradients(accelerator, params: Sequence[torch.nn.Parameter]) -> None:
-    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros)."""
+    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros); for a
+    policy sharded by train.strategy=fsdp the same mean, each process keeping its shard's slice (common/fsdp.py)."""
+    owners = fsdp.sharded_owners(params)
+    if owners:
+        return fsdp.average_sharded(accelerator, params, owners)
     if accelerator.num_processes == 1:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -201,8 +206,15 @@ class Run:
             self.make_envs()
         self.eval_kwargs = eval_kwargs or {}
         if self.resume_path is not None:
-            self.start_iteration, extra = load_training_state(self.resume_path, optimizers, schedulers, modules,
-                                                              rank=self.rank)
+            sharded = {k: o for k, o in optimizers.items()
+                       if fsdp.is_sharded(policy) and fsdp.holds_shards(policy, o)}
+            self.start_iteration, extra = load_training_state(
+                self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
+                rank=self.rank)
+            if sharded:  # the consolidated state, each process keeping its shard
+                states = torch.load(os.path.join(self.resume_path, "optimizers.pt"), map_location="cpu",
+                                    weights_only=False)
+                fsdp.load_optimizer_states(policy, sharded, states)
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -210,6 +222,7 @@ class Run:
                 env_rng(self.envs).bit_generator.state = rng["env"]
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
+        fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
         if self.is_main:
             config_path = os.path.join(self.run_dir, "config.yaml")
             if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
@@ -282,6 +295,15 @@ class Run:
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         rng_states = self._rng_states()
+        saving = done % cfg.log.checkpoint_every == 0 or last
+        sharded = fsdp.is_sharded(self._tracked["policy"])
+        # fsdp: the optimizer state is gathered to process 0 (every process takes part) for the checkpoint; no
+        # in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
+        weights = opt_states = None
+        if sharded and saving:
+            weights = fsdp.gathered_copy(self._tracked["policy"]) if self.is_main else None
+            fsdp.reshard(self._tracked["policy"])
+            opt_states = fsdp.full_optimizer_states(self._tracked["policy"], self._tracked["optimizers"])
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
@@ -291,8 +313,10 @@ class Run:
                     per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
                     eta = per_iteration * max(0, cfg.train.iterations - done)
                 print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
-                if done % cfg.log.checkpoint_every == 0 or last:
-                    self.save(done, rng_states)
+                if saving:
+                    self.save(done, rng_states, opt_states, weights)
+                    self._snapshot = None
+                elif sharded:
                     self._snapshot = None
                 else:
                     self._snapshot = self._take_snapshot(done, rng_states)
@@ -300,13 +324,18 @@ class Run:
                 self._deferring = False
             if self._pending_signal:
                 raise KeyboardInterrupt
+        if sharded and saving:  # resharded for the save
+            fsdp.gather_weights(self._tracked["policy"])
         self.accelerator.wait_for_everyone()
 
-    def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
+    def save(self, iteration: int, rng_states: List[Dict[str, Any]],
+             optimizer_states: Optional[Dict[str, Any]] = None, weights: Optional[Dict[int, Any]] = None) -> str:
         t = self._tracked
-        path = save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"], t["modules"],
-                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
-                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ = the gathered weights
+            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizer_states or t["optimizers"],
+                                   t["schedulers"], t["modules"], config=self.cfg,
+                                   extra={"run_name": self.run_name, "state": self.state},
+                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
         self._saved_iteration = iteration
         return path
 
@@ -399,8 +428,9 @@ class Run:
         if self.world == 1:
             return
         tracked = {"policy": self._tracked["policy"], **self._tracked["modules"]}
-        checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
-                     for m in tracked.values()]
+        with fsdp.plain_state_dicts(self._tracked["policy"]):  # fsdp: the gathered copies must agree
+            checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
+                         for m in tracked.values()]
         per_process = self.gather([checksums])  # one list of checksums per process
         for i, name in enumerate(tracked):
             sums = [c[i] for c in per_process]
@@ -519,8 +549,11 @@ def _start_policy(run: "Run", kind: str):
                               f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
                               f"checkpoints)")
         cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
-        torch.manual_seed(cfg.seed)
-        return cls(cfg.policy).to(run.device)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every process ...
+        policy = cls(cfg.policy).to(run.device)
+        if run.rank:  # ... then each its own sampling noise (process 0 keeps the one-process stream)
+            torch.manual_seed(cfg.seed + run.rank)
+        return policy
     tasks = "-".join(str(t) for t in cfg.env.task_ids)
     path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if family == 'token' else 'sft_' + family}_"
                                                         f"{cfg.env.suite}_task{tasks}")

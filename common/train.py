@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from common.config import parse_cli
+from common.fsdp import grad_norm as plain_norm
 from common.run import average_gradients
 
 T = TypeVar("T")
@@ -67,7 +68,7 @@ def optimizer_step(run: Any, params: Sequence[torch.nn.Parameter], optimizer: to
     """Average the gradients over processes (a process that ran out of rows adds zeros), clip them to `max_norm`,
     step; returns the gradient norm before clipping (a tensor: read it after the update)."""
     average_gradients(run.accelerator, params)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grad_norm = plain_norm(torch.nn.utils.clip_grad_norm_(params, max_norm))
     optimizer.step()
     scheduler.step()
     return grad_norm

@@ -1,0 +1,276 @@
+"""train.strategy=fsdp: the policy's weights and optimizer state sharded over the processes with torch's FSDP2
+(`fully_shard` per transformer layer / vision block, then the root), one code path on CPU (gloo) and GPUs (NCCL).
+
+How it runs (every piece of the scripts stays as it is):
+  at rest        each process holds its shard (DTensor parameters; fp32 master weights; with train.fsdp_offload on
+                 the CPU) and the optimizer state of its shard only: that is what grows with the model.
+  compute        the full weights are gathered once (`unshard`) and kept while rollouts, evaluation, reference
+                 log-probs (peft's disable_adapter) and the update's micro-batches run: processes may run different
+                 numbers of forward / backward passes (episodes end early, dynamic sampling leaves different row
+                 counts), so nothing inside a forward or backward may be a collective. On CUDA the gathered weights
+                 are bf16 (MixedPrecisionPolicy), on CPU fp32, so CPU tests compare to one process exactly.
+  gradients      `average_gradients` (common/run.py), the one mechanism of every script: the gathered gradients of
+                 every process are averaged in fp32 in one all-reduce, exactly as with ddp, and each process keeps the
+                 slice of its shard; the optimizer steps the shards; a step hook gathers the new weights again.
+So the saving is the optimizer state, master weights and (offloaded) their device memory (ZeRO-1 style): gathered
+weights and gradients are full size during compute. docs/scale.md has the numbers.
+
+Checkpoints stay the consolidated layout of common/checkpoint.py: `policy/` holds the gathered weights (one process
+loads it, evaluate.py reads it), `optimizers.pt` the full optimizer state gathered to process 0
+(`get_optimizer_state_dict(full_state_dict=True)`), restored into the shards on resume at any world size.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+import torch
+
+STRATEGIES = ("ddp", "fsdp")
+BLOCK_LISTS = ("layers", "blocks", "layer", "h")  # nn.ModuleList names holding decoder layers / vision blocks
+
+
+def check_strategy(strategy: str, offload: bool) -> None:
+    """Refuse an unknown strategy, or offload without fsdp, in one line (a ValueError, like ConfigError)."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"train.strategy={strategy!r}: use one of {', '.join(STRATEGIES)}")
+    if offload and strategy != "fsdp":
+        raise ValueError("train.fsdp_offload=true needs train.strategy=fsdp")
+
+
+def fsdp_modules(module: torch.nn.Module) -> List[Any]:
+    """Every FSDP2-sharded module under (and including) `module`, root last."""
+    from torch.distributed.fsdp import FSDPModule
+
+    found = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    return found[1:] + found[:1] if found and found[0] is module else found
+
+
+def is_sharded(module: Optional[torch.nn.Module]) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _blocks(policy: torch.nn.Module) -> List[torch.nn.Module]:
+    """The transformer decoder layers and vision blocks: elements of ModuleLists named in BLOCK_LISTS."""
+    out = []
+    for name, m in policy.named_modules():
+        if isinstance(m, torch.nn.ModuleList) and name.rsplit(".", 1)[-1] in BLOCK_LISTS:
+            out += [b for b in m if any(True for _ in b.parameters())]
+    return out
+
+
+def _process_group(device: torch.device, world: int):
+    """The default process group (accelerate made it when several processes run; one process gets its own)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        store = dist.HashStore()
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", store=store, rank=0, world_size=1)
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device.type, (world,))
+
+
+def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
+    """`policy` sharded as `run.cfg.train.strategy` says (ddp: returned unchanged), before its optimizer is built.
+    The scripts call it right after `initial_policy`; it reads train.strategy and train.fsdp_offload."""
+    strategy = getattr(run.cfg.train, "strategy", "ddp")
+    if strategy == "ddp":
+        return policy
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    mesh = _process_group(run.device, run.world)
+    # bf16 gathered weights on GPUs; the gradients stay in that dtype until average_gradients reduces them in fp32
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+        if run.device.type == "cuda" else MixedPrecisionPolicy()
+    offload = CPUOffloadPolicy(pin_memory=run.device.type == "cuda") if run.cfg.train.fsdp_offload else OffloadPolicy()
+    for block in _blocks(policy):
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    fully_shard(policy, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
+    for m in fsdp_modules(policy):
+        m.set_requires_gradient_sync(False)  # average_gradients reduces, once per optimizer step
+        m.set_reshard_after_backward(False)
+    return policy  # still sharded: the optimizer is built on the shards; Run.attach (`register`) gathers them
+
+
+def gather_weights(policy: torch.nn.Module) -> None:
+    """Replace the gathered weights by the current shards' (collective: every process calls it the same times)."""
+    modules = fsdp_modules(policy)
+    for m in modules:
+        m.reshard()
+    for m in modules:
+        m.unshard()
+
+
+def sharded_owners(params: Sequence[torch.nn.Parameter]) -> Dict[int, Any]:
+    """{id(sharded parameter): its FSDPParam} for the parameters of `params` that FSDP2 shards ({} under ddp)."""
+    from torch.distributed.tensor import DTensor
+
+    if not any(isinstance(p, DTensor) for p in params):
+        return {}
+    return {id(fp.sharded_param): fp for root in _ROOTS for fp in _fsdp_params(root)}
+
+
+def _fsdp_params(policy: torch.nn.Module) -> List[Any]:
+    """FSDP2's per-parameter records (sharded_param, unsharded_param, _module_info) of every sharded module."""
+    out = []
+    for m in fsdp_modules(policy):
+        group = m._get_fsdp_state()._fsdp_param_group  # noqa: SLF001 - the gathered tensors' owner
+        out += group.fsdp_params if group is not None else []
+    return out
+
+
+_ROOTS: List[torch.nn.Module] = []  # the sharded policies of this process (Run.attach registers them)
+
+
+def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+    """Remember a sharded policy (for `average_gradients`), gather its weights after each optimizer step that moves
+    its shards, and gather them now. Called once the optimizers are built on the shards."""
+    if not is_sharded(policy):
+        return
+    if policy not in _ROOTS:
+        _ROOTS.append(policy)
+    if not any(holds_shards(policy, opt) for opt in optimizers):
+        raise RuntimeError("train.strategy=fsdp: no optimizer holds the policy's shards (build it on "
+                           "policy.parameters() after shard_policy, before Run.attach)")
+    for opt in optimizers:
+        if holds_shards(policy, opt):
+            opt.register_step_post_hook(lambda *_: gather_weights(policy))
+    gather_weights(policy)
+
+
+BUCKET = 1 << 24  # elements per all-reduce (64 MiB of fp32): the reduction's buffer does not grow with the model
+
+
+def average_sharded(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
+    """average_gradients under fsdp: every gathered gradient (zeros where a process has none) averaged in fp32, in
+    buckets of BUCKET elements (the same sums as one flat reduction), then each sharded parameter gets its slice as a
+    DTensor gradient and its gathered gradient is freed; plain parameters (a value head) get the average itself."""
+    bucket: List[torch.nn.Parameter] = []
+    size = 0
+    for p in params:
+        bucket.append(p)
+        size += _full(p, owners).numel()
+        if size >= BUCKET:
+            _average_bucket(accelerator, bucket, owners)
+            bucket, size = [], 0
+    if bucket:
+        _average_bucket(accelerator, bucket, owners)
+
+
+def _full(p: torch.nn.Parameter, owners: Dict[int, Any]) -> torch.Tensor:
+    return p if id(p) not in owners else owners[id(p)].unsharded_param
+
+
+def _average_bucket(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
+    from torch.distributed.tensor import DTensor
+
+    grads = []
+    for p in params:
+        full = _full(p, owners)
+        grads.append(full.grad if full.grad is not None else torch.zeros_like(full))
+    flat = torch.cat([g.reshape(-1).float() for g in grads])
+    if accelerator.num_processes > 1:
+        flat = accelerator.reduce(flat, reduction="mean")
+    offset, rank, world = 0, accelerator.process_index, accelerator.num_processes
+    for p, g in zip(params, grads):
+        mean = flat[offset:offset + g.numel()].view(g.shape)
+        offset += g.numel()
+        fp = owners.get(id(p))
+        if fp is None:
+            p.grad = mean.to(p.dtype).clone()
+            continue
+        fp.unsharded_param.grad = None
+        chunks = mean.chunk(world, 0)  # FSDP2 shards dim 0 as torch.chunk does
+        local = chunks[rank] if rank < len(chunks) else mean[:0]
+        if local.shape != p.to_local().shape:
+            raise RuntimeError(f"fsdp: a gradient slice of shape {tuple(local.shape)} for a shard of shape "
+                               f"{tuple(p.to_local().shape)} (this torch shards differently from torch.chunk)")
+        p.grad = DTensor.from_local(local.to(device=p.to_local().device, dtype=p.dtype, copy=True).contiguous(),
+                                    p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+
+
+def grad_norm(norm: torch.Tensor) -> torch.Tensor:
+    """clip_grad_norm_'s result as a plain tensor (a DTensor when the gradients are sharded)."""
+    from torch.distributed.tensor import DTensor
+
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+
+# ---- checkpoints: consolidated weights from the gathered copy, optimizer state gathered to process 0
+
+@contextlib.contextmanager
+def plain_state_dicts(policy: torch.nn.Module, weights: Optional[Dict[int, torch.Tensor]] = None) -> Iterator[None]:
+    """Within it, `state_dict()` of the policy and of its submodules holds the gathered (full, plain) weights instead
+    of the shards, so `policy.save(dir)` writes the one-process folder (a CPU copy, made without a collective).
+    state_dict() leaves the policy resharded: every process calls `gather_weights` before it runs again.
+    `weights`: that copy, made earlier by `gathered_copy`."""
+    if not is_sharded(policy):
+        yield
+        return
+    records = _fsdp_params(policy)
+    full = weights if weights is not None else gathered_copy(policy)
+    owned = {id(m): {} for m in policy.modules()}  # module -> {name: sharded parameter}
+    for fp in records:
+        owned[id(fp._module_info.module)][fp._module_info.param_name] = fp.sharded_param  # noqa: SLF001
+
+    def hook(module, state, prefix, _meta):
+        for name, p in owned[id(module)].items():
+            if prefix + name in state:
+                state[prefix + name] = full[id(p)]
+        return state
+
+    handles = [m._register_state_dict_hook(hook) for m in policy.modules()]  # noqa: SLF001
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def gathered_copy(policy: torch.nn.Module) -> Dict[int, torch.Tensor]:
+    """{id(shard): a CPU copy of its gathered weight}: state_dict() reshards (FSDP2's pre-hook frees the gathered
+    copy), so what a save writes is copied first."""
+    return {id(fp.sharded_param): fp.unsharded_param.detach().to("cpu", copy=True) for fp in _fsdp_params(policy)}
+
+
+def reshard(policy: torch.nn.Module) -> None:
+    """Back to the shards only, on this process (no collective; `gather_weights` gathers again)."""
+    for m in fsdp_modules(policy):
+        m.reshard()
+
+
+def full_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer]
+                          ) -> Optional[Dict[str, Any]]:
+    """The optimizers' full state dicts (on the CPU, process 0 only; collective): what `optimizers.pt` holds. The
+    policy must be resharded (the state is keyed by the shards)."""
+    if not is_sharded(policy):
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    out = {}
+    for name, opt in optimizers.items():
+        out[name] = get_optimizer_state_dict(policy, opt, options=opts) if holds_shards(policy, opt) \
+            else opt.state_dict()
+    return out
+
+
+def load_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
+                          states: Dict[str, Any]) -> None:
+    """Inverse of `full_optimizer_states`, on every process (each keeps its shard of the state)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    for name, opt in optimizers.items():
+        if holds_shards(policy, opt):
+            set_optimizer_state_dict(policy, opt, states[name], options=StateDictOptions(full_state_dict=True))
+        else:
+            opt.load_state_dict(states[name])
+
+
+def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
+    """Whether `opt` steps shards of the sharded `policy`."""
+    mine = {id(fp.sharded_param) for fp in _fsdp_params(policy)}
+    return any(id(p) in mine for g in opt.param_groups for p in g["params"])

@@ -1,0 +1,224 @@
+"""Multi-process plumbing: what every process shares (initial weights) and what it must not (sampling noise)."""
+import copy
+from types import SimpleNamespace
+
+import torch
+
+from common.run import initial_policy
+
+
+def test_scratch_init_gives_every_process_the_same_weights_but_its_own_sampling_noise():
+    def start(rank):
+        cfg = SimpleNamespace(seed=3, init=SimpleNamespace(mode="scratch"), policy=SimpleNamespace(),
+                              env=SimpleNamespace(image_size=8, action_chunk=2))
+        run = SimpleNamespace(cfg=cfg, resume_path=None, device=torch.device("cpu"), rank=rank)
+        torch.manual_seed(100 + rank)  # as Run seeds each process
+        policy = initial_policy(run, lambda c: torch.nn.Linear(3, 4))
+        return policy.weight.detach().clone(), torch.rand(5)
+
+    (w0, noise0), (w1, noise1) = start(0), start(1)
+    assert torch.equal(w0, w1)
+    assert not torch.allclose(noise0, noise1)
+    torch.manual_seed(3)  # process 0 draws what a one-process run draws: init from the seed, then the stream goes on
+    torch.nn.Linear(3, 4)
+    assert torch.equal(noise0, torch.rand(5))
+
+
+# ---- train.strategy over two real processes (gloo on CPU): ddp and fsdp each equal one process at the same batch
+
+class Toy(torch.nn.Module):
+    """A frozen input layer (as LoRA's base), two blocks in `layers` (sharded one by one under fsdp), a head whose
+    rows do not split evenly over two processes and a one-element parameter (the second process holds none of it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(4, 6)
+        self.inp.weight.requires_grad_(False)
+        self.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.Tanh())
+                                           for _ in range(2)])
+        self.out = torch.nn.Linear(6, 3)
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def predict(self, x):  # not forward(): the scripts call policy methods, which must see gathered weights
+        h = self.inp(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.out(h) * self.scale
+
+
+X = torch.linspace(-1, 1, 8 * 4).reshape(8, 4)
+Y = torch.linspace(1, -1, 8 * 3).reshape(8, 3)
+# rows of each process per update: uneven, so processes run different numbers of micro-batches (of up to 4 rows);
+# in the second update process 1 has none at all and adds zeros
+SPLITS = [[range(0, 6), range(6, 8)], [range(0, 8), range(0, 0)]]
+
+
+def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None):
+    """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes; returns the gathered
+    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds."""
+    from accelerate import Accelerator
+
+    from common import fsdp
+    from common.train import adamw_with_warmup, optimizer_step
+
+    accelerator = Accelerator(cpu=True)
+    fsdp.BUCKET = 40  # fsdp's gradient mean in several all-reduces (of 40+ elements) instead of one
+    torch.manual_seed(0)
+    model = Toy()
+    if resume is not None:
+        model.load_state_dict(resume["weights"])
+    run = SimpleNamespace(accelerator=accelerator, device=torch.device("cpu"), world=world,
+                          cfg=SimpleNamespace(train=SimpleNamespace(strategy=strategy, fsdp_offload=offload)))
+    model = fsdp.shard_policy(run, model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer, scheduler = adamw_with_warmup(params, lr=0.05, weight_decay=0.1, warmup_steps=1)
+    if resume is not None:
+        if fsdp.is_sharded(model):
+            fsdp.load_optimizer_states(model, {"actor": optimizer}, resume["optimizers"])
+        else:
+            optimizer.load_state_dict(resume["optimizers"]["actor"])
+        scheduler.load_state_dict(resume["scheduler"])
+    fsdp.register(model, [optimizer])
+    norms, saved = [], None
+    for update in range(0 if resume is None else stop_after, 2):
+        optimizer.zero_grad(set_to_none=True)
+        rows = list(SPLITS[update][rank]) if world > 1 else list(range(8))
+        for s in range(0, len(rows), 4):
+            part = rows[s:s + 4]
+            loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
+            loss.backward()
+        norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
+        if update + 1 == stop_after and resume is None:
+            with fsdp.plain_state_dicts(model):
+                weights = {k: v.clone() for k, v in model.state_dict().items()}
+            fsdp.reshard(model)
+            states = fsdp.full_optimizer_states(model, {"actor": optimizer}) or {"actor": optimizer.state_dict()}
+            fsdp.gather_weights(model)
+            saved = copy.deepcopy({"weights": weights, "optimizers": states, "scheduler": scheduler.state_dict()})
+    with fsdp.plain_state_dicts(model):
+        final = {k: v.clone() for k, v in model.state_dict().items()}
+    return final, norms, saved
+
+
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, results) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1)
+    shared = [saved]  # the full optimizer state is gathered to process 0 (as optimizers.pt, read by every process)
+    torch.distributed.broadcast_object_list(shared, src=0)
+    resumed, norms2, _ = _train(rank, 2, strategy, offload, stop_after=1, resume=shared[0])
+    results[rank] = (final, norms, resumed, norms2)
+    torch.distributed.destroy_process_group()
+
+
+def _spawn(strategy: str, offload: bool = False):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, results), nprocs=2, join=True)
+        return dict(results)
+
+
+def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactly():
+    import pytest
+
+    torch.manual_seed(0)
+    start = {k: v.clone() for k, v in Toy().state_dict().items()}
+    one, one_norms, _ = _train(0, 1, "ddp")
+    assert max((one[k] - start[k]).abs().max() for k in start) > 0.05  # the updates really move the weights
+    assert one_norms[0] > 1.0  # and the first one is clipped
+    for strategy, offload in (("ddp", False), ("fsdp", False), ("fsdp", True)):
+        results = _spawn(strategy, offload)
+        for rank in (0, 1):
+            final, norms, resumed, norms2 = results[rank]
+            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload)
+            for k in one:
+                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+                if strategy == "fsdp":  # restarted after update 1 from its checkpoint: the uninterrupted run
+                    assert torch.equal(resumed[k], final[k]), (offload, k)
+            if strategy == "fsdp":
+                assert norms2 == norms[1:]
+
+
+# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, resumable, one-process loadable
+
+def _launch(args, tmp_path, port):
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_run_plumbing import ENV, FAST, ROOT
+
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
+           os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
+           os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
+           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if "ep/s" not in line)[-3000:]
+    return out
+
+
+def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_process(tmp_path):
+    import os
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from common.checkpoint import load_saved_policy
+    from tests.test_run_plumbing import deterministic, rows, the_run
+
+    _launch([], tmp_path / "ddp", 29561)
+    out = _launch(["train.strategy=fsdp"], tmp_path / "fsdp", 29563)
+    assert "policy weights identical on all 2 processes" in out.stdout
+    ddp, fsdp_run = the_run(tmp_path / "ddp" / "runs"), the_run(tmp_path / "fsdp" / "runs")
+
+    def weights(run_dir, it):
+        return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
+
+    final = weights(fsdp_run, 2)
+    moved = max(float((final[k] - weights(fsdp_run, 1)[k]).abs().max()) for k in final)
+    assert moved > 1e-5  # the second update really moved the weights (float32 steps there are ~1e-8)
+    for k, v in weights(ddp, 2).items():  # no clipping in these updates: the same sums in the same order
+        assert torch.equal(final[k], v), k
+    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):  # the gradient norm sums sharded norms: to rounding
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
+        assert a == b
+
+    # interrupted after iteration 1 (its checkpoint kept, iteration 2's gone): the resume is the uninterrupted run
+    copy = tmp_path / "resumed" / "runs" / os.path.basename(fsdp_run)
+    shutil.copytree(fsdp_run, copy)
+    shutil.rmtree(copy / "checkpoints" / "iter_000002")
+    _launch(["--resume", str(copy)], tmp_path / "resumed", 29565)
+    for k, v in weights(str(copy), 2).items():
+        assert torch.equal(final[k], v), k
+    assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+
+    policy = load_saved_policy(fsdp_run)  # one process, the consolidated policy/ of the newest checkpoint
+    for k, v in policy.net.state_dict().items():
+        assert torch.equal(v, final[k]), k
+
+
+def test_shipped_accelerate_launch_files_load():
+    import os
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from tests.test_run_plumbing import ROOT
+
+    expected = {"1gpu.yaml": 1, "8gpu.yaml": 8, "8gpu_fsdp.yaml": 8, "2nodes_8gpu.yaml": 16, "cpu_2proc.yaml": 2}
+    folder = os.path.join(ROOT, "configs", "accelerate")
+    assert sorted(os.listdir(folder)) == sorted(expected)
+    for name, processes in expected.items():
+        cfg = load_config_from_file(os.path.join(folder, name))
+        assert cfg.num_processes == processes and cfg.mixed_precision == "no", name
+        assert (cfg.distributed_type == "NO") == (processes == 1), name
