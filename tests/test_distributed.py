@@ -8,19 +8,24 @@ from common.run import initial_policy
 
 
 def test_scratch_init_gives_every_process_the_same_weights_but_its_own_sampling_noise():
+    from models import TokenPolicy, TokenPolicyConfig
+
+    def policy_cfg():
+        return TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2, image_size=64, action_chunk=2)
+
     def start(rank):
-        cfg = SimpleNamespace(seed=3, init=SimpleNamespace(mode="scratch"), policy=SimpleNamespace(),
-                              env=SimpleNamespace(image_size=8, action_chunk=2))
+        cfg = SimpleNamespace(seed=3, init=SimpleNamespace(mode="scratch"), policy=policy_cfg(),
+                              env=SimpleNamespace(image_size=64, action_chunk=2, wrist_camera=True, suite="tabletop"))
         run = SimpleNamespace(cfg=cfg, resume_path=None, device=torch.device("cpu"), rank=rank)
         torch.manual_seed(100 + rank)  # as Run seeds each process
-        policy = initial_policy(run, lambda c: torch.nn.Linear(3, 4))
-        return policy.weight.detach().clone(), torch.rand(5)
+        policy = initial_policy(run, "token")
+        return torch.cat([p.detach().flatten() for p in policy.parameters()]), torch.rand(5)
 
     (w0, noise0), (w1, noise1) = start(0), start(1)
     assert torch.equal(w0, w1)
     assert not torch.allclose(noise0, noise1)
     torch.manual_seed(3)  # process 0 draws what a one-process run draws: init from the seed, then the stream goes on
-    torch.nn.Linear(3, 4)
+    TokenPolicy(policy_cfg())
     assert torch.equal(noise0, torch.rand(5))
 
 
