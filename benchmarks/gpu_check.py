@@ -4,7 +4,6 @@ step times and peak memory, and each training script's first iterations on CUDA.
     python benchmarks/gpu_check.py --part oft7b_lora     # OpenVLA-OFT 7B, LoRA r=32 + gradient checkpointing
     python benchmarks/gpu_check.py --part oft7b_full     # OpenVLA-OFT 7B, full fine-tuning, fp32 master weights, 1 GPU
     python benchmarks/gpu_check.py --part oft7b_offload  # the same under FSDP2 (1 rank) with CPU offload
-    python benchmarks/gpu_check.py --part oft7b_lora_offload  # LoRA r=32 under FSDP2 (1 rank) with CPU offload
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
     python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
     python benchmarks/gpu_check.py --part srpo_7b --variants "" "train.strategy=fsdp"  # SRPO from a random 7B folder
@@ -180,45 +179,6 @@ def part_oft7b_offload():
     dist.destroy_process_group()
 
 
-def part_oft7b_lora_offload():
-    """LoRA r=32 under FSDP2 on one rank with CPUOffloadPolicy: the frozen bf16 base lives in (pinned) host memory and
-    each wrapped block comes to the GPU for its forward/backward; peak GPU and host memory, seconds per update."""
-    import resource
-
-    import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29534")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    policy = build_oft(lora_rank=32, bf16_weights=True, ckpt=True)
-    core = policy.core
-    t0 = time.perf_counter()
-    for block in [*core.language_model.model.layers, *core.dino.blocks, *core.siglip.blocks]:
-        fully_shard(block, offload_policy=CPUOffloadPolicy())
-    fully_shard(policy.net, offload_policy=CPUOffloadPolicy())
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    emit(part="lora_offload_wrap", seconds=round(time.perf_counter() - t0, 1),
-         allocated_gib=gib(torch.cuda.memory_allocated()))
-    opt = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=1e-5)
-    obs, tokens = oft_obs(4), torch.randint(0, 256, (4, 56), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
-    for i in range(3):
-        t0 = time.perf_counter()
-        logp, _ = policy.log_prob(obs, None, tokens)
-        (-logp.mean()).backward()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        t2 = time.perf_counter()
-        emit(part="oft7b_lora32_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(t1 - t0, 2),
-             optimizer_s=round(t2 - t1, 2), peak_gpu_gib=gib(torch.cuda.max_memory_allocated()),
-             host_maxrss_gib=gib(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
-    dist.destroy_process_group()
-
-
 def part_pi0_expert():
     from models.flow_policy import FlowPolicy, FlowPolicyConfig
 
@@ -349,7 +309,7 @@ def part_scripts():
 
 
 PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
-         "oft7b_lora_offload": part_oft7b_lora_offload, "srpo_7b": part_srpo_7b,
+         "srpo_7b": part_srpo_7b,
          "pi0_expert": part_pi0_expert, "scripts": part_scripts}
 
 if __name__ == "__main__":
