@@ -400,8 +400,11 @@ class Run:
             except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
                 pass
         if self.world > 1 and torch.distributed.is_initialized():
-            # tear the process group down before interpreter exit: left to the finaliser, gloo's threads sometimes
-            # abort a rank ("terminate called without an active exception", seen once in 4 two-process runs)
+            # tear the process group down before interpreter exit, after a barrier (no rank closes its connections
+            # while another still has work in flight on them, e.g. fsdp's weight gather after the last step): left
+            # to the finaliser, gloo's threads sometimes abort a rank ("terminate called without an active exception")
+            if exc_type is None:
+                torch.distributed.barrier()
             torch.distributed.destroy_process_group()
         if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
