@@ -35,7 +35,7 @@ from common.logging import Logger, format_line
 from models.saved import TRAIN_CONFIG
 from models.action_tokenizer import ActionTokenizer
 from models.flow_policy import FlowPolicyConfig
-from models.policy import FAMILIES, FlowActionPolicy, policy_class
+from models.policy import FAMILIES, policy_class
 from models.token_policy import TokenPolicyConfig
 
 
@@ -93,7 +93,7 @@ class SFTLoss(torch.nn.Module):
         self.policy = policy
 
     def forward(self, obs: Dict[str, np.ndarray], instructions: List[str], actions: np.ndarray):
-        if isinstance(self.policy, FlowActionPolicy):
+        if callable(getattr(self.policy, "flow_matching_loss", None)):  # a flow family (models/policy.py)
             return self.policy.flow_matching_loss(obs, instructions, actions)
         return self.policy.sft_loss(obs, instructions, actions)
 

@@ -75,6 +75,20 @@ def greedy_success(policy, trials):
                             progress=False).complete
 
 
+def test_flow_family_trains_on_the_flow_matching_loss(tmp_path):
+    """policy.type=flow: the family table builds a FlowPolicy and the loss is its flow-matching loss (the token
+    family's cross-entropy does not exist there); the exported folder is a flow policy."""
+    from models.saved import policy_type
+
+    run(tmp_path, "policy.type=flow", "policy.flow.hidden_size=32", "policy.flow.expert_dim=32",
+        "policy.flow.num_layers=1", "policy.flow.num_heads=2", "sft.num_demos=2", "sft.steps=4", "sft.eval_every=0",
+        "sft.eval_trials=2", "env.max_steps=8")
+    with open(os.path.join(tmp_path, "runs", "r", "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    assert any("sft/flow_mse" in r for r in rows) and not any("sft/token_accuracy" in r for r in rows)
+    assert policy_type(str(tmp_path / "exported")) == "flow"
+
+
 def test_sft_beats_untrained_policy(tmp_path):
     """1000 steps on three expert demos recorded on trials 0-2 (fixed seed, DART noise 0.3 on the executed actions):
     the SFT policy solves at least one of its demo trials; the untrained policy (same architecture and action
