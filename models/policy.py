@@ -9,8 +9,8 @@ Every family:
                                                              `save` wrote (and, for openvla_oft, a published one)
   reference()          context manager: the frozen pre-LoRA model (ValueError without LoRA)
   set_lora_rank(r)     merge any LoRA, add fresh LoRA of rank r (0 = full fine-tuning)
-  cfg.action_chunk, cfg.image_size, cfg.lora_rank, action_chunk, hidden_size, device
-Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT):
+  cfg.action_chunk, cfg.image_size, cfg.lora_rank, action_chunk, device
+Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT), also hidden_size (the value head's input width):
   act(obs, instructions, temperature, greedy, return_hidden, generators) -> actions (B, chunk, 7) env units,
       tokens (B, chunk*7) in [0, action_tokenizer.n_bins), log-probs (B, chunk*7) at that temperature
       [, hidden (B, hidden_size)]; `generators` (None, or one torch.Generator per row): where row i draws its sample
@@ -34,7 +34,6 @@ import torch
 @runtime_checkable
 class SavedPolicy(Protocol):
     action_chunk: int
-    hidden_size: int
     cfg: Any
 
     def save(self, path: str) -> None: ...
@@ -50,6 +49,7 @@ class SavedPolicy(Protocol):
 @runtime_checkable
 class TokenActionPolicy(SavedPolicy, Protocol):
     action_tokenizer: Any
+    hidden_size: int
 
     def act(self, obs: Dict, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
             greedy: bool = False, return_hidden: bool = False,

@@ -317,6 +317,10 @@ def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
         policy_class("pi05")
     assert isinstance(policy, TokenActionPolicy) and not isinstance(policy, FlowActionPolicy)
     assert isinstance(TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1, num_heads=2)), TokenActionPolicy)
+    from models.flow_policy import FlowPolicy, FlowPolicyConfig
+
+    flow = FlowPolicy(FlowPolicyConfig(hidden_size=32, expert_dim=32, num_layers=1, num_heads=2))
+    assert isinstance(flow, FlowActionPolicy) and not isinstance(flow, TokenActionPolicy)
     assert family_of_folder(TINY) == "openvla_oft" == policy_type(TINY)
     loaded = load_saved_policy(TINY)  # a published folder (sharded, with index) is a policy folder
     assert isinstance(loaded, Cls) and not loaded.training and loaded.unnorm_key == "libero_10_no_noops"
