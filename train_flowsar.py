@@ -80,7 +80,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type picks the family (flow): its keys
+    policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys
                                                                         # keys always (the rest from the checkpoint)
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

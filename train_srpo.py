@@ -95,7 +95,7 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type picks the family (token (default) | openvla_oft): its keys
+    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys
                                                                         # always (the rest comes from a checkpoint)
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

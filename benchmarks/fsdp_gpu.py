@@ -1,7 +1,6 @@
 """OpenVLA-OFT 7B (random weights) trained through common/fsdp.py on one GPU (train.strategy=fsdp, one process):
 LoRA r=32, and full fine-tuning with train.fsdp_offload (fp32 shards + AdamW on the host). One JSON line per figure:
-peak GPU memory, peak host RSS, seconds per update. Prepared for docs/gpu.md; not run yet (the device session ran
-the main checkout, not this branch).
+peak GPU memory, peak host RSS, seconds per update (`--part lora` measured on an H200: docs/gpu.md).
 
     python benchmarks/fsdp_gpu.py --part lora
     python benchmarks/fsdp_gpu.py --part full_offload
@@ -17,7 +16,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.gpu_check import oft_folder, oft_obs  # noqa: E402
+from benchmarks.gpu_check import oft_folder, timed_updates  # noqa: E402
 
 
 def emit(**row):
@@ -52,20 +51,13 @@ def main():
     emit(part=f"fsdp_{args.part}_build", seconds=round(time.perf_counter() - t0, 1),
          params=sum(p.numel() for p in policy.parameters()), trainable=sum(p.numel() for p in params),
          gpu_allocated_gib=round(torch.cuda.memory_allocated() / 2 ** 30, 2))
-    obs, tokens = oft_obs(args.micro), torch.randint(0, 256, (args.micro, 56), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
-    for i in range(2):
-        t0 = time.perf_counter()
-        logp, _ = policy.log_prob(obs, None, tokens)
-        (-logp.mean()).backward()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
+    def step():
         optimizer_step(run, params, opt, sched, max_norm=1.0)
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        t2 = time.perf_counter()
-        emit(part=f"fsdp_{args.part}_update", step=i, micro_batch=args.micro, fwd_bwd_s=round(t1 - t0, 2),
-             step_s=round(t2 - t1, 2), gpu_peak_gib=round(torch.cuda.max_memory_allocated() / 2 ** 30, 2))
+
+    for i, fwd_bwd, stepped in timed_updates(policy, args.micro, step):
+        emit(part=f"fsdp_{args.part}_update", step=i, micro_batch=args.micro, fwd_bwd_s=round(fwd_bwd, 2),
+             step_s=round(stepped, 2), gpu_peak_gib=round(torch.cuda.max_memory_allocated() / 2 ** 30, 2))
 
 
 if __name__ == "__main__":

@@ -94,6 +94,22 @@ def oft_act(policy, sizes=(1, 8, 32)):
              peak_gib=gib(torch.cuda.max_memory_allocated()), action_shape=list(out[0].shape))
 
 
+def timed_updates(policy, micro, step, steps=2):
+    """`steps` updates of -mean log-prob of random bin tokens on `micro` random observations, `step()` after each
+    backward; yields (index, forward + backward seconds, step seconds), peak memory counted from the first."""
+    obs, tokens = oft_obs(micro), torch.randint(0, 256, (micro, 56), device="cuda")
+    torch.cuda.reset_peak_memory_stats()
+    for i in range(steps):
+        t0 = time.perf_counter()
+        logp, _ = policy.log_prob(obs, None, tokens)
+        (-logp.mean()).backward()
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        yield i, t1 - t0, time.perf_counter() - t1
+
+
 def oft_train_step(policy, opt, micro, steps=2, tag=""):
     policy.train()
     obs = oft_obs(micro)
@@ -163,19 +179,14 @@ def part_oft7b_offload():
          allocated_gib=gib(torch.cuda.memory_allocated()))
     policy.cfg.bf16 = False  # FSDP's mixed precision casts the parameters; no autocast on top
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-    torch.cuda.reset_peak_memory_stats()
-    obs, tokens = oft_obs(4), torch.randint(0, 256, (4, 56), device="cuda")
-    for i in range(2):
-        t0 = time.perf_counter()
-        logp, _ = policy.log_prob(obs, None, tokens)
-        (-logp.mean()).backward()
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
+
+    def step():
         opt.step()
         opt.zero_grad(set_to_none=True)
-        t2 = time.perf_counter()
-        emit(part="oft7b_train_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(t1 - t0, 2),
-             optimizer_s=round(t2 - t1, 2), peak_gib=gib(torch.cuda.max_memory_allocated()))
+
+    for i, fwd_bwd, stepped in timed_updates(policy, 4, step):
+        emit(part="oft7b_train_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(fwd_bwd, 2),
+             optimizer_s=round(stepped, 2), peak_gib=gib(torch.cuda.max_memory_allocated()))
     dist.destroy_process_group()
 
 

@@ -315,11 +315,7 @@ class Run:
                 print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
                 if saving:
                     self.save(done, rng_states, opt_states, weights)
-                    self._snapshot = None
-                elif sharded:
-                    self._snapshot = None
-                else:
-                    self._snapshot = self._take_snapshot(done, rng_states)
+                self._snapshot = None if saving or sharded else self._take_snapshot(done, rng_states)
             finally:
                 self._deferring = False
             if self._pending_signal:
@@ -524,6 +520,12 @@ def initial_policy(run: "Run", kind: str):
     return policy
 
 
+def _published_family(policy_cfg: Any) -> bool:
+    """A family that starts from its published folder (its config has `init_path`: OpenVLA-OFT), never from scratch
+    or an SFT run of this project."""
+    return getattr(policy_cfg, "init_path", None) is not None
+
+
 def _start_policy(run: "Run", kind: str):
     """The policy RL starts from, on the run's device; `kind` is what the script trains: 'token' (discrete actions
     with log-probs) or 'flow'. The family (models/policy.py FAMILIES) is `policy.type`; a checkpoint folder must hold
@@ -547,7 +549,7 @@ def _start_policy(run: "Run", kind: str):
         return policy_class(saved_family(saved)).load(saved, device=str(run.device))
     cls = policy_class(family)
     if cfg.init.mode == "scratch":
-        if getattr(cfg.policy, "init_path", None) is not None:  # a family that only starts from published weights
+        if _published_family(cfg.policy):
             raise ConfigError(f"policy.type={family} starts from a published checkpoint, not from scratch: set "
                               f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
                               f"checkpoints)")
@@ -561,7 +563,7 @@ def _start_policy(run: "Run", kind: str):
     path = cfg.init.path or os.path.join("checkpoints", f"{'sft' if family == 'token' else 'sft_' + family}_"
                                                         f"{cfg.env.suite}_task{tasks}")
     if not os.path.isdir(path):
-        if getattr(cfg.policy, "init_path", None) is not None:
+        if _published_family(cfg.policy):
             raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
                               f"papers' checkpoints) and set init.path to its folder")
         cmd = sft_command(cfg, path, family)
@@ -597,8 +599,8 @@ def _start_policy(run: "Run", kind: str):
                               f"policy there (train_sft.py policy.type={family} makes one)")
         raise ConfigError(f"init.path {path} holds a policy of family {found} but policy.type={family}: set "
                           f"policy.type={found} (and that family's policy keys, as configs/*_libero.yaml do)")
-    if getattr(cfg.policy, "init_path", None) is not None:  # a published-checkpoint family: the YAML's policy keys
-        return _published_start(run, cls, path)             # (LoRA, precision, memory) apply to its weights
+    if _published_family(cfg.policy):  # the YAML's policy keys (LoRA, precision, memory) apply to its weights
+        return _published_start(run, cls, path)
     if family == "flow":  # a pi0 checkpoint (openpi / RLinf, LeRobot): its weights and statistics, run with the
         from models.pi0_checkpoint import is_pi0_folder  # YAML's policy section (no saved policy config to take)
 
@@ -634,11 +636,12 @@ def _published_start(run: "Run", cls: Any, path: str):
     cfg = run.cfg
     keys = {f.name: getattr(cfg.policy, f.name) for f in dataclasses.fields(cfg.policy)
             if f.name not in ("type", "init_path", "lora_rank", "lora_alpha", "lora_dropout", "action_chunk")}
-    if keys.get("unnorm_key") is None and cfg.env.suite != "tabletop":
+    embedded = cfg.env.suite.startswith("tabletop")
+    if keys.get("unnorm_key") is None and not embedded:
         keys["unnorm_key"] = cfg.env.suite
     keys["image_size"] = cfg.env.image_size
     if keys.get("image_pipeline") == "auto":
-        keys["image_pipeline"] = "resize" if cfg.env.suite.startswith("tabletop") else "libero"
+        keys["image_pipeline"] = "resize" if embedded else "libero"
     try:
         policy = cls.load(path, device=str(run.device), **keys)
     except ValueError as e:  # statistics key, wrong layout, L1-regression checkpoint: one line
