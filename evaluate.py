@@ -19,6 +19,47 @@ import re
 import time
 from typing import Any, Dict, Optional, Sequence
 
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    """The command line, checked; a bad value exits with one line (`error: ...`)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
+    p.add_argument("--task-ids", type=int, nargs="+", default=None,
+                   help="tasks to evaluate (default: the tasks the checkpoint was trained on, else task 0)")
+    p.add_argument("--trials", type=int, default=None,
+                   help="trials (initial states) per task (default: every trial from --trial-start on)")
+    p.add_argument("--trial-start", type=int, default=None,
+                   help="first trial id (trials are start..start+N-1; default: held out from the checkpoint's "
+                        "training: an RL run's eval.trial_start, else its rollout.train_trials; 0 for SFT)")
+    p.add_argument("--allow-practice-trials", action="store_true",
+                   help="evaluate on trials the checkpoint's training practised on (refused otherwise)")
+    p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
+    p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
+    p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
+                   "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
+    p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
+    p.add_argument("--max-steps", type=int, default=None, help="episode limit (default: the suite's)")
+    p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
+    p.add_argument("--out-dir", default=None, help="output folder (default plots/eval__<checkpoint name>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
+    args = p.parse_args(argv)
+    for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
+                             ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),
+                             ("--gifs", args.gifs, 0)):
+        if value is not None and value < low:
+            raise SystemExit(f"error: {flag} {value}: must be >= {low}")
+    if not args.temperature > 0:
+        raise SystemExit(f"error: --temperature {args.temperature}: must be > 0")
+    return args
+
+
+# the command line before the imports below: --help and a bad value answer in ~0.1 s (torch takes seconds to load)
+if __name__ == "__main__":
+    args = parse_args()
+
 import numpy as np
 import torch
 import yaml
@@ -150,47 +191,15 @@ def format_table(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    """Parse the command line and evaluate; every bad input exits with one line (`error: ...`)."""
+def main(argv: Optional[Sequence[str]] = None, args: Optional[argparse.Namespace] = None) -> Dict[str, Any]:
+    """Parse the command line (unless `args` is given) and evaluate; every bad input exits with one line."""
     try:
-        return _main(argv)
+        return _main(parse_args(argv) if args is None else args)
     except (PolicyLoadError, ValueError) as e:
         raise SystemExit(f"error: {e}") from None
 
 
-def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
-    p.add_argument("--task-ids", type=int, nargs="+", default=None,
-                   help="tasks to evaluate (default: the tasks the checkpoint was trained on, else task 0)")
-    p.add_argument("--trials", type=int, default=None,
-                   help="trials (initial states) per task (default: every trial from --trial-start on)")
-    p.add_argument("--trial-start", type=int, default=None,
-                   help="first trial id (trials are start..start+N-1; default: held out from the checkpoint's "
-                        "training: an RL run's eval.trial_start, else its rollout.train_trials; 0 for SFT)")
-    p.add_argument("--allow-practice-trials", action="store_true",
-                   help="evaluate on trials the checkpoint's training practised on (refused otherwise)")
-    p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
-    p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
-    p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
-                   "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
-    p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
-    p.add_argument("--max-steps", type=int, default=None, help="episode limit (default: the suite's)")
-    p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
-    p.add_argument("--out-dir", default=None, help="output folder (default plots/eval__<checkpoint name>)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
-    args = p.parse_args(argv)
-    for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
-                             ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),
-                             ("--gifs", args.gifs, 0)):
-        if value is not None and value < low:
-            raise ValueError(f"{flag} {value}: must be >= {low}")
-    if not args.temperature > 0:
-        raise ValueError(f"--temperature {args.temperature}: must be > 0")
-
+def _main(args: argparse.Namespace) -> Dict[str, Any]:
     # the output folder first: a folder that cannot be written is found before the evaluation, not after it
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
     out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")
@@ -289,4 +298,4 @@ def _main(argv: Optional[Sequence[str]] = None) -> Dict[str, Any]:
 
 
 if __name__ == "__main__":
-    main()
+    main(args=args)

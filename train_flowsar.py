@@ -18,20 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, List, Optional
 
-import numpy as np
-import torch
-
-from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
-from common.losses import compute_flow_sar_loss
-from common.rollout import collect_rollouts, flatten_steps
-from common.run import initial_policy, minibatches, start_run
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
-                          rollout_metrics, sample_prompts)
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
 from envs import EnvConfig
-from models import ACTION_DIM, FlowPolicyConfig
-
-LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
+from models.configs import FlowPolicyConfig
 
 
 @dataclass
@@ -88,6 +77,25 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+
+# the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
+# take ~10 s to load); the values are checked (check_config) once they have loaded
+if __name__ == "__main__":
+    cfg = parse_cli(Config, "configs/flowsar.yaml", __doc__, script="flowsar")
+
+import numpy as np
+import torch
+
+from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
+from common.losses import compute_flow_sar_loss
+from common.rollout import collect_rollouts, flatten_steps
+from common.run import initial_policy, minibatches, start_run
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step,
+                          rollout_metrics, sample_prompts)
+from models import ACTION_DIM
+
+LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
 
 
 def check_config(cfg: Config) -> None:
@@ -147,7 +155,7 @@ def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module) ->
 
 
 if __name__ == "__main__":
-    cfg = parse_and_check(Config, "configs/flowsar.yaml", "flowsar", __doc__, check_config)
+    exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
         policy = initial_policy(run, "flow")

@@ -20,18 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
-import numpy as np
-import torch
-
-from common.advantages import compute_gae
-from common.config import RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
-from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
-from common.rollout import collect_rollouts, flatten_steps
-from common.fsdp import grad_norm as plain_norm, shard_policy
-from common.run import average_gradients, initial_policy, minibatches, start_run
-from common.train import adamw_with_warmup, mean_stats, micro_batches, parse_and_check, rollout_metrics, sample_prompts
+from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
+                           exit_on_bad_config, parse_cli)
 from envs import EnvConfig
-from models import ACTION_DIM, TokenPolicyConfig, ValueHead, ValueHeadConfig
+from models.configs import TokenPolicyConfig, ValueHeadConfig
 
 
 @dataclass
@@ -95,6 +87,30 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+
+# the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
+# take ~10 s to load); the values are checked (check_config) once they have loaded
+if __name__ == "__main__":
+    cfg = parse_cli(Config, "configs/gae_ppo.yaml", __doc__, script="gae_ppo",
+                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+                        "--timesteps": dict(type=int, key="train.total_timesteps",
+                                            help="stop after this many env steps (or train.iterations, if first)"),
+                        "--num-envs": dict(type=int, key="env.num_envs", help="parallel environments"),
+                        "--actor-lr": dict(type=float, key="train.actor_lr", help="policy (actor) learning rate"),
+                        "--critic-lr": dict(type=float, key="train.critic_lr", help="value head learning rate"),
+                        "--log-interval": dict(type=int, key="log.plot_every", help="PNG panels every N updates")})
+
+import numpy as np
+import torch
+
+from common.advantages import compute_gae
+from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
+from common.rollout import collect_rollouts, flatten_steps
+from common.fsdp import grad_norm as plain_norm, shard_policy
+from common.run import average_gradients, initial_policy, minibatches, start_run
+from common.train import adamw_with_warmup, mean_stats, micro_batches, rollout_metrics, sample_prompts
+from models import ACTION_DIM, ValueHead
 
 
 def check_config(cfg: Config) -> None:
@@ -188,14 +204,7 @@ def save_update_png(run, done: int) -> None:
 
 
 if __name__ == "__main__":
-    cfg = parse_and_check(Config, "configs/gae_ppo.yaml", "gae_ppo", __doc__, check_config,
-                          resumable=RESUMABLE + ("train.total_timesteps",), flags={
-                        "--timesteps": dict(type=int, key="train.total_timesteps",
-                                            help="stop after this many env steps (or train.iterations, if first)"),
-                        "--num-envs": dict(type=int, key="env.num_envs", help="parallel environments"),
-                        "--actor-lr": dict(type=float, key="train.actor_lr", help="policy (actor) learning rate"),
-                        "--critic-lr": dict(type=float, key="train.critic_lr", help="value head learning rate"),
-                        "--log-interval": dict(type=int, key="log.plot_every", help="PNG panels every N updates")})
+    exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "gae_ppo") as run:
         device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
         if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, "modules",

@@ -21,24 +21,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
-import numpy as np
-import torch
-
-from common.advantages import compute_advantage, make_response_mask, masked_mean
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
-from common.demos import rollout_demos
-from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
-from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
-from common.fsdp import shard_policy
-from common.run import initial_policy, minibatches, start_run
-from common.srpo import filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
-                          rollout_metrics, sample_prompts)
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
 from envs import EnvConfig, max_steps
-from models import ACTION_DIM, TokenPolicyConfig
-
-LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
-             "on_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac")
+from models.configs import TokenPolicyConfig
 
 
 @dataclass
@@ -113,6 +98,28 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
 
+# the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
+# take ~10 s to load); the values are checked (check_config) once they have loaded
+if __name__ == "__main__":
+    cfg = parse_cli(Config, "configs/luffy.yaml", __doc__, script="luffy")
+
+import numpy as np
+import torch
+
+from common.advantages import compute_advantage, make_response_mask, masked_mean
+from common.demos import rollout_demos
+from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
+from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
+from common.fsdp import shard_policy
+from common.run import initial_policy, minibatches, start_run
+from common.srpo import filter_groups, filter_metrics
+from common.train import adamw_with_warmup, mean_stats, micro_batches, optimizer_step, rollout_metrics, sample_prompts
+from models import ACTION_DIM
+
+LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
+             "on_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac")
+
+
 def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
@@ -178,7 +185,7 @@ def load_libero_prompts(cfg: Config) -> List[dict]:
 
 
 if __name__ == "__main__":
-    cfg = parse_and_check(Config, "configs/luffy.yaml", "luffy", __doc__, check_config)
+    exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None

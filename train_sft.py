@@ -19,24 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import numpy as np
-import torch
-from accelerate import Accelerator
-from tqdm import tqdm
-
 import envs
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
-                               load_saved_policy, read_rng_state, save_checkpoint)
-from common.config import (ConfigError, EnvConfig, LogConfig, create_run_dir, default_run_prefix, parse_cli,
-                           remove_if_empty, resolve_run_dir, save_config)
-from common.demos import demos_to_samples, generate_expert_demos
-from common.evaluation import evaluate_policy
-from common.logging import Logger, format_line
-from models.saved import TRAIN_CONFIG
-from models.action_tokenizer import ActionTokenizer
-from models.flow_policy import FlowPolicyConfig
-from models.policy import FAMILIES, policy_class
-from models.token_policy import TokenPolicyConfig
+from common.config import (ConfigError, EnvConfig, LogConfig, create_run_dir, default_run_prefix, exit_on_bad_config,
+                           parse_cli, remove_if_empty, resolve_run_dir, save_config)
+from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
 
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (as the RL scripts')
@@ -83,6 +69,63 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     policy: PolicySection = field(default_factory=PolicySection)
     sft: SFTConfig = field(default_factory=SFTConfig)
+
+
+def check_config(cfg: Config) -> None:
+    """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run."""
+    try:
+        envs.check_training_suite(cfg.env.suite)  # robustness variants (tabletop_lan, ...) are never demoed or trained on
+        envs.check_task_ids(cfg.env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    sft = cfg.sft
+    if sft.steps < 1:
+        raise ConfigError(f"sft.steps={sft.steps}: needs at least 1 gradient step (0 would export the untrained "
+                          f"policy as the best one)")
+    if sft.batch_size < 1 or sft.log_every < 1:
+        raise ConfigError(f"sft.batch_size={sft.batch_size} and sft.log_every={sft.log_every} must be >= 1")
+    if sft.eval_every < 0 or sft.eval_trials < 1 or sft.warmup_steps < 0 or sft.augment_shift < 0:
+        raise ConfigError(f"sft.eval_every={sft.eval_every} (>= 0, 0 = only at the end), sft.eval_trials="
+                          f"{sft.eval_trials} (>= 1), sft.warmup_steps={sft.warmup_steps} (>= 0), sft.augment_shift="
+                          f"{sft.augment_shift} (>= 0)")
+    if sft.num_demos < 1 and not sft.demo_paths:
+        raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
+    if not sft.lr > 0:
+        raise ConfigError(f"sft.lr={sft.lr}: must be > 0")
+    if cfg.policy.type not in ("token", "flow") and not cfg.policy.init_path:
+        hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
+                if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
+        raise ConfigError(f"policy.type={cfg.policy.type!r}{hint}")
+    if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
+        raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
+                          f"must be >= 1")
+
+
+def parse(argv: Optional[List[str]] = None) -> Config:
+    """The config from configs/sft.yaml + the command line, checked: a bad value exits with one line."""
+    cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__, argv, script="train_sft",
+                            resumable=("resume", "log.", "sft.output_path"))
+    exit_on_bad_config(check_config, cfg)
+    return cfg
+
+
+# the command line before the imports below: --help and a bad value answer in ~1 s (torch takes seconds to load)
+if __name__ == "__main__":
+    cfg = parse()
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from tqdm import tqdm
+
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
+                               load_saved_policy, read_rng_state, save_checkpoint)
+from common.demos import demos_to_samples, generate_expert_demos
+from common.evaluation import evaluate_policy
+from common.logging import Logger, format_line
+from models.action_tokenizer import ActionTokenizer
+from models.policy import policy_class
+from models.saved import TRAIN_CONFIG
 
 
 class SFTLoss(torch.nn.Module):
@@ -151,45 +194,11 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
     os.replace(tmp, dst)
 
 
-def check_config(cfg: Config) -> None:
-    """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run."""
-    try:
-        envs.check_training_suite(cfg.env.suite)  # robustness variants (tabletop_lan, ...) are never demoed or trained on
-        envs.check_task_ids(cfg.env)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    sft = cfg.sft
-    if sft.steps < 1:
-        raise ConfigError(f"sft.steps={sft.steps}: needs at least 1 gradient step (0 would export the untrained "
-                          f"policy as the best one)")
-    if sft.batch_size < 1 or sft.log_every < 1:
-        raise ConfigError(f"sft.batch_size={sft.batch_size} and sft.log_every={sft.log_every} must be >= 1")
-    if sft.eval_every < 0 or sft.eval_trials < 1 or sft.warmup_steps < 0 or sft.augment_shift < 0:
-        raise ConfigError(f"sft.eval_every={sft.eval_every} (>= 0, 0 = only at the end), sft.eval_trials="
-                          f"{sft.eval_trials} (>= 1), sft.warmup_steps={sft.warmup_steps} (>= 0), sft.augment_shift="
-                          f"{sft.augment_shift} (>= 0)")
-    if sft.num_demos < 1 and not sft.demo_paths:
-        raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
-    if not sft.lr > 0:
-        raise ConfigError(f"sft.lr={sft.lr}: must be > 0")
-    if cfg.policy.type not in ("token", "flow") and not cfg.policy.init_path:
-        hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
-                if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
-        raise ConfigError(f"policy.type={cfg.policy.type!r}{hint}")
-    if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
-        raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
-                          f"must be >= 1")
-
-
-def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
-    """Parse, check, train; bad input is one line (`error: ...`), Ctrl-C / SIGTERM save the last completed step and
-    exit 130 with the command that resumes it, a failed checkpoint write is one line with the same command."""
-    cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__.split("\n")[0], argv, script="train_sft",
-                            resumable=("resume", "log.", "sft.output_path"))
-    try:
-        check_config(cfg)
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
+def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict[str, float]:
+    """Parse (unless `cfg` is given), check, train; bad input is one line (`error: ...`), Ctrl-C / SIGTERM save the
+    last completed step and exit 130 with the command that resumes it, a failed checkpoint write is one line with the
+    same command."""
+    cfg = parse(argv) if cfg is None else cfg
     if cfg.sft.output_path == "auto":
         cfg.sft.output_path = os.path.join("checkpoints",
                                            f"sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}")
@@ -425,4 +434,4 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
 
 
 if __name__ == "__main__":
-    main()
+    main(cfg=cfg)

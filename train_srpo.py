@@ -16,20 +16,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-import numpy as np
-import torch
-
-from common.advantages import compute_advantage, make_response_mask, masked_mean
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config
-from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
-from common.rollout import collect_rollouts, flatten_steps
-from common.fsdp import shard_policy
-from common.run import initial_policy, minibatches, start_run
-from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step, parse_and_check,
-                          rollout_metrics, sample_prompts)
-from envs import EnvConfig, max_steps
-from models import ACTION_DIM, EncoderConfig, TokenPolicyConfig, make_trajectory_encoder
+from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
+from envs import EnvConfig
+from models.configs import EncoderConfig, TokenPolicyConfig
 
 
 @dataclass
@@ -106,6 +95,26 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
 
+# the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
+# take ~10 s to load); the values are checked (check_config) once they have loaded
+if __name__ == "__main__":
+    cfg = parse_cli(Config, "configs/srpo.yaml", __doc__, script="srpo")
+
+import numpy as np
+import torch
+
+from common.advantages import compute_advantage, make_response_mask, masked_mean
+from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
+from common.rollout import collect_rollouts, flatten_steps
+from common.fsdp import shard_policy
+from common.run import initial_policy, minibatches, start_run
+from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step,
+                          rollout_metrics, sample_prompts)
+from envs import max_steps
+from models import ACTION_DIM, make_trajectory_encoder
+
+
 def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
@@ -126,7 +135,7 @@ def check_config(cfg: Config) -> None:
 
 
 if __name__ == "__main__":
-    cfg = parse_and_check(Config, "configs/srpo.yaml", "srpo", __doc__, check_config)
+    exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "srpo") as run:
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy

@@ -14,13 +14,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
+from models.configs import FAMILIES, config_class
 
 T = TypeVar("T")
 
@@ -154,7 +155,7 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
 def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
     """A script whose `policy` section is a policy family's config (a dataclass with a `type` field, annotated `Any`
     in the script's Config) takes the family that `policy.type` names (the YAML, then the command line; the last
-    wins): its keys are that family's config class's keys (models/policy.py FAMILIES)."""
+    wins): its keys are that family's config class's keys (models/configs.py FAMILIES)."""
     policy = getattr(default, "policy", None)
     if not is_dataclass(policy) or "type" not in {f.name for f in fields(policy)} or \
             get_type_hints(type(default)).get("policy") is not Any:
@@ -166,8 +167,6 @@ def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
             family = section["type"]
     if family == policy.type:
         return default
-    from models.policy import FAMILIES, config_class
-
     if family not in FAMILIES:
         raise ConfigError(f"policy.type={family!r}: unknown policy family; use one of {', '.join(sorted(FAMILIES))}")
     default.policy = config_class(family)()
@@ -299,13 +298,13 @@ def hyperparameter_help(cfg: Any, prefix: str = "") -> List[str]:
 
 def build_arg_parser(description: str, default_config: str,
                      flags: Optional[Dict[str, Dict[str, Any]]] = None,
-                     defaults: Any = None) -> argparse.ArgumentParser:
+                     defaults: Any = None, shown: Optional[str] = None) -> argparse.ArgumentParser:
     """The named flags every script takes (+ a script's own `flags`: name -> argparse kwargs with `key`, the config
     key it sets); anything else on the line is a `section.key=value` override. `defaults` (the config the default
-    YAML gives) lists every hyper-parameter with its value and meaning under the flags."""
+    YAML, or `shown`, gives) lists every hyper-parameter with its value and meaning under the flags."""
     epilog = None
     if defaults is not None:
-        source = default_config or "the defaults"
+        source = shown or default_config or "the defaults"
         epilog = (f"hyper-parameters: set any with section.key=value (shown: the value {source} gives)\n"
                   + "\n".join(hyperparameter_help(defaults)))
     p = argparse.ArgumentParser(description=description, epilog=epilog,
@@ -361,7 +360,8 @@ def check_resume_overrides(saved: Any, resumed: Any, allowed: Sequence[str] = RE
 def parse_cli(schema: Type[T], default_config: str, description: str = "", argv: Optional[Sequence[str]] = None,
               script: Optional[str] = None, flags: Optional[Dict[str, Dict[str, Any]]] = None,
               resumable: Sequence[str] = RESUMABLE) -> T:
-    """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags. With --resume the
+    """Parse the command line into a `schema` instance: YAML, then overrides, then the named flags (`description`: the
+    script's docstring, whose first paragraph --help shows). With --resume the
     YAML is the run's saved config.yaml and only `resumable` keys may change; `cfg.resume` is then the run folder.
     Every mistake exits with one line (`error: ...`) naming the fix."""
     try:
@@ -370,13 +370,29 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
         raise SystemExit(f"error: {e}") from None
 
 
+def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
+    """Run a script's value checks on its parsed config; a bad value exits with one line (`error: ...`) naming the
+    fix, no traceback."""
+    try:
+        check(cfg)
+    except ValueError as e:  # ConfigError is a ValueError
+        raise SystemExit(f"error: {e}") from None
+
+
 def _parse_cli(schema, default_config, description, argv, script, flags, resumable):
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
     is_override = [("=" in a and not a.startswith("-")) for a in argv]
     help_asked = any(a in ("-h", "--help") for a in argv)
-    defaults = load_config(schema, resolve_config_path(None, default_config)) if help_asked else None
-    parser = build_arg_parser(description, default_config, flags, defaults)
+    defaults, shown = None, default_config
+    if help_asked:  # list the hyper-parameters as the given --config and overrides set them (its family's keys too)
+        given = argparse.ArgumentParser(add_help=False)
+        given.add_argument("--config", default=None)
+        known, _ = given.parse_known_args([a for a, o in zip(argv, is_override) if not o])
+        shown = known.config or default_config
+        defaults = load_config(schema, resolve_config_path(known.config, default_config),
+                               [a for a, o in zip(argv, is_override) if o])
+    parser = build_arg_parser(description.split("\n\n")[0], default_config, flags, defaults, shown)
     args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
     overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:

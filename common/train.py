@@ -1,30 +1,17 @@
-"""The pieces every RL script's loop repeats, once: command line + checks, AdamW with linear warm-up, prompt sampling,
-rollout and dynamic-sampling metrics over all processes, micro-batches, the optimizer step (gradients averaged over
-processes, clipped) and the mean of the update's statistics. What defines an algorithm stays in its script."""
+"""The pieces every RL script's loop repeats, once: AdamW with linear warm-up, prompt sampling, rollout and
+dynamic-sampling metrics over all processes, micro-batches, the optimizer step (gradients averaged over processes,
+clipped) and the mean of the update's statistics. What defines an algorithm stays in its script; the command line
+and its checks are common/config.py's (parse_cli, exit_on_bad_config)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Sequence, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
 
-from common.config import parse_cli
 from common.fsdp import grad_norm as plain_norm
 from common.run import average_gradients
-
-T = TypeVar("T")
-
-
-def parse_and_check(schema: Type[T], default_config: str, script: str, doc: str, check: Callable[[T], None],
-                    **kwargs: Any) -> T:
-    """The `__main__` prelude: the config from YAML + command line, checked; a bad value exits with one line."""
-    cfg = parse_cli(schema, default_config, description=doc.split("\n\n")[0], script=script, **kwargs)
-    try:
-        check(cfg)
-    except ValueError as e:  # ConfigError is a ValueError: print the one-line fix, no traceback
-        raise SystemExit(f"error: {e}") from None
-    return cfg
 
 
 def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int,

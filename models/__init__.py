@@ -4,11 +4,12 @@ import importlib
 
 _HOME = {
     "models.action_tokenizer": ["ACTION_DIM", "ActionTokenizer"],
-    "models.flow_policy": ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix"],
+    "models.configs": ["EncoderConfig", "FlowPolicyConfig", "OpenVLAOFTConfig", "TokenPolicyConfig", "ValueHeadConfig"],
+    "models.flow_policy": ["FlowPolicy", "FlowSample", "Prefix"],
     "models.text_tokenizer": ["ByteTokenizer", "HFTextTokenizer", "load_text_tokenizer"],
-    "models.token_policy": ["TokenPolicy", "TokenPolicyConfig", "count_parameters"],
-    "models.trajectory_encoders": ["EncoderConfig", "PixelEncoder", "VJEPA2Encoder", "make_trajectory_encoder"],
-    "models.value_head": ["ValueHead", "ValueHeadConfig"],
+    "models.token_policy": ["TokenPolicy", "count_parameters"],
+    "models.trajectory_encoders": ["PixelEncoder", "VJEPA2Encoder", "make_trajectory_encoder"],
+    "models.value_head": ["ValueHead"],
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = list(_MODULE_OF)

@@ -44,7 +44,6 @@ import dataclasses
 import json
 import math
 import os
-from dataclasses import dataclass
 from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -55,6 +54,7 @@ from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditi
                           SiglipVisionConfig)
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
+from models.configs import FlowPolicyConfig
 from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, load_pi0_folder
 from models.text_tokenizer import load_text_tokenizer
 from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
@@ -78,39 +78,6 @@ def _randn(shape: Tuple[int, ...], device: torch.device,
     return torch.stack([torch.randn(shape[1:], generator=g) for g in generators]).to(device)
 
 
-@dataclass
-class FlowPolicyConfig:
-    type: str = "flow"  # the policy family (models/policy.py FAMILIES)
-    preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
-    pretrained_path: Optional[str] = None  # pi0 checkpoint: openpi/RLinf or LeRobot folder, transformers' dir or hub id
-    tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer
-    image_size: int = 64  # square camera images (px) in the observations; multiple of 16
-    action_chunk: int = 8  # actions executed per policy call (openpi's replan_steps)
-    horizon: Optional[int] = None  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
-                                   # the checkpoint's chunk_size (pi0: 50) when it carries statistics
-    n_bins: int = 256  # only for the shared ActionTokenizer (its statistics normalise the actions)
-    use_wrist: bool = True  # wrist camera as PI0's second camera
-    hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
-    num_layers: int = 2  # tiny: depth of the LM, the action expert and the SigLIP tower
-    num_heads: int = 2  # tiny: query heads (LM and expert; one shared key/value head, as pi0)
-    expert_dim: int = 64  # tiny: action expert (Gemma) width
-    expert_layers: Optional[int] = None  # PI0's expert attends to the LM layer by layer: must equal num_layers
-    expert_heads: Optional[int] = None  # must equal num_heads (the expert shares the LM's head_dim and KV heads)
-    max_text_len: int = 48  # instruction tokens (BOS + text + newline), truncated beyond
-    num_steps: int = 10  # default Euler steps for sample()
-    time_sampling: str = "beta"  # training t: beta (pi0: t = 0.999 * Beta(1.5, 1) + 0.001, favours noisy t) | uniform
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_vision: bool = False
-    bf16: bool = True  # bf16 autocast on CUDA
-    bf16_weights: bool = False  # frozen weights bf16 except openpi's fp32 set (patch/position embeddings, norms);
-                                # trainable ones fp32 (AdamW master weights); bf16 autocast
-    train_expert_only: bool = False  # freeze PaliGemma (vision, projector, LM); train the expert + projections fully
-    noise_method: str = "additive"  # exploration at noise_level > 0: additive (s sqrt(dt) z after every step but the
-                                    # last) | flow_sde (RLinf: one random step is an SDE step, sigma = s sqrt(t/(1-t)))
-    delta_action_dims: Optional[int] = None  # first N action dims relative to the state; None = as the checkpoint
-                                             # says (openpi pi0_libero: 6; 0 without statistics)
 
 
 class Prefix(NamedTuple):

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -36,15 +35,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
+from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as IMAGE_SIZE, OpenVLAOFTConfig
 from models.saved import PolicyLoadError
 
 N_BINS = 256
 ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744..31999 are the action tokens
 VOCAB_FOR_DECODING = 32000  # text_config.vocab_size (32064) - pad_to_multiple_of (64)
 BOS_ID, STOP_ID, SPACE_ID = 1, 2, 29871  # <s>, </s>, "▁" (appended to the prompt when not already last)
-ACTION_CHUNK = 8
 NUM_SLOTS = ACTION_CHUNK * ACTION_DIM
-IMAGE_SIZE = 224
 # The processor's effective normalisation: the converter stored timm's constants rounded to bf16.
 DINO_MEAN = (0.484375, 0.455078125, 0.40625)
 DINO_STD = (0.228515625, 0.2236328125, 0.224609375)
@@ -64,22 +62,6 @@ POLICY_CONFIG = "policy_config.json"  # this project's settings, written beside 
 ADAPTER_FILE = "lora_adapter.safetensors"
 
 
-@dataclass
-class OpenVLAOFTConfig:
-    type: str = "openvla_oft"  # the policy family (models/policy.py FAMILIES)
-    init_path: str = ""  # the published (or saved) checkpoint folder
-    unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
-    image_size: int = IMAGE_SIZE  # camera image side the env renders; resized to 224 when different
-    action_chunk: int = ACTION_CHUNK  # fixed by the checkpoint (8 x 7 slots)
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
-    bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
-    gradient_checkpointing: bool = False
-    image_pipeline: str = "auto"  # libero: the reference's JPEG q95 round trip + Lanczos to 224 + centre crop
-                                  # (libero_image; render at env.image_size 256) | resize: PIL bicubic to 224 only |
-                                  # auto: libero on LIBERO suites, resize on the embedded one (set when RL starts)
 
 
 # ---------------------------------------------------------------- action bins, statistics, gripper

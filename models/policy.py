@@ -30,6 +30,8 @@ from typing import Any, ContextManager, Dict, Optional, Protocol, Sequence, Tupl
 
 import torch
 
+from models.configs import FAMILIES, _family, action_kind, config_class  # noqa: F401 - re-exported
+
 
 @runtime_checkable
 class SavedPolicy(Protocol):
@@ -74,33 +76,10 @@ class FlowActionPolicy(SavedPolicy, Protocol):
                            *args, **kwargs) -> Tuple[torch.Tensor, Dict]: ...
 
 
-# family -> (module, policy class, config class, kind); imported lazily so a family's dependencies load on use
-FAMILIES: Dict[str, Tuple[str, str, str, str]] = {
-    "token": ("models.token_policy", "TokenPolicy", "TokenPolicyConfig", "token"),
-    "flow": ("models.flow_policy", "FlowPolicy", "FlowPolicyConfig", "flow"),
-    "openvla_oft": ("models.openvla_oft", "OpenVLAOFTPolicy", "OpenVLAOFTConfig", "token"),
-}
-
-
-def _family(family: str) -> Tuple[str, str, str, str]:
-    if family not in FAMILIES:
-        raise ValueError(f"unknown policy family {family!r}; use one of {sorted(FAMILIES)}")
-    return FAMILIES[family]
-
-
 def policy_class(family: str):
+    """The policy class of a family (its module is imported here, on first use)."""
     module, cls, _, _ = _family(family)
     return getattr(importlib.import_module(module), cls)
-
-
-def config_class(family: str):
-    module, _, cfg, _ = _family(family)
-    return getattr(importlib.import_module(module), cfg)
-
-
-def action_kind(family: str) -> str:
-    """'token' (discrete actions with log-probs) or 'flow' (continuous)."""
-    return _family(family)[3]
 
 
 def family_of_folder(folder: str) -> str:

@@ -8,7 +8,6 @@ projector, state projection, action slot embeddings and action head; the vision 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -16,31 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
+from models.configs import TokenPolicyConfig
 from models.vla_backbone import (Obs, PrefixEncoder, autocast, rebuild_policy, reference_context, replace_lora,
                                  save_policy_files, unwrap, wrap_lora)
 
 TRAINABLE_WITH_LORA = ["projector", "state_proj", "action_queries", "action_head"]
 
 
-@dataclass
-class TokenPolicyConfig:
-    type: str = "token"  # the policy family (models/policy.py FAMILIES); openvla_oft loads a published checkpoint
-    preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
-    image_size: int = 64  # square camera images (px); multiple of 16
-    action_chunk: int = 8  # actions per policy call; the model predicts action_chunk * 7 tokens
-    n_bins: int = 256  # action bins per dimension
-    use_wrist: bool = True  # also encode the wrist camera
-    vision_path: Optional[str] = None  # SigLIP checkpoint (hub id or dir) for from_pretrained; None = random init
-    backbone_path: Optional[str] = None  # LM checkpoint + tokenizer (Llama/Qwen2); None = random init, byte tokenizer
-    hidden_size: int = 128  # tiny preset LM width (ignored when the LM comes from minivla or backbone_path)
-    num_layers: int = 2  # tiny preset LM depth
-    num_heads: int = 4  # tiny preset LM attention heads
-    max_text_len: int = 48  # instruction tokens kept (truncated beyond)
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    lora_vision: bool = False  # also put LoRA on the vision tower
-    bf16: bool = True  # bf16 autocast on CUDA (log-probs are always computed in float32)
 
 
 class TokenCore(nn.Module):

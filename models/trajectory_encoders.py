@@ -19,7 +19,6 @@ A zero-length or all-black episode embeds to all zeros (the reward marks those r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -27,23 +26,12 @@ import torch
 import torch.nn.functional as F
 from transformers import VJEPA2Config, VJEPA2Model
 
+from models.configs import EncoderConfig
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-@dataclass
-class EncoderConfig:
-    kind: str = "vjepa2"  # vjepa2 | pixels
-    model_path: Optional[str] = None  # V-JEPA 2 checkpoint (e.g. facebook/vjepa2-vitl-fpc64-256); None = tiny random
-    num_frames: int = 16  # frames sampled uniformly per episode (vjepa2: a multiple of its tubelet size 2)
-    crop_size: int = 64  # tiny random V-JEPA 2 input size (a checkpoint uses its own crop_size)
-    hidden_size: int = 64  # tiny random V-JEPA 2 width
-    num_layers: int = 2  # tiny random V-JEPA 2 depth
-    pixel_size: int = 8  # pixels: per-frame resolution after downsampling
-    batch_size: int = 8  # episodes per forward pass
-    seed: int = 0  # initialisation seed of the tiny random model (same seed -> same embeddings)
-    pooling: str = "mean"  # mean (all frames / all tokens averaged, as siiRL) | final_spatial (last frames, per patch)
-    fp16: bool = True  # fp16 autocast on CUDA
 
 
 def sample_frame_indices(length: int, num_frames: int) -> np.ndarray:

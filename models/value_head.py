@@ -1,17 +1,14 @@
 """Critic for GAE-PPO (seed 003): an MLP on the policy's pooled hidden state, in_dim -> 1024 -> 512 -> 1."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import List
 
 import torch
 from torch import nn
 
+from models.configs import ValueHeadConfig
 
-@dataclass
-class ValueHeadConfig:
-    hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # seed 003: 4096 -> 1024 -> 512 -> 1
-    dropout: float = 0.0
+
 
 
 class ValueHead(nn.Module):

@@ -146,3 +146,53 @@ def test_shared_checks_are_one_line_and_need_no_simulator(override, message, mon
     with pytest.raises(ConfigError) as e:
         train_srpo.check_config(cfg)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+HELP_PROBE = """
+import runpy, sys
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("torch", "transformers", "accelerate", "sklearn") if m in sys.modules)
+print("HEAVY", ",".join(heavy) or "none", "EXIT", code)
+"""
+
+
+@pytest.mark.parametrize("script,expect", [
+    ("train_srpo.py", "reward.dbscan_eps=0.5"), ("train_gae_ppo.py", "value_head.hidden_dims=[256, 128]"),
+    ("train_flowsar.py", "algorithm.flow_sar_t_min="), ("train_luffy.py", "rollout.n_off="),
+    ("train_sft.py", "sft.steps="), ("evaluate.py", "--checkpoint CHECKPOINT")])
+def test_help_and_a_bad_value_answer_before_torch_loads(script, expect):
+    """--help lists every hyper-parameter, and a malformed command line is refused, without importing torch,
+    transformers, accelerate or scikit-learn (they took 5-35 s before --help could answer)."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", HELP_PROBE, script, "--help"], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert out.stdout.rstrip().endswith("HEAVY none EXIT 0"), out.stdout[-500:] + out.stderr[-2000:]
+    assert expect in out.stdout and "usage:" in out.stdout
+    bad = ["--no-such-flag"] if script == "evaluate.py" else ["nosuch.key=1"]
+    out = subprocess.run([sys.executable, "-c", HELP_PROBE, script, *bad], cwd=root, capture_output=True,
+                         text=True, timeout=120)
+    assert "HEAVY none EXIT" in out.stdout and "EXIT 0" not in out.stdout, out.stdout[-500:] + out.stderr[-2000:]
+
+
+def test_help_lists_the_keys_of_the_family_the_config_names():
+    """`--config configs/srpo_libero.yaml --help` shows the OpenVLA-OFT keys that YAML selects (policy.type), with the
+    values it gives, not the token family's defaults."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "train_srpo.py", "--config", "configs/srpo_libero.yaml", "--help"],
+                         cwd=root, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "shown: the value configs/srpo_libero.yaml gives" in out.stdout
+    assert "policy.type=openvla_oft" in out.stdout and "policy.image_pipeline=" in out.stdout
+    assert "policy.preset=" not in out.stdout  # a token-family key
