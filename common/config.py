@@ -451,7 +451,7 @@ def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exi
     if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
         return log.run_name, os.path.join(log.output_dir, log.run_name)
     if resume == "auto" and os.path.isdir(log.output_dir):
-        previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=_run_order)
+        previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=run_order)
         if previous:
             return previous[-1], os.path.join(log.output_dir, previous[-1])
     if must_exist:
@@ -461,7 +461,7 @@ def resolve_run_dir(log: LogConfig, prefix: str, resume: Optional[str], must_exi
     return name, os.path.join(log.output_dir, name)
 
 
-def _run_order(name: str) -> Tuple[str, int]:
+def run_order(name: str) -> Tuple[str, int]:
     """Sort key of run folder names: the timestamp, then the collision suffix (-2, -3, ...) as a number."""
     stem, _, suffix = name.rpartition("-")
     return (stem, int(suffix)) if suffix.isdigit() and len(suffix) < 4 else (name, 0)

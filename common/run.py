@@ -30,12 +30,13 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 import torch
+import yaml
 
 from common import fsdp
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
                                read_rng_state, read_rng_states, save_checkpoint)
 from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
-                           remove_if_empty, resolve_run_dir, save_config, script_file)
+                           remove_if_empty, resolve_run_dir, run_order, save_config, script_file)
 from common.evaluation import eval_trials, evaluate_policy
 from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
@@ -509,6 +510,26 @@ def sft_command(cfg: Any, path: str, policy_type: str) -> List[str]:
             f"log.plots_dir={cfg.log.plots_dir}", f"log.wandb={str(cfg.log.wandb).lower()}", *cfg.init.sft_args]
 
 
+def unfinished_sft_run(output_dir: str, path: str) -> Optional[str]:
+    """The newest train_sft.py run folder in `output_dir` that writes `path` (sft.output_path) and holds a
+    checkpoint: an auto-SFT stopped by Ctrl-C before it exported `path`. Rerunning the RL command continues it."""
+    if not os.path.isdir(output_dir):
+        return None
+    for name in sorted((d for d in os.listdir(output_dir) if d.startswith("train_sft__")), key=run_order,
+                       reverse=True):
+        run_dir = os.path.join(output_dir, name)
+        try:
+            with open(os.path.join(run_dir, "config.yaml")) as f:
+                saved = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        done = os.path.join(run_dir, "checkpoints")
+        if (saved.get("sft") or {}).get("output_path") == path and os.path.isdir(done) and \
+                any(d.startswith("iter_") for d in os.listdir(done)):
+            return run_dir
+    return None
+
+
 def initial_policy(run: "Run", kind: str):
     """The start policy (`_start_policy`), checked against the env: a policy that reads the wrist camera needs it
     rendered (env.wrist_camera)."""
@@ -572,7 +593,12 @@ def _start_policy(run: "Run", kind: str):
             raise ConfigError(f"no SFT checkpoint at {path}: RL starts from a supervised policy; make it with `{shown}`, "
                               f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one")
         if run.is_main:
-            print(f"[init] no SFT checkpoint at {path}; running: {shown}", flush=True)
+            unfinished = unfinished_sft_run(cfg.log.output_dir, path)
+            if unfinished:  # an earlier auto-SFT was interrupted: continue it instead of starting over
+                cmd, shown = cmd + ["--resume", unfinished], f"{shown} --resume {unfinished}"
+                print(f"[init] no SFT checkpoint at {path}; continuing the interrupted SFT run: {shown}", flush=True)
+            else:
+                print(f"[init] no SFT checkpoint at {path}; running: {shown}", flush=True)
             proc = subprocess.Popen(cmd)
             try:
                 code = proc.wait()

@@ -194,7 +194,8 @@ def test_ctrl_c_saves_the_sft_and_resume_finishes_it_bitwise(tmp_path):
 
 def test_ctrl_c_during_the_auto_sft_phase_of_an_rl_run(tmp_path):
     """The README's first command starts with train_sft.py (init.mode=auto_sft): Ctrl-C there (the terminal sends
-    SIGINT to both processes) ends both without a traceback, exit 130, the SFT's progress saved."""
+    SIGINT to both processes) ends both without a traceback, exit 130, the SFT's progress saved; running the same
+    command again continues that SFT run from its checkpoint (same folder, later steps), not a new one."""
     cmd = [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", "0", "--no-wandb", "init.mode=auto_sft",
            f"init.path={tmp_path}/sft", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots",
            "init.sft_args=[policy.token.hidden_size=32,policy.token.num_layers=1,policy.token.num_heads=2,"
@@ -218,3 +219,19 @@ def test_ctrl_c_during_the_auto_sft_phase_of_an_rl_run(tmp_path):
     assert f"continue with: python train_sft.py --resume {sft_run}" in stdout
     assert len(os.listdir(sft_run / "checkpoints")) == 1
     assert sorted(os.listdir(tmp_path / "runs")) == [sft_run.name]  # the RL run's empty folder is gone
+
+    saved_step = int(os.listdir(sft_run / "checkpoints")[0][len("iter_"):])
+    rows_before = len((sft_run / "metrics.jsonl").read_text().splitlines())
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=SFT_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline, resumed_rows = time.time() + 300, []
+    while time.time() < deadline and not resumed_rows:  # wait for a row the continued SFT logs
+        rows = (sft_run / "metrics.jsonl").read_text().splitlines()
+        resumed_rows = [json.loads(r) for r in rows[rows_before:] if r.strip()]
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert resumed_rows and proc.returncode == 130, stderr[-3000:]
+    assert "continuing the interrupted SFT run" in stdout and f"--resume {sft_run}" in stdout, stdout[-2000:]
+    assert min(r["iteration"] for r in resumed_rows) > saved_step  # continued after the saved step, not from step 1
+    assert sorted(d for d in os.listdir(tmp_path / "runs") if d.startswith("train_sft")) == [sft_run.name]
