@@ -33,16 +33,17 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgorithmConfig:  # seed 001 section 5: names and defaults
+class AlgorithmConfig:  # seed 001 section 5: names and defaults (two differ for the tiny policy, marked)
     flow_sar_beta: float = 1.0  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
     flow_sar_temperature: float = 0.5  # credit-assignment softmax temperature (smaller = more extreme weights)
     flow_sar_tau_mid: float = 0.5  # self-annotation time tau: x = (1 - tau) a + tau eps, a_hat = x - tau v_old
-    flow_sar_ema_schedule: str = "linear"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max))
+    flow_sar_ema_schedule: str = "fixed"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max);
+                                          # the seed's default)
     flow_sar_ema_beta: float = 0.995  # fixed schedule only
     flow_sar_ema_eta_rate: float = 0.001  # linear schedule only
     flow_sar_ema_eta_max: float = 0.5  # linear schedule only
     flow_sar_energy_type: str = "mse"  # mse (ODE) | sde (energies / 2t, Mahalanobis)
-    flow_sar_loss_variant: str = "softplus_kl"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT)
+    flow_sar_loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
     flow_sar_kl_coeff: float = 1.0  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
     flow_sar_t_min: float = 0.2  # training flow time t ~ U[t_min, t_max]
     flow_sar_t_max: float = 0.8
@@ -52,8 +53,8 @@ class AlgorithmConfig:  # seed 001 section 5: names and defaults
 
 @dataclass
 class TrainConfig:
-    iterations: int = 30
-    lr: float = 1e-6  # the seed's pi0 recipe; the tiny policy needs a larger step (configs/flowsar.yaml)
+    iterations: int = 80
+    lr: float = 3e-4  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
     lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
     weight_decay: float = 0.0
     update_epochs: int = 1  # passes over the iteration's policy steps
@@ -70,12 +71,11 @@ class Config:
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys
-                                                                        # keys always (the rest from the checkpoint)
-    init: InitConfig = field(default_factory=InitConfig)
+    init: InitConfig = field(default_factory=lambda: InitConfig(sft_args=["sft.num_demos=20", "sft.augment_shift=0"]))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
+    eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=5, samples_per_trial=0))
     log: LogConfig = field(default_factory=LogConfig)
 
 

@@ -62,7 +62,8 @@ class AlgorithmConfig:
     all_max_clip: Optional[float] = None  # tokens with p > this leave the loss (null = none)
     off_policy_target_probs: bool = False  # off ratio p / target_probs with target 1 (a deterministic demonstrator)
     loss_remove_token_mean: bool = True  # sum over tokens / tokens per step, instead of the token mean
-    loss_remove_clip: bool = True  # no PPO clip on on-policy tokens (LUFFY's recipe)
+    loss_remove_clip: bool = False  # true = no PPO clip on rollout tokens: LUFFY's recipe, with ~2 optimizer steps
+                                    # per batch (configs/luffy_libero.yaml); here ~7 per iteration keep the clip
     entropy_coeff: float = 0.001
     use_sft_multitask_loss: bool = False  # "RL w/ SFT loss": PPO on on-policy tokens + sft_loss_coef * NLL of demos
     sft_loss_coef: float = 1.0
@@ -70,9 +71,9 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = 30
+    iterations: int = 60
     lr: float = 1e-4
-    lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
+    lr_warmup_steps: int = 50  # linear warmup over the first N optimizer steps
     weight_decay: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batch_size: int = 64  # policy steps per optimizer step

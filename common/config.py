@@ -41,16 +41,17 @@ class LogConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = 5  # evaluate every N iterations (and before the first and after the last); 0 = never
-    trials_per_task: int = 10  # fixed trials per task: one greedy episode each (val/success_rate)
-    trial_start: Optional[int] = None  # first evaluation trial; None = rollout.train_trials (held-out trials)
-    samples_per_trial: int = 0  # > 0: also this many episodes per trial at the rollout temperature
+    every: int = 10  # evaluate every N iterations (and before the first and after the last); 0 = never
+    trials_per_task: int = 20  # fixed trials per task: one greedy episode each (val/success_rate)
+    trial_start: Optional[int] = 30  # first evaluation trial (tabletop: 30..49 are never practised nor demoed);
+                                     # None = rollout.train_trials (the trials after the practised ones)
+    samples_per_trial: int = 8  # > 0: also this many episodes per trial at the rollout temperature
                                 # (val/sampled_success_rate: the stochastic policy RL trains); 0 = greedy only
 
 
 @dataclass
 class InitConfig:
-    mode: str = "checkpoint"  # checkpoint: load `path` | auto_sft: run train_sft.py first if `path` is missing | scratch
+    mode: str = "auto_sft"  # auto_sft: run train_sft.py first if `path` is missing | checkpoint: load `path` | scratch
     path: Optional[str] = None  # SFT checkpoint; None = checkpoints/sft_<suite>_task<task ids> (sft_flow_... for flow)
     sft_args: List[str] = field(default_factory=list)  # extra train_sft.py arguments for auto_sft, e.g. ["sft.num_demos=5"]
 

@@ -27,8 +27,8 @@ class EnvConfig:
     max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
     action_chunk: int = 8  # actions executed per policy call
     expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
-    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps (real LIBERO)
     # real LIBERO only
+    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
     num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
