@@ -18,6 +18,8 @@ Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT), also hidden_size (
   hidden(obs, instructions) -> (B, hidden_size) value-head input
   sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/loss", "sft/token_accuracy"})
   action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
+Regression families (continuous deterministic actions, no log-probs; evaluation and SFT, refused by RL): act as the
+token families with (B, 0) tokens and log-probs, sft_loss, hidden (models/openvla_oft_l1.py).
 Flow families (continuous actions; FlowSAR, SFT): sample(obs, instructions, num_steps, noise_level, generators) /
 velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py).
 """
@@ -79,6 +81,7 @@ FAMILIES: Dict[str, Tuple[str, str, str, str]] = {
     "token": ("models.token_policy", "TokenPolicy", "TokenPolicyConfig", "token"),
     "flow": ("models.flow_policy", "FlowPolicy", "FlowPolicyConfig", "flow"),
     "openvla_oft": ("models.openvla_oft", "OpenVLAOFTPolicy", "OpenVLAOFTConfig", "token"),
+    "openvla_oft_l1": ("models.openvla_oft_l1", "OpenVLAOFTL1Policy", "OpenVLAOFTL1Config", "regression"),
 }
 
 
@@ -99,7 +102,8 @@ def config_class(family: str):
 
 
 def action_kind(family: str) -> str:
-    """'token' (discrete actions with log-probs) or 'flow' (continuous)."""
+    """'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression' (continuous,
+    deterministic, no log-probs: evaluation and SFT only)."""
     return _family(family)[3]
 
 
@@ -115,7 +119,9 @@ def family_of_folder(folder: str) -> str:
     if not isinstance(cfg, dict):
         raise ValueError(f"{folder}/config.json is not a policy config")
     if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
-        return "openvla_oft"
+        from models.openvla_oft_l1 import is_l1_folder
+
+        return "openvla_oft_l1" if is_l1_folder(folder) else "openvla_oft"
     if cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" or "expert_dim" in cfg:
         return "flow"
     return "token"
