@@ -50,8 +50,8 @@ DISCRETE_CHECKPOINTS = ("Haozhan72/Openvla-oft-SFT-libero{10,-spatial,-object,-g
 
 def no_rl_message(folder: str) -> str:
     """The one line every RL script stops with when given an L1-regression checkpoint."""
-    return (f"{folder} is an OpenVLA-OFT L1-regression checkpoint: its action head regresses continuous actions and "
-            f"has no log-probs (nor tokens), so RL cannot train it; evaluate it (evaluate.py) or fine-tune it "
+    return (f"{folder} is an OpenVLA-OFT L1-regression checkpoint: its action head regresses continuous actions, so "
+            f"it has no log-probs for RL to train; evaluate it (evaluate.py) or fine-tune it "
             f"(train_sft.py policy.init_path=...), and start RL from a discrete OpenVLA-OFT SFT checkpoint instead: "
             f"{DISCRETE_CHECKPOINTS}")
 
@@ -107,7 +107,7 @@ class MLPResNet(nn.Module):
 
 class L1ActionHead(nn.Module):
     """(B, 56, D) action-position hidden states -> (B, 8, 7) normalised actions: the 7 states of each chunk step
-    concatenated (time-major) through one MLPResNet. State-dict keys `model.*` as the published file (less `module.`)."""
+    concatenated (time-major) through one MLPResNet. State-dict keys `model.*`, as the published file less `module.`."""
 
     def __init__(self, llm_dim: int):
         super().__init__()
