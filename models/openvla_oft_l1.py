@@ -163,6 +163,9 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     def __init__(self, cfg: OpenVLAOFTL1Config, _load_weights: bool = True):
         folder = cfg.init_path
         heads, projectors = component_files(folder, HEAD), component_files(folder, PROPRIO)
+        if not heads:
+            raise PolicyLoadError(f"{folder} has no {HEAD}--*_checkpoint.pt: not an L1-regression OpenVLA-OFT "
+                                  f"checkpoint folder (a discrete one loads as policy.type=openvla_oft)")
         if len(heads) != 1 or len(projectors) > 1:
             raise PolicyLoadError(f"{folder} holds {heads + projectors}: expected one {HEAD}--*_checkpoint.pt and at "
                                   f"most one {PROPRIO}--*_checkpoint.pt")

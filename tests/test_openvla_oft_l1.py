@@ -137,6 +137,8 @@ def test_bad_head_files_stop_in_one_line(tmp_path):
     with pytest.raises(PolicyLoadError, match="does not match an L1-regression head") as e:
         OpenVLAOFTL1Policy(OpenVLAOFTL1Config(init_path=wrong))
     assert "\n" not in str(e.value)
+    with pytest.raises(PolicyLoadError, match="has no action_head--"):
+        OpenVLAOFTL1Policy(OpenVLAOFTL1Config(init_path=DISCRETE))
     (tmp_path / "l1" / "noisy_action_projector--1_checkpoint.pt").write_bytes(b"")
     with pytest.raises(PolicyLoadError, match="diffusion-head"):
         OpenVLAOFTL1Policy(OpenVLAOFTL1Config(init_path=wrong))
