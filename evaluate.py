@@ -13,6 +13,7 @@ are refused unless --allow-practice-trials). Outputs go to `plots/eval__<checkpo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -224,6 +225,12 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         env_cfg.num_envs = args.num_envs
     if args.max_steps is not None:
         env_cfg.max_steps = args.max_steps
+    if getattr(policy.cfg, "image_pipeline", None) == "auto":  # OpenVLA-OFT: the reference's observation pipeline
+        libero = not env_cfg.suite.startswith("tabletop")         # on LIBERO (256 px renders), a resize on tabletop
+        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline="libero" if libero else "resize",
+                                         image_size=256 if libero else policy.cfg.image_size)
+    if getattr(policy.cfg, "num_images", 1) > 1:  # an OpenVLA-OFT L1 checkpoint reads the wrist camera too
+        env_cfg.wrist_camera = True
     env_cfg.image_size = policy.cfg.image_size
     import envs
 

@@ -357,8 +357,9 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             first = calls[0][key]
             batch.obs[key] = gather(key, first.shape[1:], first.dtype)
     if is_token:
-        batch.tokens = gather("tokens", (chunk * ACTION_DIM,), np.int64)
-        batch.old_log_probs = gather("old_log_probs", (chunk * ACTION_DIM,), np.float32)
+        width = calls[0]["tokens"].shape[1] if calls else chunk * ACTION_DIM  # 0: a regression family (no tokens)
+        batch.tokens = gather("tokens", (width,), np.int64)
+        batch.old_log_probs = gather("old_log_probs", (width,), np.float32)
         if keep_hidden and calls:
             batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
     else:  # (chunk, 7), or a pi0 checkpoint's model space (horizon, 32) with its sample x0 in extras["x0"]

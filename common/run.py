@@ -559,8 +559,12 @@ def _start_policy(run: "Run", kind: str):
     from models.policy import FAMILIES, action_kind, policy_class
     from models.saved import policy_type as saved_family
 
+    from models.openvla_oft_l1 import no_rl_message
+
     cfg = run.cfg
     family = cfg.policy.type
+    if action_kind(family) == "regression":  # an L1-regression head: no log-probs, so no RL script can train it
+        raise ConfigError(no_rl_message(cfg.init.path or f"policy.type={family}"))
     if action_kind(family) != kind:
         fits = "|".join(f for f in FAMILIES if action_kind(f) == kind)
         raise ConfigError(f"this script trains policies with {kind} actions (policy.type: {fits}); {family} policies "
@@ -618,6 +622,8 @@ def _start_policy(run: "Run", kind: str):
         found = saved_family(path)
     except (OSError, ValueError) as e:
         raise ConfigError(f"init.path {path}: not a saved policy ({e}); point init.path at a train_sft.py output") from None
+    if action_kind(found) == "regression":
+        raise ConfigError(no_rl_message(path))
     if found != family:
         if action_kind(found) != kind:
             raise ConfigError(f"init.path {path} holds a policy of family {found} ({action_kind(found)} actions): "

@@ -85,6 +85,13 @@ class OpenVLAOFTConfig:
 
 
 @dataclass
+class OpenVLAOFTL1Config(OpenVLAOFTConfig):
+    type: str = "openvla_oft_l1"  # the policy family (models/configs.py FAMILIES)
+    num_images: int = 2  # agentview + wrist (the published L1 checkpoints); 1 = agentview only
+    use_proprio: Optional[bool] = None  # None: when the folder holds a proprio_projector file
+
+
+@dataclass
 class EncoderConfig:
     kind: str = "vjepa2"  # vjepa2 | pixels
     model_path: Optional[str] = None  # V-JEPA 2 checkpoint (e.g. facebook/vjepa2-vitl-fpc64-256); None = tiny random
@@ -111,6 +118,7 @@ FAMILIES: Dict[str, Tuple[str, str, type, str]] = {
     "token": ("models.token_policy", "TokenPolicy", TokenPolicyConfig, "token"),
     "flow": ("models.flow_policy", "FlowPolicy", FlowPolicyConfig, "flow"),
     "openvla_oft": ("models.openvla_oft", "OpenVLAOFTPolicy", OpenVLAOFTConfig, "token"),
+    "openvla_oft_l1": ("models.openvla_oft_l1", "OpenVLAOFTL1Policy", OpenVLAOFTL1Config, "regression"),
 }
 
 
@@ -125,5 +133,6 @@ def config_class(family: str) -> type:
 
 
 def action_kind(family: str) -> str:
-    """'token' (discrete actions with log-probs) or 'flow' (continuous)."""
+    """'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression' (continuous,
+    deterministic, no log-probs: evaluation and SFT only)."""
     return _family(family)[3]

@@ -105,11 +105,16 @@ class OFTActionTokenizer:
         """Normalised (..., 7) -> dataset units: 0.5 (x + 1) (q99 - q01 + 1e-8) + q01 where mask, x elsewhere."""
         return np.where(self.mask, 0.5 * (x + 1.0) * (self.q99 - self.q01 + 1e-8) + self.q01, x)
 
+    def to_env(self, normalized) -> np.ndarray:
+        """Normalised actions (..., 7) -> env actions (..., 7) float32: un-normalised, gripper binarised from the
+        dataset's 1 = open / 0 = close to LIBERO's -1 = open / +1 = close (as OFT's run_libero_eval)."""
+        a = self.unnormalize(np.asarray(normalized, np.float64))
+        a[..., -1] = -np.sign(2.0 * a[..., -1] - 1.0)
+        return a.astype(np.float32)
+
     def decode(self, tokens) -> np.ndarray:
         """Bin indices (..., 7) -> env actions (..., 7) float32, gripper -1 open / +1 close."""
-        a = self.unnormalize(self.normalized(tokens))
-        a[..., -1] = -np.sign(2.0 * a[..., -1] - 1.0)  # dataset 1 = open, 0 = close -> LIBERO -1 open, +1 close
-        return a.astype(np.float32)
+        return self.to_env(self.normalized(tokens))
 
     def encode(self, actions) -> torch.Tensor:
         """Env actions (..., 7) (gripper -1 open / +1 close) -> bin indices (..., 7) long, as OpenVLA tokenises
@@ -304,10 +309,19 @@ class OFTCore(nn.Module):
         self.hidden_size = lm_cfg.hidden_size
         self.num_patches = self.dino.pos_embed.shape[1]
 
-    def forward(self, pixels: torch.Tensor, prompt_ids: List[List[int]]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, pixels: torch.Tensor, prompt_ids: List[List[int]], extra_tokens: Optional[torch.Tensor] = None,
+                action_hidden: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """pixels (B, 6 N, 224, 224): N images of 6 channels each (DINOv2 then SigLIP normalised), their patches
+        concatenated in that order; `extra_tokens` (B, k, D) go after the patches (the L1 variant's proprio token).
+        `action_hidden`: the last-layer hidden states at the 56 action positions (B, 56, D) instead of the logits."""
         dtype = self.projector.fc1.weight.dtype
         pixels = pixels.to(dtype)
-        patches = self.projector(torch.cat([self.dino(pixels[:, :3]), self.siglip(pixels[:, 3:6])], dim=2))
+        if pixels.shape[1] % 6:
+            raise ValueError(f"pixels have {pixels.shape[1]} channels; expected 6 per image")
+        patches = self.projector(torch.cat([torch.cat([self.dino(g[:, :3]), self.siglip(g[:, 3:6])], dim=2)
+                                            for g in pixels.split(6, dim=1)], dim=1))
+        if extra_tokens is not None:
+            patches = torch.cat([patches, extra_tokens.to(patches.dtype)], dim=1)
         embed = self.language_model.get_input_embeddings()
         dev, b, p = patches.device, patches.shape[0], patches.shape[1]
         lengths = [len(ids) for ids in prompt_ids]  # incl. BOS
@@ -331,6 +345,8 @@ class OFTCore(nn.Module):
         start = torch.as_tensor([p + n - 1 for n in lengths], device=dev)  # last prompt token predicts slot 0
         idx = start[:, None] + torch.arange(NUM_SLOTS, device=dev)[None]
         h = hidden.gather(1, idx[..., None].expand(-1, -1, hidden.shape[-1]))
+        if action_hidden:
+            return h, hidden[torch.arange(b, device=dev), start]
         logits = self.language_model.lm_head(h)[..., ACTION_TOKEN_BEGIN:ACTION_TOKEN_BEGIN + N_BINS]
         return logits.float(), hidden[torch.arange(b, device=dev), start]
 
@@ -488,8 +504,9 @@ def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, to
                 shutil.copy(os.path.join(tokenizer_dir, name), os.path.join(folder, name))
 
 
-def read_folder(folder: str) -> Tuple[Dict, Dict]:
-    """-> (config.json, dataset_statistics.json) of a published folder, with one-line errors."""
+def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
+    """-> (config.json, dataset_statistics.json) of a published folder, with one-line errors; `l1`: the folder may
+    (must, for the L1 class) hold an L1-regression action head (models/openvla_oft_l1.py)."""
     try:
         with open(os.path.join(folder, "config.json")) as f:
             hf_config = json.load(f)
@@ -500,10 +517,10 @@ def read_folder(folder: str) -> Tuple[Dict, Dict]:
         raise PolicyLoadError(f"{folder} is not a fused-backbone OpenVLA checkpoint (config.json model_type "
                               f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")
     heads = sorted(f for f in os.listdir(folder) if f.startswith(("action_head--", "proprio_projector--")))
-    if heads:
-        raise PolicyLoadError(f"{folder} is an L1-regression OpenVLA-OFT checkpoint ({heads[0]}): its LM logits are "
-                              f"not trained for actions, so it has no log-probs for RL; use a discrete SFT checkpoint "
-                              f"(e.g. Haozhan72/Openvla-oft-SFT-libero10-traj1)")
+    if heads and not l1:
+        from models.openvla_oft_l1 import no_rl_message
+
+        raise PolicyLoadError(no_rl_message(folder))
     if list(hf_config.get("image_sizes", [IMAGE_SIZE, IMAGE_SIZE])) != [IMAGE_SIZE, IMAGE_SIZE]:
         raise PolicyLoadError(f"{folder}: image_sizes {hf_config['image_sizes']} unsupported (224 only)")
     try:
@@ -519,6 +536,9 @@ def read_folder(folder: str) -> Tuple[Dict, Dict]:
 class OpenVLAOFTPolicy(nn.Module):
     """act / log_prob / hidden / sft_loss / save / load / reference, as TokenPolicy (tokens are bin indices)."""
 
+    config_class = OpenVLAOFTConfig
+    l1 = False  # the L1-regression subclass (models/openvla_oft_l1.py) reads folders with an action head
+
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()
         if cfg.image_pipeline not in ("auto", "libero", "resize"):
@@ -528,7 +548,7 @@ class OpenVLAOFTPolicy(nn.Module):
                              f"{ACTION_CHUNK} (got {cfg.action_chunk})")
         self.cfg = cfg
         folder = cfg.init_path
-        self.hf_config, self.stats = read_folder(folder)
+        self.hf_config, self.stats = read_folder(folder, l1=self.l1)
         self.unnorm_key, action_stats = unnorm_stats(self.stats, cfg.unnorm_key)
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
@@ -665,7 +685,7 @@ class OpenVLAOFTPolicy(nn.Module):
             with open(os.path.join(path, POLICY_CONFIG)) as f:
                 saved = json.load(f)
             saved.pop("policy_type", None)  # written by earlier versions; the family is `type` now
-        cfg = OpenVLAOFTConfig(**{**saved, **overrides, "init_path": path})
+        cfg = cls.config_class(**{**saved, **overrides, "init_path": path})
         policy = cls(cfg).to(device)
         if cfg.lora_rank > 0 and os.path.isfile(os.path.join(path, ADAPTER_FILE)):
             from safetensors.torch import load_file

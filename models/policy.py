@@ -2,7 +2,7 @@
 its class. A family is named by the config (`policy.type`: an RL script's `policy` section then takes the keys of
 that family's config class, common/config.py) or told by a saved folder (`family_of_folder`); `common.run.
 initial_policy` builds or loads it, so adding a family means a class that satisfies one of the protocols below, a
-config dataclass with a `type` field, and a row in FAMILIES (no script changes).
+config dataclass with a `type` field and a row in FAMILIES, both in models/configs.py (no script changes).
 
 Every family:
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
@@ -18,6 +18,8 @@ Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT), also hidden_size (
   hidden(obs, instructions) -> (B, hidden_size) value-head input
   sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/loss", "sft/token_accuracy"})
   action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
+Regression families (continuous deterministic actions, no log-probs; evaluation and SFT, refused by RL): act as the
+token families with (B, 0) tokens and log-probs, sft_loss, hidden (models/openvla_oft_l1.py).
 Flow families (continuous actions; FlowSAR, SFT): sample(obs, instructions, num_steps, noise_level, generators) /
 velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py).
 """
@@ -94,7 +96,9 @@ def family_of_folder(folder: str) -> str:
     if not isinstance(cfg, dict):
         raise ValueError(f"{folder}/config.json is not a policy config")
     if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
-        return "openvla_oft"
+        from models.openvla_oft_l1 import is_l1_folder
+
+        return "openvla_oft_l1" if is_l1_folder(folder) else "openvla_oft"
     if cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" or "expert_dim" in cfg:
         return "flow"
     return "token"

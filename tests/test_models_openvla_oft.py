@@ -310,7 +310,7 @@ def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
     from models.saved import policy_type
     from models.token_policy import TokenPolicy, TokenPolicyConfig
 
-    assert set(FAMILIES) == {"token", "flow", "openvla_oft"}
+    assert set(FAMILIES) == {"token", "flow", "openvla_oft", "openvla_oft_l1"}
     assert policy_class("openvla_oft") is Cls and action_kind("openvla_oft") == "token"
     assert action_kind("flow") == "flow" and policy_class("token") is TokenPolicy
     with pytest.raises(ValueError, match="unknown policy family"):

@@ -107,7 +107,8 @@ def test_flowsar_refuses_the_family_in_one_line(tmp_path, args, message):
 @pytest.mark.parametrize("args,message", [
     (["policy.type=openvla_oft", "init.mode=scratch"], "starts from a published checkpoint, not from scratch"),
     (["policy.type=openvla_oft", "policy.preset=tiny"], "unknown key 'policy.preset'"),
-    (["policy.type=pi05"], "policy.type='pi05': unknown policy family; use one of flow, openvla_oft, token"),
+    (["policy.type=pi05"], "policy.type='pi05': unknown policy family; use one of flow, openvla_oft, "
+                                "openvla_oft_l1, token"),
     ([f"init.path={TINY}"], "holds a policy of family openvla_oft but policy.type=token: set policy.type=openvla_oft"),
     (["init.mode=sft"], "init.mode='sft': use checkpoint"),
     (["policy.type=openvla_oft", "init.path=/nonexistent/oft"], "no openvla_oft checkpoint at /nonexistent/oft"),
