@@ -200,8 +200,8 @@ if __name__ == "__main__":
                         part.tensor("a", device), lambda x, t: policy.velocity(None, None, x, t, prefix),
                         alg.flow_sar_tau_mid, alg.flow_sar_t_min, alg.flow_sar_t_max)
                     for k, v in out.items():
-                        annotation[k].append(v.cpu().numpy())
-            steps.data.update({k: np.concatenate(v) for k, v in annotation.items() if v})
+                        annotation[k].append(v)  # on the device: one copy to the host after the loop
+            steps.data.update({k: torch.cat(v).cpu().numpy() for k, v in annotation.items() if v})
             metrics["time/annotation"] = time.perf_counter() - t0
 
             # 3. credit assignment: per episode, w = softmax(e / T) (success) or softmax(-e / T) (failure) over its

@@ -150,14 +150,15 @@ def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int)
     values, last_values = np.zeros(mask.shape, np.float32), np.zeros(len(batch), np.float32)
     hidden = batch.extras["hidden"][mask] if len(batch) else np.zeros((0, value_head.in_dim), np.float32)
     b, t = np.nonzero(mask)
-    for s in range(0, len(hidden), n):
-        values[b[s:s + n], t[s:s + n]] = value_head(torch.as_tensor(hidden[s:s + n], device=device)).cpu().numpy()
+    chunks = [value_head(torch.as_tensor(hidden[s:s + n], device=device)) for s in range(0, len(hidden), n)]
+    if chunks:  # kept on the device: one copy to the host after the loop
+        values[b, t] = torch.cat(chunks).cpu().numpy()
     cut = np.flatnonzero(batch.truncated)
-    for s in range(0, len(cut), n):
-        rows = cut[s:s + n]
-        last_hidden = policy.hidden({k: v[rows] for k, v in batch.last_obs.items()},
-                                    [batch.instructions[i] for i in rows])
-        last_values[rows] = value_head(last_hidden.to(device)).cpu().numpy()
+    chunks = [value_head(policy.hidden({k: v[cut[s:s + n]] for k, v in batch.last_obs.items()},
+                                       [batch.instructions[i] for i in cut[s:s + n]]).to(device))
+              for s in range(0, len(cut), n)]
+    if chunks:
+        last_values[cut] = torch.cat(chunks).cpu().numpy()
     return values, last_values
 
 

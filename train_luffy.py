@@ -275,11 +275,13 @@ if __name__ == "__main__":
                 # 5. old log-probs of the on-policy rows (forward only); demo rows have none
                 if cfg.train.recompute_old_log_prob:
                     on_rows = np.flatnonzero(~steps.data["prefix_mask"][:, 0])
+                    chunks = []  # kept on the device: one copy to the host after the loop
                     with torch.no_grad():
                         for s in range(0, len(on_rows), mb):
                             part = steps.take(on_rows[s:s + mb])
-                            steps.data["old_log_probs"][on_rows[s:s + mb]] = policy.log_prob(
-                                part.obs, part.instructions, part.tensor("tokens"), temp)[0].cpu().numpy()
+                            chunks.append(policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)[0])
+                    if chunks:
+                        steps.data["old_log_probs"][on_rows] = torch.cat(chunks).cpu().numpy()
 
             # 6. update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
             t0 = time.perf_counter()

@@ -14,6 +14,13 @@ from common.advantages import check_same_shape, masked_mean, masked_sum
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def on_host(t: torch.Tensor) -> bool:
+    """Whether a value check on `t` is free: on the CPU it is; on an accelerator `bool(tensor)` waits for the device,
+    once per micro-batch, so the losses check their inputs' values only where that costs nothing (the CPU runs and
+    the tests); shapes and dtypes are checked everywhere."""
+    return t.device.type == "cpu"
+
+
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """verl's agg_loss: token-mean, seq-mean-token-sum, seq-mean-token-mean (rows without valid tokens left out), or
     seq-mean-token-sum-norm = total masked sum / L (Dr.GRPO)."""
@@ -179,7 +186,8 @@ def compute_token_on_off_policy_loss(
                      prefix_mask=prefix_mask)
     if prefix_mask.dtype != torch.bool:
         raise ValueError(f"prefix_mask must be a bool tensor (it is negated with ~), got dtype {prefix_mask.dtype}")
-    if not bool(torch.isfinite(old_log_prob).all()):  # exp(inf) in the unused on-policy branch -> NaN gradients
+    # exp(inf) in the unused on-policy branch would give NaN gradients
+    if on_host(old_log_prob) and not bool(torch.isfinite(old_log_prob).all()):
         raise ValueError("old_log_prob must be finite on every token; for off-policy (prefix) tokens pass the policy's "
                          "log-prob under the old weights, as LUFFY does")
     del off_cliprange, off_normalize, off_abs_cliprange  # accepted for LUFFY's signature; LUFFY ignores them too
@@ -282,7 +290,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
         raise ValueError(f"energy_type must be 'mse' or 'sde', got {energy_type!r}")
     if loss_variant not in ("mse_branch", "softplus_kl"):
         raise ValueError(f"loss_variant must be 'mse_branch' or 'softplus_kl', got {loss_variant!r}")
-    if not bool(((labels == 1) | (labels == -1)).all()):
+    if on_host(labels) and not bool(((labels == 1) | (labels == -1)).all()):
         raise ValueError(f"labels must be y = 2R - 1 in {{-1, +1}}, got {labels.tolist()}")
 
     v_pos = (1.0 - beta) * v_old + beta * v_theta
@@ -294,7 +302,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
             raise ValueError(f"energy_type 'sde' needs flow_t with one t per sample {sample_shape}, got "
                              f"{None if flow_t is None else tuple(flow_t.shape)}")
         t = flow_t.reshape(sample_shape).to(e_pos.dtype)
-        if bool((t <= 0).any()):
+        if on_host(t) and bool((t <= 0).any()):
             raise ValueError(f"flow_t must be > 0 for the 1/(2t) sde scaling, got min {float(t.min())}")
         e_pos, e_neg = e_pos / (2.0 * t), e_neg / (2.0 * t)
 
