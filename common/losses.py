@@ -311,20 +311,18 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
     metrics: Dict[str, Any] = {}
     if loss_variant == "mse_branch":
         per_sample = weights * (success * e_pos + (1.0 - success) * e_neg)
-        metrics["actor/flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
+        metrics["flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
     else:
         contrastive = weights * F.softplus(0.5 * labels * (e_pos - e_neg))
         penalty = kl_coeff * (v_theta - v_old).square().flatten(k).mean(dim=-1)
         per_sample = contrastive + penalty
-        metrics["actor/flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
-        metrics["actor/flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
+        metrics["flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
+        metrics["flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
     loss = masked_mean(per_sample, loss_mask)
     metrics.update({
-        "actor/flow_sar_loss": loss.detach(),
-        "actor/flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
-        "actor/flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
-        "actor/flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
-        "actor/flow_sar_energy_type": 1.0 if energy_type == "sde" else 0.0,
-        "actor/flow_sar_loss_variant": 1.0 if loss_variant == "softplus_kl" else 0.0,
+        "flow_sar_loss": loss.detach(),
+        "flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
+        "flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
+        "flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
     })
     return loss, metrics
