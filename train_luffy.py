@@ -129,7 +129,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("algorithm.use_sft_multitask_loss needs demonstrations in the groups: set rollout.n_off >= 1")
     one = torch.zeros(1, 1)
     try:  # the loss names its valid reshapes; ask it now rather than at the first update
-        compute_token_on_off_policy_loss(one, one, one, one + 1, 0.2, 100.0, one.bool(), None,
+        compute_token_on_off_policy_loss(one, one, one, one + 1, 0.2, 100.0, one.bool(),
                                          off_policy_reshape=a.off_policy_reshape,
                                          on_policy_reshape=a.on_policy_reshape)
     except ValueError as e:
@@ -148,7 +148,7 @@ def luffy_loss(alg: AlgorithmConfig, log_prob: torch.Tensor, entropy: torch.Tens
     old_log_prob = torch.where(prefix, log_prob.detach(), old_log_prob)
     rl_mask, rl_prefix = (mask * ~prefix, torch.zeros_like(prefix)) if alg.use_sft_multitask_loss else (mask, prefix)
     out = compute_token_on_off_policy_loss(
-        old_log_prob, log_prob, advantages, rl_mask, alg.clip_ratio, alg.clip_upper_bound, rl_prefix, None,
+        old_log_prob, log_prob, advantages, rl_mask, alg.clip_ratio, alg.clip_upper_bound, rl_prefix,
         off_max_clip=alg.off_max_clip, off_min_clip=alg.off_min_clip, all_max_clip=alg.all_max_clip,
         off_policy_reshape=alg.off_policy_reshape, off_policy_reshape_weight=alg.off_policy_reshape_weight,
         off_policy_reshape_pow_exp=alg.off_policy_reshape_pow_exp, on_policy_reshape=alg.on_policy_reshape,

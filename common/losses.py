@@ -87,12 +87,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: kl (k1), abs, mse (k2), low_var_kl (k3)")
 
 
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim, logsumexp(z) - sum(p z) as in verl; -inf logits contribute 0."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits.masked_fill(probs == 0, 0.0)).sum(dim=-1)
-
-
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values_old: torch.Tensor,
                        response_mask: torch.Tensor, cliprange_value: Optional[float] = 0.2,
                        loss_agg_mode: str = "token-mean") -> Tuple[torch.Tensor, torch.Tensor]:
@@ -164,9 +158,6 @@ def compute_token_on_off_policy_loss(
     cliprange: float,
     clip_upper_bound: float,
     prefix_mask: torch.Tensor,
-    off_cliprange: Optional[float],
-    off_normalize: bool = False,
-    off_abs_cliprange: Optional[float] = None,
     off_max_clip: Optional[float] = None,
     off_min_clip: Optional[float] = None,
     all_max_clip: Optional[float] = None,
@@ -181,7 +172,8 @@ def compute_token_on_off_policy_loss(
     loss_remove_clip: bool = False,
 ) -> Dict[str, torch.Tensor]:
     """LUFFY's mixed-policy loss (seed 004): PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
-    tokens; dict of 11 scalars. off_cliprange, off_normalize, off_abs_cliprange are accepted and unused, as in LUFFY."""
+    tokens; dict of 11 scalars. (LUFFY's off_cliprange, off_normalize and off_abs_cliprange, which it ignores, are not
+    taken.)"""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, eos_mask=eos_mask,
                      prefix_mask=prefix_mask)
     if prefix_mask.dtype != torch.bool:
@@ -190,7 +182,6 @@ def compute_token_on_off_policy_loss(
     if on_host(old_log_prob) and not bool(torch.isfinite(old_log_prob).all()):
         raise ValueError("old_log_prob must be finite on every token; for off-policy (prefix) tokens pass the policy's "
                          "log-prob under the old weights, as LUFFY does")
-    del off_cliprange, off_normalize, off_abs_cliprange  # accepted for LUFFY's signature; LUFFY ignores them too
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     on_mask = (~prefix_mask) * eos_mask
     off_mask = prefix_mask * eos_mask

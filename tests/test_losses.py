@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from common.losses import (agg_loss, compute_flow_sar_loss, compute_policy_loss_vanilla, compute_sft_pure_loss,
-                           compute_token_on_off_policy_loss, compute_value_loss, entropy_from_logits, kl_penalty)
+                           compute_token_on_off_policy_loss, compute_value_loss, kl_penalty)
 
 torch.set_num_threads(1)
 LOG = math.log
@@ -109,15 +109,6 @@ def test_kl_penalty_estimators():
         kl_penalty(logp, ref, "full")
 
 
-def test_entropy_from_logits():
-    assert entropy_from_logits(torch.zeros(2, 4)).tolist() == pytest.approx([LOG(4)] * 2)
-    masked = entropy_from_logits(torch.tensor([0.0, float("-inf"), 0.0]))
-    assert masked.item() == pytest.approx(LOG(2))  # -inf logits contribute 0, no NaN
-    logits = torch.tensor([1.0, 2.0, 3.0])
-    p = torch.softmax(logits, -1)
-    assert entropy_from_logits(logits).item() == pytest.approx(-(p * p.log()).sum().item(), rel=1e-6)
-
-
 def test_value_loss_clipped_hand_values():
     vpreds, returns = torch.tensor([[1.0, 2.0, 0.95]]), torch.tensor([[0.0, 0.0, 1.0]])
     old, mask = torch.tensor([[0.9, 1.0, 0.5]]), torch.ones(1, 3)
@@ -159,7 +150,7 @@ def luffy_batch():
 
 
 def luffy(**overrides):
-    args = dict(luffy_batch(), cliprange=0.2, clip_upper_bound=100.0, off_cliprange=None)
+    args = dict(luffy_batch(), cliprange=0.2, clip_upper_bound=100.0)
     args.update(overrides)
     return {k: float(v) for k, v in compute_token_on_off_policy_loss(**args).items()}
 
@@ -263,8 +254,7 @@ def test_luffy_off_policy_reshapes_match_direct_formula(name):
 def test_luffy_gradients_edge_cases_and_errors():
     batch = luffy_batch()
     log_prob = batch.pop("log_prob").clone().requires_grad_(True)
-    out = compute_token_on_off_policy_loss(log_prob=log_prob, cliprange=0.2, clip_upper_bound=100.0,
-                                           off_cliprange=None, **batch)
+    out = compute_token_on_off_policy_loss(log_prob=log_prob, cliprange=0.2, clip_upper_bound=100.0, **batch)
     out["pg_loss"].backward()
     # off token: d(-A p)/d log p = -A p / 5 tokens; on token 0: -A r / 5; on token 1 clipped: 0
     assert log_prob.grad[0].tolist() == pytest.approx([-0.5 / 5, -0.25 / 5, 0.0], rel=1e-5)
