@@ -208,8 +208,8 @@ if __name__ == "__main__":
                         part.tensor("a", device), lambda x, t: policy.velocity(None, None, x, t, prefix),
                         alg.flow_sar_tau_mid, alg.flow_sar_t_min, alg.flow_sar_t_max)
                     for k, v in out.items():
-                        annotation[k].append(v.cpu().numpy())
-            steps.data.update({k: np.concatenate(v) for k, v in annotation.items() if v})
+                        annotation[k].append(v)  # on the device: one copy to the host after the loop
+            steps.data.update({k: torch.cat(v).cpu().numpy() for k, v in annotation.items() if v})
             metrics["time/annotation"] = time.perf_counter() - t0
 
             # 3. credit assignment: per episode, w = softmax(e / T) (success) or softmax(-e / T) (failure) over its
@@ -226,7 +226,7 @@ if __name__ == "__main__":
             success_step = batch.complete[steps.episode]
             for name, m in (("success", success_step), ("failure", ~success_step)):
                 if m.any():
-                    metrics[f"actor/flow_sar_recon_error_{name}"] = float(steps.data["recon_error"][m].mean())
+                    metrics[f"train/flow_sar_recon_error_{name}"] = float(steps.data["recon_error"][m].mean())
 
             # 4. mirror update: v_theta(x_t, t | s) with gradient against the stored v_old and u = eps - a;
             #    epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
@@ -251,7 +251,7 @@ if __name__ == "__main__":
                     (loss / len(micro)).backward()
                 grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
                 if micro:  # the last micro-batch's loss terms and this mini-batch's gradient norm
-                    for k, v in {**loss_metrics, "train/grad_norm": grad_norm}.items():
+                    for k, v in {**loss_metrics, "grad_norm": grad_norm}.items():
                         stats.setdefault(k, []).append(v)
 
             # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update
@@ -261,14 +261,14 @@ if __name__ == "__main__":
             with torch.no_grad():
                 for e, p in zip(ema.buffers(), params):
                     e.lerp_(p.detach(), 1.0 - ema_beta)
-            metrics["actor/flow_sar_ema_beta"] = ema_beta
+            metrics["train/flow_sar_ema_beta"] = ema_beta
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
-            metrics.update(mean_stats(stats, prefix=""))
+            metrics.update(mean_stats(stats))
 
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                   "val/sampled_success_rate", "actor/flow_sar_loss",
-                                                   "actor/flow_sar_E_pos", "actor/flow_sar_E_neg",
-                                                   "actor/flow_sar_ema_beta", "train/grad_norm", "time/iteration"])
+                                                   "val/sampled_success_rate", "train/flow_sar_loss",
+                                                   "train/flow_sar_E_pos", "train/flow_sar_E_neg",
+                                                   "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"])

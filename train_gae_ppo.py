@@ -166,14 +166,15 @@ def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int)
     values, last_values = np.zeros(mask.shape, np.float32), np.zeros(len(batch), np.float32)
     hidden = batch.extras["hidden"][mask] if len(batch) else np.zeros((0, value_head.in_dim), np.float32)
     b, t = np.nonzero(mask)
-    for s in range(0, len(hidden), n):
-        values[b[s:s + n], t[s:s + n]] = value_head(torch.as_tensor(hidden[s:s + n], device=device)).cpu().numpy()
+    chunks = [value_head(torch.as_tensor(hidden[s:s + n], device=device)) for s in range(0, len(hidden), n)]
+    if chunks:  # kept on the device: one copy to the host after the loop
+        values[b, t] = torch.cat(chunks).cpu().numpy()
     cut = np.flatnonzero(batch.truncated)
-    for s in range(0, len(cut), n):
-        rows = cut[s:s + n]
-        last_hidden = policy.hidden({k: v[rows] for k, v in batch.last_obs.items()},
-                                    [batch.instructions[i] for i in rows])
-        last_values[rows] = value_head(last_hidden.to(device)).cpu().numpy()
+    chunks = [value_head(policy.hidden({k: v[cut[s:s + n]] for k, v in batch.last_obs.items()},
+                                       [batch.instructions[i] for i in cut[s:s + n]]).to(device))
+              for s in range(0, len(cut), n)]
+    if chunks:
+        last_values[cut] = torch.cat(chunks).cpu().numpy()
     return values, last_values
 
 
@@ -280,8 +281,8 @@ if __name__ == "__main__":
             policy.train()
             if use_gae:
                 value_head.train()
-            stats = {k: [] for k in ("policy_loss", "value_loss", "clipfrac", "clipfrac_lower", "approx_kl", "entropy",
-                                     "value_clipfrac", "actor_grad_norm", "critic_grad_norm")}
+            stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
+                                     "value_clipfrac", "grad_norm", "critic_grad_norm")}
             for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather):
                 actor_opt.zero_grad(set_to_none=True)
                 if use_gae:
@@ -308,8 +309,8 @@ if __name__ == "__main__":
                         stats["value_loss"].append(vf_loss.detach())
                         stats["value_clipfrac"].append(vf_clipfrac.detach())
                     (loss / len(micro)).backward()
-                    for k, v in (("policy_loss", pg_loss), ("clipfrac", pg_clipfrac), ("approx_kl", ppo_kl),
-                                 ("clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
+                    for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                                 ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
                         stats[k].append(v.detach())  # read once after the update: no host sync here
                 average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
                 if use_gae:  # separate clipping (and logging) of the two norms; the no-GAE baseline logs neither
@@ -319,7 +320,7 @@ if __name__ == "__main__":
                 actor_norm = plain_norm(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
                 if move_actor:
                     if use_gae:
-                        stats["actor_grad_norm"].append(actor_norm)
+                        stats["grad_norm"].append(actor_norm)
                     actor_opt.step()
                     actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0
@@ -332,9 +333,9 @@ if __name__ == "__main__":
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
-                                                   "val/success_rate", "val/sampled_success_rate", "train/policy_loss",
-                                                   "train/value_loss", "train/explained_variance", "train/clipfrac",
-                                                   "train/approx_kl", "time/iteration"], last=last)
+                                                   "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
+                                                   "train/value_loss", "train/explained_variance", "train/pg_clipfrac",
+                                                   "train/ppo_kl", "time/iteration"], last=last)
             if run.is_main:
                 save_update_png(run, iteration + 1)
             if last:

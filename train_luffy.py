@@ -137,7 +137,7 @@ def check_config(cfg: Config) -> None:
         raise ConfigError("algorithm.use_sft_multitask_loss needs demonstrations in the groups: set rollout.n_off >= 1")
     one = torch.zeros(1, 1)
     try:  # the loss names its valid reshapes; ask it now rather than at the first update
-        compute_token_on_off_policy_loss(one, one, one, one + 1, 0.2, 100.0, one.bool(), None,
+        compute_token_on_off_policy_loss(one, one, one, one + 1, 0.2, 100.0, one.bool(),
                                          off_policy_reshape=a.off_policy_reshape,
                                          on_policy_reshape=a.on_policy_reshape)
     except ValueError as e:
@@ -156,7 +156,7 @@ def luffy_loss(alg: AlgorithmConfig, log_prob: torch.Tensor, entropy: torch.Tens
     old_log_prob = torch.where(prefix, log_prob.detach(), old_log_prob)
     rl_mask, rl_prefix = (mask * ~prefix, torch.zeros_like(prefix)) if alg.use_sft_multitask_loss else (mask, prefix)
     out = compute_token_on_off_policy_loss(
-        old_log_prob, log_prob, advantages, rl_mask, alg.clip_ratio, alg.clip_upper_bound, rl_prefix, None,
+        old_log_prob, log_prob, advantages, rl_mask, alg.clip_ratio, alg.clip_upper_bound, rl_prefix,
         off_max_clip=alg.off_max_clip, off_min_clip=alg.off_min_clip, all_max_clip=alg.all_max_clip,
         off_policy_reshape=alg.off_policy_reshape, off_policy_reshape_weight=alg.off_policy_reshape_weight,
         off_policy_reshape_pow_exp=alg.off_policy_reshape_pow_exp, on_policy_reshape=alg.on_policy_reshape,
@@ -283,11 +283,13 @@ if __name__ == "__main__":
                 # 5. old log-probs of the on-policy rows (forward only); demo rows have none
                 if cfg.train.recompute_old_log_prob:
                     on_rows = np.flatnonzero(~steps.data["prefix_mask"][:, 0])
+                    chunks = []  # kept on the device: one copy to the host after the loop
                     with torch.no_grad():
                         for s in range(0, len(on_rows), mb):
                             part = steps.take(on_rows[s:s + mb])
-                            steps.data["old_log_probs"][on_rows[s:s + mb]] = policy.log_prob(
-                                part.obs, part.instructions, part.tensor("tokens"), temp)[0].cpu().numpy()
+                            chunks.append(policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)[0])
+                    if chunks:
+                        steps.data["old_log_probs"][on_rows] = torch.cat(chunks).cpu().numpy()
 
             # 6. update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
             t0 = time.perf_counter()

@@ -232,16 +232,16 @@ if __name__ == "__main__":
                 #    Reference log-probs (adapters off: the RL start) for the KL loss
                 def log_probs(rows: slice) -> torch.Tensor:
                     part = steps.take(rows)
-                    return policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)[0].cpu()
+                    return policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)[0]
 
                 t0 = time.perf_counter()
                 with torch.no_grad():
                     chunks = [slice(s, s + mb) for s in range(0, len(steps), mb)]
                     if cfg.train.recompute_old_log_prob and not on_policy:
-                        steps.data["old_log_probs"] = torch.cat([log_probs(c) for c in chunks]).numpy()
+                        steps.data["old_log_probs"] = torch.cat([log_probs(c) for c in chunks]).cpu().numpy()
                     if cfg.algorithm.use_kl_loss:
                         with policy.reference():
-                            steps.data["ref_log_probs"] = torch.cat([log_probs(c) for c in chunks]).numpy()
+                            steps.data["ref_log_probs"] = torch.cat([log_probs(c) for c in chunks]).cpu().numpy()
                 metrics["time/old_log_prob"] = time.perf_counter() - t0
 
             # 6. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)

@@ -324,17 +324,8 @@ def flow_sar_ema_beta(schedule: str, num_updates: int, ema_beta: float = 0.995, 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# YAML name -> estimator, and the one adapter the scripts call
+# the one adapter the scripts call: algorithm.adv_estimator -> estimator
 # ---------------------------------------------------------------------------------------------------------------------
-ADVANTAGE_ESTIMATORS: Dict[str, Callable[..., Any]] = {
-    "grpo": compute_grpo_outcome_advantage,
-    "step_grpo": compute_step_grpo_advantage,
-    "advanced_grpo": compute_advanced_grpo_outcome_advantage,
-    "grpo_split": compute_grpo_outcome_advantage_split,
-    "gae": compute_gae,
-}
-
-
 def episode_to_token_rewards(episode_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) token_level_rewards with each episode reward on its row's last valid token (token 0 if none is valid)."""
     _check_ndim(1, episode_rewards=episode_rewards)
@@ -375,7 +366,7 @@ def compute_advantage(name: str, episode_rewards: torch.Tensor, response_mask: t
 
 
 __all__: List[str] = [
-    "ADVANTAGE_ESTIMATORS", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
+    "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
     "compute_flow_sar_self_annotation", "compute_flow_sar_weights", "compute_gae",
     "flow_sar_ema_beta", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
     "compute_step_grpo_advantage", "episode_to_token_rewards", "make_response_mask", "masked_mean", "masked_sum",

@@ -147,14 +147,6 @@ def demos_to_samples(demos: List[Dict[str, Any]], chunk: int) -> Dict[str, Any]:
     return samples
 
 
-def demos_for_trial(demos: List[Dict[str, Any]], task_id: int, trial_id: int) -> Optional[Dict[str, Any]]:
-    """The first demo of (task_id, trial_id), or None (used for off-policy guidance on the same initial state)."""
-    for d in demos:
-        if int(d["task_id"]) == int(task_id) and int(d["trial_id"]) == int(trial_id):
-            return d
-    return None
-
-
 # ------------------------------------------------------------------------------- demos as rows of an RL batch (LUFFY)
 
 def tokenize_demo_actions(actions: Sequence[np.ndarray], tokenizer: Any, chunk: int
@@ -202,7 +194,7 @@ def rollout_demos(vec_env, tokenizer: Any, chunk: int, task_ids: Sequence[int], 
     if demo_actions is not None:
         if len(demo_actions) != total:
             raise ValueError(f"demo_actions has {len(demo_actions)} episodes for {total} (task, trial) starts")
-        plan_tokens, plan_executed, plan_steps = tokenize_demo_actions(demo_actions, tokenizer, chunk)
+        plan_tokens, plan_executed, _ = tokenize_demo_actions(demo_actions, tokenizer, chunk)
         lengths = np.array([len(a) for a in demo_actions])
     elif not hasattr(vec_env, "expert_action"):
         raise ValueError("rollout_demos without demo_actions needs an env with a scripted expert (env.suite=tabletop)")

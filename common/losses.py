@@ -14,6 +14,13 @@ from common.advantages import check_same_shape, masked_mean, masked_sum
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
+def on_host(t: torch.Tensor) -> bool:
+    """Whether a value check on `t` is free: on the CPU it is; on an accelerator `bool(tensor)` waits for the device,
+    once per micro-batch, so the losses check their inputs' values only where that costs nothing (the CPU runs and
+    the tests); shapes and dtypes are checked everywhere."""
+    return t.device.type == "cpu"
+
+
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """verl's agg_loss: token-mean, seq-mean-token-sum, seq-mean-token-mean (rows without valid tokens left out), or
     seq-mean-token-sum-norm = total masked sum / L (Dr.GRPO)."""
@@ -78,12 +85,6 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
         kl = torch.clamp(ref_logprob - logprob, min=-20.0, max=20.0)
         return torch.clamp(torch.exp(kl) - kl - 1.0, min=-10.0, max=10.0)
     raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: kl (k1), abs, mse (k2), low_var_kl (k3)")
-
-
-def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim, logsumexp(z) - sum(p z) as in verl; -inf logits contribute 0."""
-    probs = torch.softmax(logits, dim=-1)
-    return torch.logsumexp(logits, dim=-1) - (probs * logits.masked_fill(probs == 0, 0.0)).sum(dim=-1)
 
 
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values_old: torch.Tensor,
@@ -157,9 +158,6 @@ def compute_token_on_off_policy_loss(
     cliprange: float,
     clip_upper_bound: float,
     prefix_mask: torch.Tensor,
-    off_cliprange: Optional[float],
-    off_normalize: bool = False,
-    off_abs_cliprange: Optional[float] = None,
     off_max_clip: Optional[float] = None,
     off_min_clip: Optional[float] = None,
     all_max_clip: Optional[float] = None,
@@ -174,15 +172,16 @@ def compute_token_on_off_policy_loss(
     loss_remove_clip: bool = False,
 ) -> Dict[str, torch.Tensor]:
     """LUFFY's mixed-policy loss (seed 004): PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
-    tokens; dict of 11 scalars. off_cliprange, off_normalize, off_abs_cliprange are accepted and unused, as in LUFFY."""
+    tokens; dict of 11 scalars. (LUFFY's off_cliprange, off_normalize and off_abs_cliprange, which it ignores, are not
+    taken.)"""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, eos_mask=eos_mask,
                      prefix_mask=prefix_mask)
     if prefix_mask.dtype != torch.bool:
         raise ValueError(f"prefix_mask must be a bool tensor (it is negated with ~), got dtype {prefix_mask.dtype}")
-    if not bool(torch.isfinite(old_log_prob).all()):  # exp(inf) in the unused on-policy branch -> NaN gradients
+    # exp(inf) in the unused on-policy branch would give NaN gradients
+    if on_host(old_log_prob) and not bool(torch.isfinite(old_log_prob).all()):
         raise ValueError("old_log_prob must be finite on every token; for off-policy (prefix) tokens pass the policy's "
                          "log-prob under the old weights, as LUFFY does")
-    del off_cliprange, off_normalize, off_abs_cliprange  # accepted for LUFFY's signature; LUFFY ignores them too
     zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
     on_mask = (~prefix_mask) * eos_mask
     off_mask = prefix_mask * eos_mask
@@ -282,7 +281,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
         raise ValueError(f"energy_type must be 'mse' or 'sde', got {energy_type!r}")
     if loss_variant not in ("mse_branch", "softplus_kl"):
         raise ValueError(f"loss_variant must be 'mse_branch' or 'softplus_kl', got {loss_variant!r}")
-    if not bool(((labels == 1) | (labels == -1)).all()):
+    if on_host(labels) and not bool(((labels == 1) | (labels == -1)).all()):
         raise ValueError(f"labels must be y = 2R - 1 in {{-1, +1}}, got {labels.tolist()}")
 
     v_pos = (1.0 - beta) * v_old + beta * v_theta
@@ -294,7 +293,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
             raise ValueError(f"energy_type 'sde' needs flow_t with one t per sample {sample_shape}, got "
                              f"{None if flow_t is None else tuple(flow_t.shape)}")
         t = flow_t.reshape(sample_shape).to(e_pos.dtype)
-        if bool((t <= 0).any()):
+        if on_host(t) and bool((t <= 0).any()):
             raise ValueError(f"flow_t must be > 0 for the 1/(2t) sde scaling, got min {float(t.min())}")
         e_pos, e_neg = e_pos / (2.0 * t), e_neg / (2.0 * t)
 
@@ -303,20 +302,18 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
     metrics: Dict[str, Any] = {}
     if loss_variant == "mse_branch":
         per_sample = weights * (success * e_pos + (1.0 - success) * e_neg)
-        metrics["actor/flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
+        metrics["flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
     else:
         contrastive = weights * F.softplus(0.5 * labels * (e_pos - e_neg))
         penalty = kl_coeff * (v_theta - v_old).square().flatten(k).mean(dim=-1)
         per_sample = contrastive + penalty
-        metrics["actor/flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
-        metrics["actor/flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
+        metrics["flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
+        metrics["flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
     loss = masked_mean(per_sample, loss_mask)
     metrics.update({
-        "actor/flow_sar_loss": loss.detach(),
-        "actor/flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
-        "actor/flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
-        "actor/flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
-        "actor/flow_sar_energy_type": 1.0 if energy_type == "sde" else 0.0,
-        "actor/flow_sar_loss_variant": 1.0 if loss_variant == "softplus_kl" else 0.0,
+        "flow_sar_loss": loss.detach(),
+        "flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
+        "flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
+        "flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
     })
     return loss, metrics

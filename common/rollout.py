@@ -9,7 +9,6 @@ the world-model reward. `flatten_steps` turns the valid policy steps into the ro
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -379,11 +378,3 @@ def scatter_calls(calls: List[Dict[str, np.ndarray]], key: str, shape: tuple, dt
     return out
 
 
-def success_by_task(batch: RolloutBatch) -> Dict[int, float]:
-    """Mean success per task id over the batch's valid episodes."""
-    out: Dict[int, float] = {}
-    ok = ~batch.invalid
-    for t in np.unique(batch.task_ids):
-        m = ok & (batch.task_ids == t)
-        out[int(t)] = float(batch.complete[m].mean()) if m.any() else math.nan
-    return out

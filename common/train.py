@@ -61,8 +61,8 @@ def optimizer_step(run: Any, params: Sequence[torch.nn.Parameter], optimizer: to
     return grad_norm
 
 
-def mean_stats(stats: Dict[str, List[Any]], prefix: str = "train/") -> Dict[str, float]:
-    """The mean of each statistic collected during the update (detached tensors, read here once: no host sync
-    inside the loop); empty lists are left out."""
-    return {f"{prefix}{k}": float(np.mean(torch.stack(v).tolist() if torch.is_tensor(v[0]) else v))
+def mean_stats(stats: Dict[str, List[Any]]) -> Dict[str, float]:
+    """train/<name>: the mean of each statistic collected during the update (detached tensors, read here once: no
+    host sync inside the loop); empty lists are left out."""
+    return {f"train/{k}": float(np.mean(torch.stack(v).tolist() if torch.is_tensor(v[0]) else v))
             for k, v in stats.items() if v}

@@ -20,8 +20,6 @@ from transformers import (AutoConfig, AutoModel, LlamaConfig, PretrainedConfig, 
 from models.text_tokenizer import load_text_tokenizer
 
 PRESETS = ("tiny", "minivla")
-MINIVLA_VISION_ID = "google/siglip-base-patch16-224"
-MINIVLA_LM_ID = "Qwen/Qwen2.5-0.5B"
 STATE_DIM = 8
 Obs = Dict[str, Union[np.ndarray, torch.Tensor]]
 
@@ -236,7 +234,7 @@ def autocast(device: torch.device, enabled: bool):
 
 
 __all__: List[str] = ["PrefixEncoder", "SmallCNN", "block_attention_mask", "check_obs", "lora_target_regex",
-                      "MINIVLA_VISION_ID", "MINIVLA_LM_ID", "PRESETS"]
+                      "PRESETS"]
 
 
 # ---------------------------------------------------------------- LoRA and checkpoints (used by both policies)

@@ -25,8 +25,8 @@ def test_flowsar_from_a_pi0_folder(tmp_path):
     out = run_script("train_flowsar.py", [*FAST, f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok"],
                      outputs=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
-    rows = [r for r in read_metrics(str(run_dir)) if "actor/flow_sar_loss" in r]
-    assert len(rows) == 2 and all(np.isfinite(r["actor/flow_sar_loss"]) for r in rows)
+    rows = [r for r in read_metrics(str(run_dir)) if "train/flow_sar_loss" in r]
+    assert len(rows) == 2 and all(np.isfinite(r["train/flow_sar_loss"]) for r in rows)
     trained = load_saved_policy(str(run_dir))
     assert trained.stats is not None and trained.stats.delta_dims == 6 and trained.horizon == 10
     assert trained.action_chunk == 5 and trained.cfg.train_expert_only
@@ -63,6 +63,6 @@ def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
                outputs=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
     (row,) = read_metrics(str(run_dir))
-    assert row["rollout/env_steps"] == 20 and np.isfinite(row["actor/flow_sar_loss"])
+    assert row["rollout/env_steps"] == 20 and np.isfinite(row["train/flow_sar_loss"])
     trained = load_saved_policy(str(run_dir))
     assert trained.stats is not None and trained.horizon == 10 and trained.action_chunk == 5

@@ -54,4 +54,4 @@ def test_gae_ppo_raises_held_out_success_from_weak_sft(weak_sft, tmp_path):
     assert sampled[1:].mean() >= sampled[0] + 0.05, sampled  # and on held-out trials (160 sampled episodes each)
     assert value_loss[-5:].mean() < value_loss[:5].mean(), value_loss  # the critic fits the returns better
     assert ev[0] < 0.1 and (ev[-10:] > 0.1).all(), ev  # fresh head ~0 -> positive explained variance
-    assert rows[-1]["train/approx_kl"] < 0.05  # small, clipped steps: no collapse
+    assert rows[-1]["train/ppo_kl"] < 0.05  # small, clipped steps: no collapse

@@ -21,9 +21,9 @@ class Cfg:
 
 
 def metrics_at(i: int) -> dict:
-    return {"train/policy_loss": torch.tensor(1.0 / (i + 1)), "train/value_loss": np.float32(0.5),
-            "rollout/success_rate": i / 10, "val/success_rate": 0.1 * i, "train/clipfrac": 0.2,
-            "train/approx_kl": 0.01, "train/actor_grad_norm": 2.0, "charts/SPS": 1234.5,
+    return {"train/pg_loss": torch.tensor(1.0 / (i + 1)), "train/value_loss": np.float32(0.5),
+            "rollout/success_rate": i / 10, "val/success_rate": 0.1 * i, "train/pg_clipfrac": 0.2,
+            "train/ppo_kl": 0.01, "train/grad_norm": 2.0, "charts/SPS": 1234.5,
             "not_a_scalar": np.zeros(3)}
 
 
@@ -40,13 +40,13 @@ def test_jsonl_png_and_resume_without_wandb(tmp_path):
         logger.log(metrics_at(i), step=i)
     png = tmp_path / "plots" / "r1" / "training_curves.png"
     assert png.is_file() and png.stat().st_size > 10_000  # drawn after the 2nd update
-    logger.log({"train/policy_loss": float("nan")}, step=3)
+    logger.log({"train/pg_loss": float("nan")}, step=3)
     logger.close()
     rows = read_rows(os.path.join(run_dir, "metrics.jsonl"))
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3]
-    assert rows[1]["train/policy_loss"] == 0.5 and rows[2]["rollout/success_rate"] == 0.2
+    assert rows[1]["train/pg_loss"] == 0.5 and rows[2]["rollout/success_rate"] == 0.2
     assert rows[0]["train/value_loss"] == 0.5 and "not_a_scalar" not in rows[0]
-    assert rows[3]["train/policy_loss"] is None  # NaN is written as null, not as invalid JSON
+    assert rows[3]["train/pg_loss"] is None  # NaN is written as null, not as invalid JSON
     assert not os.path.exists(os.path.join(run_dir, "wandb"))
     assert sorted(os.listdir(png.parent)) == ["training_curves.png"]  # no temp files left behind
 
@@ -74,10 +74,10 @@ def test_wandb_offline_writes_under_run_dir(tmp_path, monkeypatch):
 
 
 def test_format_line():
-    line = format_line(12, {"charts/SPS": 812.4, "rollout/success_rate": 0.625, "train/policy_loss": -0.01321,
-                            "train/steps": 4096}, ["charts/SPS", "rollout/success_rate", "train/policy_loss",
+    line = format_line(12, {"charts/SPS": 812.4, "rollout/success_rate": 0.625, "train/pg_loss": -0.01321,
+                            "train/steps": 4096}, ["charts/SPS", "rollout/success_rate", "train/pg_loss",
                                                    "train/steps", "missing"])
-    assert line == "iter 12 | SPS 812.4 | rollout/success_rate 0.625 | policy_loss -0.01321 | steps 4096"
+    assert line == "iter 12 | SPS 812.4 | rollout/success_rate 0.625 | pg_loss -0.01321 | steps 4096"
     # k/N and an ETA; seconds carry a unit (not `iteration 5.72`, read as a count)
     line = format_line(5, {"time/iteration": 5.72, "charts/elapsed_s": 192.0, "val/success_rate": 0.5,
                            "charts/samples_per_s": 56.9}, [

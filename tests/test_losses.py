@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from common.losses import (agg_loss, compute_flow_sar_loss, compute_policy_loss_vanilla, compute_sft_pure_loss,
-                           compute_token_on_off_policy_loss, compute_value_loss, entropy_from_logits, kl_penalty)
+                           compute_token_on_off_policy_loss, compute_value_loss, kl_penalty)
 
 torch.set_num_threads(1)
 LOG = math.log
@@ -109,15 +109,6 @@ def test_kl_penalty_estimators():
         kl_penalty(logp, ref, "full")
 
 
-def test_entropy_from_logits():
-    assert entropy_from_logits(torch.zeros(2, 4)).tolist() == pytest.approx([LOG(4)] * 2)
-    masked = entropy_from_logits(torch.tensor([0.0, float("-inf"), 0.0]))
-    assert masked.item() == pytest.approx(LOG(2))  # -inf logits contribute 0, no NaN
-    logits = torch.tensor([1.0, 2.0, 3.0])
-    p = torch.softmax(logits, -1)
-    assert entropy_from_logits(logits).item() == pytest.approx(-(p * p.log()).sum().item(), rel=1e-6)
-
-
 def test_value_loss_clipped_hand_values():
     vpreds, returns = torch.tensor([[1.0, 2.0, 0.95]]), torch.tensor([[0.0, 0.0, 1.0]])
     old, mask = torch.tensor([[0.9, 1.0, 0.5]]), torch.ones(1, 3)
@@ -159,7 +150,7 @@ def luffy_batch():
 
 
 def luffy(**overrides):
-    args = dict(luffy_batch(), cliprange=0.2, clip_upper_bound=100.0, off_cliprange=None)
+    args = dict(luffy_batch(), cliprange=0.2, clip_upper_bound=100.0)
     args.update(overrides)
     return {k: float(v) for k, v in compute_token_on_off_policy_loss(**args).items()}
 
@@ -263,8 +254,7 @@ def test_luffy_off_policy_reshapes_match_direct_formula(name):
 def test_luffy_gradients_edge_cases_and_errors():
     batch = luffy_batch()
     log_prob = batch.pop("log_prob").clone().requires_grad_(True)
-    out = compute_token_on_off_policy_loss(log_prob=log_prob, cliprange=0.2, clip_upper_bound=100.0,
-                                           off_cliprange=None, **batch)
+    out = compute_token_on_off_policy_loss(log_prob=log_prob, cliprange=0.2, clip_upper_bound=100.0, **batch)
     out["pg_loss"].backward()
     # off token: d(-A p)/d log p = -A p / 5 tokens; on token 0: -A r / 5; on token 1 clipped: 0
     assert log_prob.grad[0].tolist() == pytest.approx([-0.5 / 5, -0.25 / 5, 0.0], rel=1e-5)
@@ -306,12 +296,11 @@ def test_flow_sar_mse_branch_hand_values():
     # sample 0: v+ = [1, 0], v- = [-1, 0] -> E+ 0.5, E- 2.5; sample 1: v+ = [1, 2], v- = [1, 0] -> E+ 2.5, E- 0.5
     loss, m = compute_flow_sar_loss(**flow_batch())
     assert loss.item() == pytest.approx((0.6 * 0.5 + 0.4 * 0.5) / 2)
-    assert m["actor/flow_sar_loss"] == pytest.approx(0.25)
-    assert m["actor/flow_sar_E_pos"] == pytest.approx(1.5) and m["actor/flow_sar_E_neg"] == pytest.approx(1.5)
-    assert m["actor/flow_sar_weight_mean"] == pytest.approx(0.5)
-    assert m["actor/flow_sar_success_ratio"] == pytest.approx(0.5)
-    assert m["actor/flow_sar_energy_type"] == 0.0 and m["actor/flow_sar_loss_variant"] == 0.0
-    assert "actor/flow_sar_contrastive" not in m
+    assert m["flow_sar_loss"] == pytest.approx(0.25)
+    assert m["flow_sar_E_pos"] == pytest.approx(1.5) and m["flow_sar_E_neg"] == pytest.approx(1.5)
+    assert m["flow_sar_weight_mean"] == pytest.approx(0.5)
+    assert m["flow_sar_success_ratio"] == pytest.approx(0.5)
+    assert "flow_sar_contrastive" not in m
     masked, _ = compute_flow_sar_loss(**flow_batch(), loss_mask=torch.tensor([True, False]))
     assert masked.item() == pytest.approx(0.3)
     none, m0 = compute_flow_sar_loss(**flow_batch(), loss_mask=torch.tensor([False, False]))
@@ -322,20 +311,20 @@ def test_flow_sar_softplus_kl_hand_values():
     loss, m = compute_flow_sar_loss(**flow_batch(), loss_variant="softplus_kl", kl_coeff=0.5)
     contrastive = (0.6 * F.softplus(torch.tensor(-1.0)) + 0.4 * F.softplus(torch.tensor(-1.0))).item() / 2
     assert contrastive == pytest.approx(0.5 * 0.3132617, rel=1e-6)
-    assert m["actor/flow_sar_contrastive"] == pytest.approx(contrastive, rel=1e-6)
-    assert m["actor/flow_sar_kl_penalty"] == pytest.approx(1.0)  # 0.5 * mean((v_theta - v_old)^2) = 0.5 * 2
+    assert m["flow_sar_contrastive"] == pytest.approx(contrastive, rel=1e-6)
+    assert m["flow_sar_kl_penalty"] == pytest.approx(1.0)  # 0.5 * mean((v_theta - v_old)^2) = 0.5 * 2
     assert loss.item() == pytest.approx(contrastive + 1.0, rel=1e-6)
-    assert m["actor/flow_sar_loss_variant"] == 1.0 and "actor/flow_sar_success_ratio" not in m
+    assert "flow_sar_success_ratio" not in m
 
 
 def test_flow_sar_sde_scales_energies_by_one_over_2t():
     _, mse = compute_flow_sar_loss(**flow_batch())
     loss, sde = compute_flow_sar_loss(**flow_batch(), energy_type="sde", flow_t=torch.tensor([[0.25], [0.5]]))
-    assert sde["actor/flow_sar_E_pos"] == pytest.approx((0.5 / 0.5 + 2.5 / 1.0) / 2)
-    assert sde["actor/flow_sar_E_neg"] == pytest.approx((2.5 / 0.5 + 0.5 / 1.0) / 2)
-    assert loss.item() == pytest.approx((0.6 * 1.0 + 0.4 * 0.5) / 2) and sde["actor/flow_sar_energy_type"] == 1.0
+    assert sde["flow_sar_E_pos"] == pytest.approx((0.5 / 0.5 + 2.5 / 1.0) / 2)
+    assert sde["flow_sar_E_neg"] == pytest.approx((2.5 / 0.5 + 0.5 / 1.0) / 2)
+    assert loss.item() == pytest.approx((0.6 * 1.0 + 0.4 * 0.5) / 2)
     _, half = compute_flow_sar_loss(**flow_batch(), energy_type="sde", flow_t=torch.full((2,), 0.5))
-    assert half["actor/flow_sar_E_pos"] == pytest.approx(mse["actor/flow_sar_E_pos"])  # 2t = 1: unchanged
+    assert half["flow_sar_E_pos"] == pytest.approx(mse["flow_sar_E_pos"])  # 2t = 1: unchanged
     with pytest.raises(ValueError, match="flow_t"):
         compute_flow_sar_loss(**flow_batch(), energy_type="sde")
     with pytest.raises(ValueError, match="flow_t must be > 0"):

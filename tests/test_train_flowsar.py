@@ -100,7 +100,7 @@ def load_tensors(path):
 
 def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
     """3 iterations straight vs 2 + --resume 1: the policy and theta_old (modules/ema.safetensors) are bitwise equal;
-    the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's actor/flow_sar_* metrics are logged."""
+    the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's train/flow_sar_* metrics are logged."""
     common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2",
               "algorithm.flow_sar_loss_variant=softplus_kl", "algorithm.flow_sar_ema_schedule=linear"]  # the seed's
     run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
@@ -112,15 +112,16 @@ def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
     straight, resumed = read_metrics(str(tmp_path / "runs" / "straight")), read_metrics(resumed_dir)
     assert [r["iteration"] for r in resumed] == [0, 1, 2, 3]  # row 0: the start evaluated
     resumed = resumed[1:]
-    assert [r["actor/flow_sar_ema_beta"] for r in resumed] == pytest.approx([0.001, 0.002, 0.003])
+    assert [r["train/flow_sar_ema_beta"] for r in resumed] == pytest.approx([0.001, 0.002, 0.003])
     for r in resumed:
-        for key in ("actor/flow_sar_loss", "actor/flow_sar_E_pos", "actor/flow_sar_E_neg", "actor/flow_sar_contrastive",
-                    "actor/flow_sar_kl_penalty", "actor/flow_sar_weight_mean", "train/grad_norm"):
+        for key in ("train/flow_sar_loss", "train/flow_sar_E_pos", "train/flow_sar_E_neg",
+                    "train/flow_sar_contrastive", "train/flow_sar_kl_penalty", "train/flow_sar_weight_mean",
+                    "train/grad_norm"):
             assert key in r, key
-        assert r["actor/flow_sar_loss_variant"] == 1.0 and r["actor/flow_sar_energy_type"] == 0.0
-        assert r["rollout/env_steps"] == 2 * 2 * 16 and r["actor/flow_sar_recon_error_failure"] > 0
+        assert "train/flow_sar_success_ratio" not in r  # mse_branch's, not softplus_kl's
+        assert r["rollout/env_steps"] == 2 * 2 * 16 and r["train/flow_sar_recon_error_failure"] > 0
     for a, b in zip(straight[1:], resumed):
-        assert a["actor/flow_sar_loss"] == b["actor/flow_sar_loss"], (a, b)
+        assert a["train/flow_sar_loss"] == b["train/flow_sar_loss"], (a, b)
     last = lambda d: os.path.join(d, "checkpoints", "iter_000003")  # noqa: E731
     ema_a = load_tensors(os.path.join(last(str(tmp_path / "runs" / "straight")), "modules", "ema.safetensors"))
     ema_b = load_tensors(os.path.join(last(resumed_dir), "modules", "ema.safetensors"))
@@ -148,13 +149,13 @@ def test_other_loss_variants_energies_and_schedules(tmp_path, variant, schedule)
              "train.micro_batch_size=4096", "rollout.flow_noise_level=0.5", "policy.lora_rank=4"], tmp_path / energy)
         (rows[energy],) = read_metrics(run_dirs(tmp_path / energy)[0])
     sde, mse = rows["sde"], rows["mse"]
-    for key in ("actor/flow_sar_E_pos", "actor/flow_sar_E_neg"):
+    for key in ("train/flow_sar_E_pos", "train/flow_sar_E_neg"):
         assert 2.0 * 0.999 <= sde[key] / mse[key] <= 2.5 * 1.001, (key, sde[key], mse[key])
     if variant == "softplus_kl":
-        assert sde["actor/flow_sar_loss"] == pytest.approx(sde["actor/flow_sar_contrastive"]
-                                                           + sde["actor/flow_sar_kl_penalty"], rel=1e-5)
-    assert ("actor/flow_sar_success_ratio" in sde) == (variant == "mse_branch")
-    assert sde["actor/flow_sar_ema_beta"] == pytest.approx(0.995 if schedule == "fixed" else 0.001)
+        assert sde["train/flow_sar_loss"] == pytest.approx(sde["train/flow_sar_contrastive"]
+                                                           + sde["train/flow_sar_kl_penalty"], rel=1e-5)
+    assert ("train/flow_sar_success_ratio" in sde) == (variant == "mse_branch")
+    assert sde["train/flow_sar_ema_beta"] == pytest.approx(0.995 if schedule == "fixed" else 0.001)
     assert sde["train/grad_norm"] > 0
 
 
@@ -233,5 +234,5 @@ def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
     (run_dir,) = run_dirs(tmp_path)
     assert os.path.basename(run_dir).startswith("flowsar__libero_object__t0__s1__")
     (row,) = read_metrics(run_dir)
-    assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "actor/flow_sar_loss" in row
+    assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "train/flow_sar_loss" in row
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "ema.safetensors"))

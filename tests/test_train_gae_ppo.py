@@ -23,7 +23,7 @@ OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVL
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1",
         "--no-wandb"]
-SEED_METRICS = ["train/policy_loss", "train/value_loss", "train/clipfrac", "train/approx_kl", "train/actor_grad_norm",
+SEED_METRICS = ["train/pg_loss", "train/value_loss", "train/pg_clipfrac", "train/ppo_kl", "train/grad_norm",
                 "train/critic_grad_norm", "rollout/success_rate", "rollout/mean_length", "val/success_rate",
                 "train/explained_variance", "charts/env_steps"]
 
@@ -206,7 +206,7 @@ def test_freeze_vla_for_critic_keeps_the_value_loss_out_of_the_policy_gradient(t
         run(["--task-id", "0", "train.iterations=1", "eval.every=0", override], tmp_path / name)
         (run_name,) = runs_in(tmp_path / name / "runs")
         (row,) = read_metrics(str(tmp_path / name / "runs" / run_name))
-        return row["train/actor_grad_norm"]
+        return row["train/grad_norm"]
 
     frozen = actor_grad_norm("frozen", "algorithm.freeze_vla_for_critic=true")
     assert frozen == actor_grad_norm("no_value_loss", "algorithm.value_loss_coef=0")
@@ -223,7 +223,7 @@ def test_smoke_two_updates_then_resume_is_exact(tmp_path):
     for r in rows[1:]:
         assert all(k in r for k in SEED_METRICS), sorted(set(SEED_METRICS) - set(r))
         assert r["rollout/mean_length"] == 16 and r["rollout/truncated_fraction"] == 1.0  # all cut at max_steps
-        assert r["rollout/env_steps"] == 8 * 16 and r["train/actor_grad_norm"] > 0 and r["train/critic_grad_norm"] > 0
+        assert r["rollout/env_steps"] == 8 * 16 and r["train/grad_norm"] > 0 and r["train/critic_grad_norm"] > 0
     assert rows[0]["charts/env_steps"] == 0 and rows[2]["charts/env_steps"] == 2 * 8 * 16
     plots = tmp_path / "a" / "plots" / name
     assert runs_in(plots) == ["training_curves.png", "training_curves_update00001.png",
@@ -262,7 +262,7 @@ def test_timesteps_budget_stops_evaluates_and_checkpoints_value_free_baseline(tm
     assert not os.path.isdir(os.path.join(ckpt, "modules"))
     assert sorted(torch.load(os.path.join(ckpt, "optimizers.pt"), weights_only=True)) == ["actor"]
     keys = set().union(*rows)
-    assert {"train/policy_loss", "train/clipfrac", "train/approx_kl"} <= keys
+    assert {"train/pg_loss", "train/pg_clipfrac", "train/ppo_kl"} <= keys
     assert not {k for k in keys if k.startswith("train/") and ("value" in k or "grad_norm" in k or "explained" in k)}
     plot = tmp_path / "plots" / name  # no grad-norm metric: 3 panels, not 4
     assert runs_in(plot) == ["training_curves.png", "training_curves_update00001.png",
@@ -302,7 +302,7 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
     rows = rows[1:]  # the training iterations
     assert all(r["rollout/env_steps"] == 2 * 4 * 16 for r in rows)  # both processes' episodes counted
     assert all(r["train/critic_grad_norm"] > 0 for r in rows)
-    assert "train/actor_grad_norm" not in rows[0] and rows[1]["train/actor_grad_norm"] > 0  # the actor waited
+    assert "train/grad_norm" not in rows[0] and rows[1]["train/grad_norm"] > 0  # the actor waited
 
 
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
