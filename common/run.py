@@ -17,6 +17,7 @@ run ends with a one-line summary (`run_summary`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -211,10 +212,8 @@ class Run:
             self.start_iteration, extra = load_training_state(
                 self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
                 rank=self.rank)
-            if sharded:  # the consolidated state, each process keeping its shard
-                states = torch.load(os.path.join(self.resume_path, "optimizers.pt"), map_location="cpu",
-                                    weights_only=False)
-                fsdp.load_optimizer_states(policy, sharded, states)
+            if sharded:  # each process reads its shards of the trainable weights and optimizer state
+                fsdp.load_shards(policy, sharded, os.path.join(self.resume_path, "shards"))
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -297,13 +296,7 @@ class Run:
         rng_states = self._rng_states()
         saving = done % cfg.log.checkpoint_every == 0 or last
         sharded = fsdp.is_sharded(self._tracked["policy"])
-        # fsdp: the optimizer state is gathered to process 0 (every process takes part) for the checkpoint; no
-        # in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
-        weights = opt_states = None
-        if sharded and saving:
-            weights = fsdp.gathered_copy(self._tracked["policy"]) if self.is_main else None
-            fsdp.reshard(self._tracked["policy"])
-            opt_states = fsdp.full_optimizer_states(self._tracked["policy"], self._tracked["optimizers"])
+        # fsdp: no in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
@@ -313,25 +306,43 @@ class Run:
                     per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
                     eta = per_iteration * max(0, cfg.train.iterations - done)
                 print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
-                if saving:
-                    self.save(done, rng_states, opt_states, weights)
+                if saving and not sharded:
+                    self.save(done, rng_states)
                 self._snapshot = None if saving or sharded else self._take_snapshot(done, rng_states)
             finally:
+                self._deferring = sharded and saving  # ... and, under fsdp, the checkpoint every process writes
+        if sharded and saving:
+            self._deferring = True
+            try:
+                self.save(done, rng_states)
+            finally:
                 self._deferring = False
-            if self._pending_signal:
-                raise KeyboardInterrupt
-        if sharded and saving:  # resharded for the save
-            fsdp.gather_weights(self._tracked["policy"])
+        if self._pending_signal:
+            raise KeyboardInterrupt
         self.accelerator.wait_for_everyone()
 
-    def save(self, iteration: int, rng_states: List[Dict[str, Any]],
-             optimizer_states: Optional[Dict[str, Any]] = None, weights: Optional[Dict[int, Any]] = None) -> str:
+    def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
+        """The checkpoint of `iteration` (process 0; under fsdp every process: each writes its shards)."""
+        t, policy = self._tracked, self._tracked["policy"]
+        if not fsdp.is_sharded(policy):
+            return self._write(iteration, rng_states, t["optimizers"])
+        weights = fsdp.gathered_copy(policy) if self.is_main else None  # policy/: the weights computed with
+        sharded = {k: o for k, o in t["optimizers"].items() if fsdp.holds_shards(policy, o)}
+        fsdp.reshard(policy)
+        try:
+            return self._write(iteration, rng_states, {k: o for k, o in t["optimizers"].items() if k not in sharded},
+                               weights, lambda folder: fsdp.save_shards(policy, sharded, folder))
+        finally:
+            fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
+
+    def _write(self, iteration: int, rng_states: List[Dict[str, Any]], optimizers: Dict[str, Any],
+               weights: Optional[Dict[int, Any]] = None, shards: Optional[Callable[[str], None]] = None) -> str:
         t = self._tracked
-        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ = the gathered weights
-            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizer_states or t["optimizers"],
-                                   t["schedulers"], t["modules"], config=self.cfg,
-                                   extra={"run_name": self.run_name, "state": self.state},
-                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        with fsdp.plain_state_dicts(t["policy"], weights) if self.is_main else contextlib.nullcontext():
+            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizers, t["schedulers"], t["modules"],
+                                   config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
+                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
+                                   rank=self.rank, gather=self.gather if shards is not None else None)
         self._saved_iteration = iteration
         return path
 

@@ -58,9 +58,11 @@ Y = torch.linspace(1, -1, 8 * 3).reshape(8, 3)
 SPLITS = [[range(0, 6), range(6, 8)], [range(0, 8), range(0, 0)]]
 
 
-def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None):
+def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None,
+           shards: str = ""):
     """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes; returns the gathered
-    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds."""
+    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds: under fsdp the shards of
+    weights and optimizer state each process wrote into the folder `shards` (torch.distributed.checkpoint)."""
     from accelerate import Accelerator
 
     from common import fsdp
@@ -79,7 +81,7 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     optimizer, scheduler = adamw_with_warmup(params, lr=0.05, weight_decay=0.1, warmup_steps=1)
     if resume is not None:
         if fsdp.is_sharded(model):
-            fsdp.load_optimizer_states(model, {"actor": optimizer}, resume["optimizers"])
+            fsdp.load_shards(model, {"actor": optimizer}, shards)
         else:
             optimizer.load_state_dict(resume["optimizers"]["actor"])
         scheduler.load_state_dict(resume["scheduler"])
@@ -97,7 +99,9 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
             with fsdp.plain_state_dicts(model):
                 weights = {k: v.clone() for k, v in model.state_dict().items()}
             fsdp.reshard(model)
-            states = fsdp.full_optimizer_states(model, {"actor": optimizer}) or {"actor": optimizer.state_dict()}
+            if fsdp.is_sharded(model):
+                fsdp.save_shards(model, {"actor": optimizer}, shards)
+            states = {} if fsdp.is_sharded(model) else {"actor": optimizer.state_dict()}
             fsdp.gather_weights(model)
             saved = copy.deepcopy({"weights": weights, "optimizers": states, "scheduler": scheduler.state_dict()})
     with fsdp.plain_state_dicts(model):
@@ -105,30 +109,35 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     return final, norms, saved
 
 
-def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, results) -> None:
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards: str, results) -> None:
     import os
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1)
-    shared = [saved]  # the full optimizer state is gathered to process 0 (as optimizers.pt, read by every process)
+    final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1, shards=shards)
+    shared = [saved]  # the weights as process 0 writes them into policy/ (fsdp: the optimizer state is in `shards`)
     torch.distributed.broadcast_object_list(shared, src=0)
-    resumed, norms2, _ = _train(rank, 2, strategy, offload, stop_after=1, resume=shared[0])
+    resumed, norms2, _ = _train(rank, 2, strategy, offload, stop_after=1, resume=shared[0], shards=shards)
     results[rank] = (final, norms, resumed, norms2)
     torch.distributed.destroy_process_group()
 
 
 def _spawn(strategy: str, offload: bool = False):
+    import os
     import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with mp.Manager() as manager:
+    with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         results = manager.dict()
-        mp.spawn(_on_two_processes, args=(port, strategy, offload, results), nprocs=2, join=True)
+        shards = os.path.join(tmp, "shards")
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, shards, results), nprocs=2, join=True)
+        if strategy == "fsdp":  # one file per process, nothing gathered
+            assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         return dict(results)
 
 
