@@ -233,6 +233,18 @@ def plain_state_dicts(policy: torch.nn.Module, weights: Optional[Dict[int, torch
             h.remove()
 
 
+class GatheredSave:
+    """Stands for a sharded policy in save_checkpoint: `save(dir)` writes its one-process folder from `weights`
+    (`gathered_copy`), while other state_dict() calls (the shards' own, `shard_state`) still see the shards."""
+
+    def __init__(self, policy: torch.nn.Module, weights: Dict[int, torch.Tensor]):
+        self.policy, self.weights = policy, weights
+
+    def save(self, path: str) -> None:
+        with plain_state_dicts(self.policy, self.weights):
+            self.policy.save(path)
+
+
 def gathered_copy(policy: torch.nn.Module) -> Dict[int, torch.Tensor]:
     """{id(shard): a CPU copy of its gathered weight}: state_dict() reshards (FSDP2's pre-hook frees the gathered
     copy), so what a save writes is copied first."""

@@ -17,7 +17,6 @@ run ends with a one-line summary (`run_summary`).
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import math
@@ -325,24 +324,24 @@ class Run:
         """The checkpoint of `iteration` (process 0; under fsdp every process: each writes its shards)."""
         t, policy = self._tracked, self._tracked["policy"]
         if not fsdp.is_sharded(policy):
-            return self._write(iteration, rng_states, t["optimizers"])
-        weights = fsdp.gathered_copy(policy) if self.is_main else None  # policy/: the weights computed with
+            return self._write(iteration, rng_states, policy, t["optimizers"])
+        saved = fsdp.GatheredSave(policy, fsdp.gathered_copy(policy)) if self.is_main else None  # policy/
         sharded = {k: o for k, o in t["optimizers"].items() if fsdp.holds_shards(policy, o)}
         fsdp.reshard(policy)
         try:
-            return self._write(iteration, rng_states, {k: o for k, o in t["optimizers"].items() if k not in sharded},
-                               weights, lambda folder: fsdp.save_shards(policy, sharded, folder))
+            return self._write(iteration, rng_states, saved, {k: o for k, o in t["optimizers"].items()
+                                                              if k not in sharded},
+                               lambda folder: fsdp.save_shards(policy, sharded, folder))
         finally:
             fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
 
-    def _write(self, iteration: int, rng_states: List[Dict[str, Any]], optimizers: Dict[str, Any],
-               weights: Optional[Dict[int, Any]] = None, shards: Optional[Callable[[str], None]] = None) -> str:
+    def _write(self, iteration: int, rng_states: List[Dict[str, Any]], policy: Any, optimizers: Dict[str, Any],
+               shards: Optional[Callable[[str], None]] = None) -> str:
         t = self._tracked
-        with fsdp.plain_state_dicts(t["policy"], weights) if self.is_main else contextlib.nullcontext():
-            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizers, t["schedulers"], t["modules"],
-                                   config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
-                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
-                                   rank=self.rank, gather=self.gather if shards is not None else None)
+        path = save_checkpoint(self.run_dir, iteration, policy, optimizers, t["schedulers"], t["modules"],
+                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
+                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
+                               rank=self.rank, gather=self.gather if shards is not None else None)
         self._saved_iteration = iteration
         return path
 

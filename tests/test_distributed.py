@@ -162,7 +162,8 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
                 assert norms2 == norms[1:]
 
 
-# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, resumable, one-process loadable
+# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
+# evaluate.py reads them in one process
 
 def _launch(args, tmp_path, port):
     import os
@@ -181,14 +182,17 @@ def _launch(args, tmp_path, port):
 
 
 def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_process(tmp_path):
+    import json
     import os
     import shutil
+    import subprocess
+    import sys
 
     import pytest
     from safetensors.torch import load_file
 
     from common.checkpoint import load_saved_policy
-    from tests.test_run_plumbing import deterministic, rows, the_run
+    from tests.test_run_plumbing import ENV, ROOT, deterministic, rows, the_run
 
     _launch([], tmp_path / "ddp", 29561)
     out = _launch(["train.strategy=fsdp"], tmp_path / "fsdp", 29563)
@@ -198,6 +202,12 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
     def weights(run_dir, it):
         return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
 
+    last = os.path.join(fsdp_run, "checkpoints", "iter_000002")  # sharded: one file per process, nothing gathered
+    assert sorted(os.listdir(os.path.join(last, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert torch.load(os.path.join(last, "optimizers.pt"), weights_only=True) == {}  # the actor's state is in shards/
+    with open(os.path.join(last, "MANIFEST.json")) as f:
+        assert {"shards/__0_0.distcp", "shards/__1_0.distcp", "shards/.metadata"} <= set(json.load(f)["files"])
+    assert not [n for n in os.listdir(os.path.dirname(last)) if n.startswith(".tmp")]
     final = weights(fsdp_run, 2)
     moved = max(float((final[k] - weights(fsdp_run, 1)[k]).abs().max()) for k in final)
     assert moved > 1e-5  # the second update really moved the weights (float32 steps there are ~1e-8)
@@ -221,6 +231,18 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
     for k, v in policy.net.state_dict().items():
         assert torch.equal(v, final[k]), k
 
+    def evaluated(run_dir, name):  # evaluate.py in one process on the run's newest checkpoint
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", run_dir, "--trials",
+                              "3", "--max-steps", "16", "--sampled", "--gifs", "0", "--out-dir",
+                              str(tmp_path / name)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        with open(tmp_path / name / "results.json") as f:
+            results = json.load(f)
+        assert results["iteration"] == 2
+        return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
+
+    assert evaluated(fsdp_run, "eval_fsdp") == evaluated(ddp, "eval_ddp")
+
 
 def test_shipped_accelerate_launch_files_load():
     import os
@@ -236,3 +258,76 @@ def test_shipped_accelerate_launch_files_load():
         cfg = load_config_from_file(os.path.join(folder, name))
         assert cfg.num_processes == processes and cfg.mixed_precision == "no", name
         assert (cfg.distributed_type == "NO") == (processes == 1), name
+
+
+# ---- save_checkpoint with shards written by every process: one atomic checkpoint, or the same error on all
+
+def _save_on_two_processes(rank: int, port: int, run_dir: str, results) -> None:
+    import os
+
+    from common.checkpoint import CheckpointError, save_checkpoint
+    from tests.test_checkpoint import make
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+
+    def gather(items):
+        out = [None, None]
+        torch.distributed.all_gather_object(out, list(items))
+        return [x for part in out for x in part]
+
+    policy, _, opt, _ = make()
+
+    def shards(fail_on=None):
+        def write(folder):
+            os.makedirs(folder, exist_ok=True)
+            if rank == fail_on:
+                raise OSError(28, "No space left on device")
+            torch.save({"rank": rank}, os.path.join(folder, f"rank{rank}.pt"))
+        return write
+
+    def quota_exceeded(path):
+        raise RuntimeError("disk quota exceeded")
+
+    outcome = []
+    for iteration, fail_on, policy_fails in ((1, None, False), (2, 1, False), (3, None, True)):
+        if policy_fails and rank == 0:
+            policy.save = quota_exceeded
+        try:
+            save_checkpoint(run_dir, iteration, policy, {}, rank=rank, gather=gather, shards=shards(fail_on),
+                            rng_states=[{}, {}])
+            outcome.append("saved")
+        except CheckpointError as e:
+            outcome.append(str(e))
+    results[rank] = outcome
+    torch.distributed.destroy_process_group()
+
+
+def test_sharded_save_is_one_atomic_checkpoint_and_a_failure_on_any_process_is_one_line_on_every_one(tmp_path):
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from common.checkpoint import verify_checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_save_on_two_processes, args=(port, str(tmp_path), results), nprocs=2, join=True)
+        results = dict(results)
+    assert results[0] == results[1]  # every process saw the same outcome
+    saved, disk_full, policy_failed = results[0]
+    assert saved == "saved"
+    tail = "(no partial checkpoint was left; earlier checkpoints are intact)"
+    assert disk_full == f"could not write checkpoint {tmp_path}/checkpoints/iter_000002: OSError: No space left on " \
+                        f"device {tail}"  # raised on process 1 only
+    assert policy_failed == f"could not write checkpoint {tmp_path}/checkpoints/iter_000003: RuntimeError: disk " \
+                            f"quota exceeded {tail}"  # raised on process 0 only
+    assert os.listdir(tmp_path / "checkpoints") == ["iter_000001"]  # no .tmp_iter_* left
+    first = tmp_path / "checkpoints" / "iter_000001"
+    verify_checkpoint(str(first))  # the manifest covers both processes' shards
+    with open(first / "MANIFEST.json") as f:
+        assert {"shards/rank0.pt", "shards/rank1.pt"} <= set(__import__("json").load(f)["files"])
