@@ -178,6 +178,9 @@ class Run:
         self._saved_iteration = 0
         self._old_handlers: Dict[int, Any] = {}
         self._deferring = self._pending_signal = False
+        self._lockstep = False  # fsdp: a signal only sets _pending_signal; every process stops at the same point
+        self._updated = False  # an optimizer step ran in this iteration (fsdp: the weights moved since its start)
+        self._start: Optional[Dict[str, Any]] = None  # fsdp: RNG states + run state of the last completed iteration
         self._t_first: Optional[tuple] = None
 
     # ---- start
@@ -221,6 +224,10 @@ class Run:
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
+        if fsdp.is_sharded(policy):
+            for opt in optimizers.values():
+                opt.register_step_pre_hook(lambda *_: setattr(self, "_updated", True))
+            self._lockstep = True
         if self.is_main:
             config_path = os.path.join(self.run_dir, "config.yaml")
             if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
@@ -262,15 +269,33 @@ class Run:
                                   total=self.cfg.train.iterations), flush=True)
         if self._t_first is None:
             self._t_first = (time.perf_counter(), iteration)  # the ETA counts from the first iteration's start
+        self._updated = False
         return {}
 
     def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
-        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`."""
-        steps = sum(self.gather([batch.stats["rollout/env_steps"]]))
+        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`. Under
+        fsdp also where an interrupt of the rollout stops every process (`_stop_before_update`)."""
+        counts, signalled = zip(*self.gather([(batch.stats["rollout/env_steps"], self._pending_signal)]))
+        if self._lockstep and any(signalled) and not self._updated:
+            self._stop_before_update()
+        steps = sum(counts)
         self.state["env_steps"] += steps
         metrics["rollout/env_steps"] = steps
         metrics["charts/env_steps"] = self.state["env_steps"]  # the x-axis of sample-efficiency plots
         metrics["charts/SPS"] = steps / max(seconds, 1e-9)
+
+    def _stop_before_update(self) -> None:
+        """fsdp, an interrupt before the iteration's first optimizer step (every process, together): the weights,
+        optimizer and scheduler states and modules are still those of the last completed iteration, so that iteration
+        is saved with the RNG states and run state taken at its end (nothing is copied), then KeyboardInterrupt."""
+        start = self._start
+        if start is not None and start["iteration"] > self._saved_iteration:
+            current, self.state = self.state, start["state"]
+            try:
+                self.save(start["iteration"], start["rng"])
+            finally:
+                self.state = current
+        raise KeyboardInterrupt
 
     # ---- end of iteration
     def _rng_states(self) -> List[Dict[str, Any]]:
@@ -287,15 +312,18 @@ class Run:
         script stops on an env-step budget."""
         cfg, done = self.cfg, iteration + 1
         last = done == cfg.train.iterations if last is None else last
+        # fsdp: an interrupt since the rollout (every process decides together) finishes this iteration and saves it
+        stop = self._lockstep and any(self.gather([self._pending_signal]))
         if cfg.eval.every > 0 and (done % cfg.eval.every == 0 or last):
             metrics.update(self.evaluate(done))
         if self.device.type == "cuda":  # peak since the start of the process, as verl's perf/max_memory_allocated_gb
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         rng_states = self._rng_states()
-        saving = done % cfg.log.checkpoint_every == 0 or last
+        saving = done % cfg.log.checkpoint_every == 0 or last or stop
         sharded = fsdp.is_sharded(self._tracked["policy"])
-        # fsdp: no in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
+        # fsdp: no in-memory snapshot (it would copy the model); what an interrupt saves needs only these
+        self._start = {"iteration": done, "rng": rng_states, "state": copy.deepcopy(self.state)} if sharded else None
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
@@ -316,7 +344,7 @@ class Run:
                 self.save(done, rng_states)
             finally:
                 self._deferring = False
-        if self._pending_signal:
+        if stop or (self._pending_signal and not self._lockstep):
             raise KeyboardInterrupt
         self.accelerator.wait_for_everyone()
 
@@ -377,7 +405,8 @@ class Run:
     # ---- interrupts and the end
     def __enter__(self) -> "Run":
         def on_signal(signum, frame):  # Ctrl-C, and SIGTERM (a cluster's scheduler, `kill`), stop at once ...
-            if self._deferring:  # ... except while an iteration's row and its snapshot are being written
+            if self._deferring or self._lockstep:  # ... except while an iteration's row and its snapshot are being
+                # written, and under fsdp, where every process stops at the same point of the iteration
                 self._pending_signal = True
                 return
             raise KeyboardInterrupt

@@ -165,28 +165,39 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
 # ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
 # evaluate.py reads them in one process
 
-def _launch(args, tmp_path, port):
+def _command(args, tmp_path, port):
     import os
-    import subprocess
     import sys
 
-    from tests.test_run_plumbing import ENV, FAST, ROOT
+    from tests.test_run_plumbing import FAST, ROOT
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
-           os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
-           os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
-           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
-    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
+            os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
+            os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
+            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
+
+
+def _launch(args, tmp_path, port):
+    import subprocess
+
+    from tests.test_run_plumbing import ENV, ROOT
+
+    out = subprocess.run(_command(args, tmp_path, port), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if "ep/s" not in line)[-3000:]
     return out
 
 
-def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_process(tmp_path):
+def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_and_loads_in_one_process(
+        tmp_path):
+    import glob
     import json
     import os
     import shutil
+    import signal
     import subprocess
     import sys
+    import time
 
     import pytest
     from safetensors.torch import load_file
@@ -226,6 +237,30 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
     for k, v in weights(str(copy), 2).items():
         assert torch.equal(final[k], v), k
     assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+
+    # Ctrl-C in the terminal (SIGINT to the launcher and both processes) right after iteration 1 is logged, with no
+    # checkpoint due: both processes stop together, iteration 1 is saved, and the resume is the uninterrupted run
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(_command(["train.strategy=fsdp", "log.checkpoint_every=100"], stopped, 29567), cwd=ROOT,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        metrics = glob.glob(str(stopped / "runs" / "*" / "metrics.jsonl"))
+        if metrics and len(open(metrics[0]).read().splitlines()) >= 2:  # rows 0 and 1
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    interrupted = the_run(stopped / "runs")
+    saved = sorted(os.listdir(os.path.join(interrupted, "checkpoints")))
+    assert saved == ["iter_000001"], (saved, stderr[-3000:])  # written though not due; nothing of iteration 2
+    assert [r["iteration"] for r in rows(interrupted)] == [0, 1]
+    assert f"interrupted: iterations 1..1 are saved in {interrupted}/checkpoints" in stdout, stdout[-2000:]
+    assert "Traceback" not in "".join(line for line in stderr.splitlines() if "[rank" in line)  # none from ours
+    _launch(["--resume", interrupted], stopped, 29569)
+    for k, v in weights(interrupted, 2).items():
+        assert torch.equal(final[k], v), k
+    assert [deterministic(r) for r in rows(interrupted)] == [deterministic(r) for r in rows(fsdp_run)]
 
     policy = load_saved_policy(fsdp_run)  # one process, the consolidated policy/ of the newest checkpoint
     for k, v in policy.net.state_dict().items():
