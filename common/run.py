@@ -10,7 +10,8 @@
 
 Resume continues the same run: every random stream (python, numpy, torch, the prompt sampler, the environments) is
 saved per process and restored, and metrics rows past the checkpoint are dropped. Ctrl-C / SIGTERM stop at once,
-save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130. A new
+save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130; under
+train.strategy=fsdp every process stops together after the rollout or the update (`_stop_before_update`). A new
 run's folder is created exclusively (never shared with another run) and checked writable, with its plots folder,
 before the model is built; a failed checkpoint write ends the run in one line with the command that continues it; the
 run ends with a one-line summary (`run_summary`).
@@ -163,12 +164,9 @@ class Run:
         if self.resume_path is not None:
             saved_world = len(read_rng_states(self.resume_path))
             if saved_world != self.world:
-                launch = (f"accelerate launch --multi_gpu --num_processes {saved_world} {QUIET_LAUNCH} "
-                          f"{self.script_file()}"
-                          if saved_world > 1 else f"python {self.script_file()}")
                 raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
-                                  f"(prompts are per process, so the batch would change): resume with `{launch} "
-                                  f"--resume {self.run_dir}`")
+                                  f"(prompts are per process, so the batch would change): resume with "
+                                  f"`{self.resume_command(saved_world)}`")
         self.start_iteration = 0
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
@@ -215,7 +213,12 @@ class Run:
                 self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
                 rank=self.rank)
             if sharded:  # each process reads its shards of the trainable weights and optimizer state
-                fsdp.load_shards(policy, sharded, os.path.join(self.resume_path, "shards"))
+                shards = os.path.join(self.resume_path, "shards")
+                if not os.path.isdir(shards):
+                    raise ConfigError(f"--resume: checkpoint {self.resume_path} has no shards/ (the weights and "
+                                      f"optimizer state that train.strategy=fsdp saves per process): it was written "
+                                      f"by an older version; start a new run (init.path={self.resume_path}/policy)")
+                fsdp.load_shards(policy, sharded, shards)
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -449,8 +452,7 @@ class Run:
             raise SystemExit(f"error: {exc}") from None
         if exc_type is not None and issubclass(exc_type, CheckpointError):
             raise SystemExit(f"error: {exc}; free the space (or fix the folder) and continue from the last saved "
-                             f"iteration ({self._saved_iteration}) with: python {self.script_file()} --resume "
-                             f"{self.run_dir}") from None
+                             f"iteration ({self._saved_iteration}) with: {self.resume_command()}") from None
         if exc_type is None and self.is_main:
             history = self.logger.history if self.logger is not None else {}
             plot = os.path.join(self.cfg.log.plots_dir, self.run_name, "training_curves.png")
@@ -488,20 +490,25 @@ class Run:
                 self._restore_snapshot(snap)
                 self.save(snap["iteration"], snap["rng"])
         except Exception as e:  # noqa: BLE001 - any failed write: one line, the earlier checkpoints stay
-            saved = (f"iterations 1..{self._saved_iteration} are saved; continue with: python {self.script_file()} "
-                     f"--resume {self.run_dir}" if self._saved_iteration > 0 else "nothing was saved before")
+            saved = (f"iterations 1..{self._saved_iteration} are saved; continue with: {self.resume_command()}"
+                     if self._saved_iteration > 0 else "nothing was saved before")
             print(f"\n[{self.script}] interrupted; could not save iteration {snap['iteration']} "
                   f"({' '.join(str(e).split())}); {saved}", flush=True)
             return
         if self._saved_iteration > 0:
             print(f"\n[{self.script}] interrupted: iterations 1..{self._saved_iteration} are saved in "
-                  f"{self.run_dir}/checkpoints; continue with: python {self.script_file()} --resume {self.run_dir}",
-                  flush=True)
+                  f"{self.run_dir}/checkpoints; continue with: {self.resume_command()}", flush=True)
         else:
             print(f"\n[{self.script}] interrupted before the first iteration finished: nothing to save", flush=True)
 
     def script_file(self) -> str:
         return script_file(self.script)
+
+    def resume_command(self, world: Optional[int] = None) -> str:
+        """The command that continues this run with `world` processes (default: this run's)."""
+        world = self.world if world is None else world
+        launch = f"accelerate launch --multi_gpu --num_processes {world} {QUIET_LAUNCH}" if world > 1 else "python"
+        return f"{launch} {self.script_file()} --resume {self.run_dir}"
 
 
 def run_summary(history: Dict[int, Dict[str, float]], env_steps: float, wall_s: float, plot: str,

@@ -255,7 +255,9 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_an
     saved = sorted(os.listdir(os.path.join(interrupted, "checkpoints")))
     assert saved == ["iter_000001"], (saved, stderr[-3000:])  # written though not due; nothing of iteration 2
     assert [r["iteration"] for r in rows(interrupted)] == [0, 1]
-    assert f"interrupted: iterations 1..1 are saved in {interrupted}/checkpoints" in stdout, stdout[-2000:]
+    said = f"interrupted: iterations 1..1 are saved in {interrupted}/checkpoints; continue with: accelerate launch " \
+           f"--multi_gpu --num_processes 2 "  # the launcher itself exits 1 with torch's SignalException traceback
+    assert said in stdout and f"train_srpo.py --resume {interrupted}" in stdout, stdout[-2000:]
     assert "Traceback" not in "".join(line for line in stderr.splitlines() if "[rank" in line)  # none from ours
     _launch(["--resume", interrupted], stopped, 29569)
     for k, v in weights(interrupted, 2).items():
