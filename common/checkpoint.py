@@ -5,6 +5,9 @@ Layout of `<run_dir>/checkpoints/iter_XXXXXX/`:
                           reload with `TokenPolicy.load(path + "/policy")` / `FlowPolicy.load(...)`
   modules/<name>.safetensors   extra nn.Modules (value head, EMA copy, ...)
   optimizers.pt, schedulers.pt  state dicts by name
+  shards/                 train.strategy=fsdp: a torch.distributed.checkpoint folder, one `__<rank>_0.distcp` per
+                          process (its shards of the trainable weights and of the optimizers that step them, which
+                          are then not in optimizers.pt) + `.metadata`; read back at the same world size
   rng.pt                  one dict per process: python, numpy, torch (and CUDA) RNG states, plus the script's own
                           streams (prompt sampler, environments) under extra keys
   state.json              iteration + `extra` (JSON)
@@ -20,7 +23,7 @@ import random
 import shutil
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -93,21 +96,52 @@ def _iteration_dirs(run_dir: str) -> List[str]:
 def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
                     schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
                     config: Any = None, extra: Optional[Dict[str, Any]] = None, keep_last: int = 2,
-                    rng_states: Optional[List[Dict[str, Any]]] = None) -> str:
+                    rng_states: Optional[List[Dict[str, Any]]] = None,
+                    shards: Optional[Callable[[str], None]] = None, rank: int = 0,
+                    gather: Optional[Callable[[List], List]] = None) -> str:
     """Write `<run_dir>/checkpoints/iter_XXXXXX/` atomically, prune to the newest `keep_last`; returns its path.
     `rng_states`: one RNG dict per process (default: this process's). Any failure (full disk, ...) removes the
-    temporary folder and raises CheckpointError; the previous checkpoints are untouched."""
+    temporary folder and raises CheckpointError; the previous checkpoints are untouched.
+
+    `shards(folder)` (train.strategy=fsdp): a collective that writes every process's shards into `<checkpoint>/shards`;
+    then every process calls save_checkpoint with its `rank` and `gather` (accelerate's gather_object), only process 0
+    writes the other files and the manifest (which covers the shards), and a failure on any process raises the same
+    CheckpointError on every process."""
     root = os.path.join(run_dir, "checkpoints")
     final = os.path.join(root, f"iter_{iteration:06d}")
-    tmp = os.path.join(root, f".tmp_iter_{iteration:06d}_{os.getpid()}")
+    share = gather if gather is not None else list
+    main = rank == 0
+    tmp = share([os.path.join(root, f".tmp_iter_{iteration:06d}_{os.getpid()}")] if main else [])[0]
     try:
         json.dumps(extra or {})
     except TypeError as e:
         raise TypeError(f"save_checkpoint: `extra` must be JSON-serialisable ({e}); put tensors in `modules`") from None
-    try:
-        os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+
+    def step(write: Callable[[], None], error: Optional[str]) -> Optional[str]:
+        """`write` unless an earlier step failed; the first failure of any process, the same on every process."""
+        if error is None:
+            try:
+                write()
+            except BaseException as e:  # noqa: BLE001 - safetensors' SafetensorError, torch.save's RuntimeError, ...
+                if main:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit: cleaned up, then on their way
+                    raise
+                reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
+                error = f"{type(e).__name__}: {reason}"
+        if shards is None:
+            return error
+        return next((e for e in share([error]) if e is not None), None)
+
+    def prepare() -> None:
+        if main:
+            os.makedirs(root, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+
+    def finish() -> None:
+        if not main:
+            return
         _write_files(tmp, iteration, policy, optimizers, schedulers, modules, config, extra,
                      rng_states if rng_states is not None else [capture_rng_state()])
         if os.path.exists(final):  # re-saving the same iteration: move the old one aside first
@@ -116,19 +150,22 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(root)
-    except BaseException as e:  # noqa: BLE001 - safetensors' SafetensorError, torch.save's RuntimeError, OSError, ...
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit: cleaned up, then on their way
-            raise
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
-        raise CheckpointError(f"could not write checkpoint {final}: {type(e).__name__}: {reason} (no partial "
-                              f"checkpoint was left; earlier checkpoints are intact)") from None
 
-    for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
-    for name in os.listdir(root):  # leftovers of a crash in the middle of a save
-        if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    error = step(prepare, None)
+    if shards is not None:
+        error = step(lambda: shards(os.path.join(tmp, "shards")), error)
+    error = step(finish, error)
+    if error is not None:
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"could not write checkpoint {final}: {error} (no partial checkpoint was left; earlier "
+                              f"checkpoints are intact)")
+    if main:
+        for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        for name in os.listdir(root):  # leftovers of a crash in the middle of a save
+            if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
     return final
 
 
@@ -143,8 +180,7 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
         for name, module in modules.items():
             state = {k: v.detach().contiguous().cpu() for k, v in _unwrap(module).state_dict().items()}
             save_file(state, os.path.join(tmp, "modules", f"{name}.safetensors"))
-    torch.save({name: opt if isinstance(opt, dict) else opt.state_dict() for name, opt in optimizers.items()},
-               os.path.join(tmp, "optimizers.pt"))  # a dict: a state already gathered (train.strategy=fsdp)
+    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
     if schedulers:
         torch.save({name: s.state_dict() for name, s in schedulers.items()}, os.path.join(tmp, "schedulers.pt"))
     torch.save(list(rng_states), os.path.join(tmp, "rng.pt"))

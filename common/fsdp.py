@@ -15,9 +15,12 @@ How it runs (every piece of the scripts stays as it is):
 So the saving is the optimizer state, master weights and (offloaded) their device memory (ZeRO-1 style): gathered
 weights and gradients are full size during compute. docs/scale.md has the numbers.
 
-Checkpoints stay the consolidated layout of common/checkpoint.py: `policy/` holds the gathered weights (one process
-loads it, evaluate.py reads it), `optimizers.pt` the full optimizer state gathered to process 0
-(`get_optimizer_state_dict(full_state_dict=True)`), restored into the shards on resume at any world size.
+Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp): `policy/` holds the
+gathered weights, written by process 0 from the copy it already computes with (one process loads it: evaluate.py,
+init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
+trainable weights and of the optimizer state (`save_shards`), which a resume at the same world size reads back into
+place (`load_shards`): nothing is gathered onto one process, so process 0's host memory for a save is the weights'
+CPU copy for policy/, as under ddp.
 """
 from __future__ import annotations
 
@@ -199,7 +202,7 @@ def grad_norm(norm: torch.Tensor) -> torch.Tensor:
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
 
-# ---- checkpoints: consolidated weights from the gathered copy, optimizer state gathered to process 0
+# ---- checkpoints: policy/ from the gathered copy (process 0), shards/ by every process (DCP)
 
 @contextlib.contextmanager
 def plain_state_dicts(policy: torch.nn.Module, weights: Optional[Dict[int, torch.Tensor]] = None) -> Iterator[None]:
@@ -230,6 +233,18 @@ def plain_state_dicts(policy: torch.nn.Module, weights: Optional[Dict[int, torch
             h.remove()
 
 
+class GatheredSave:
+    """Stands for a sharded policy in save_checkpoint: `save(dir)` writes its one-process folder from `weights`
+    (`gathered_copy`), while other state_dict() calls (the shards' own, `shard_state`) still see the shards."""
+
+    def __init__(self, policy: torch.nn.Module, weights: Dict[int, torch.Tensor]):
+        self.policy, self.weights = policy, weights
+
+    def save(self, path: str) -> None:
+        with plain_state_dicts(self.policy, self.weights):
+            self.policy.save(path)
+
+
 def gathered_copy(policy: torch.nn.Module) -> Dict[int, torch.Tensor]:
     """{id(shard): a CPU copy of its gathered weight}: state_dict() reshards (FSDP2's pre-hook frees the gathered
     copy), so what a save writes is copied first."""
@@ -242,32 +257,36 @@ def reshard(policy: torch.nn.Module) -> None:
         m.reshard()
 
 
-def full_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer]
-                          ) -> Optional[Dict[str, Any]]:
-    """The optimizers' full state dicts (on the CPU, process 0 only; collective): what `optimizers.pt` holds. The
-    policy must be resharded (the state is keyed by the shards)."""
-    if not is_sharded(policy):
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def shard_state(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer]) -> Dict[str, Any]:
+    """This process's shards as torch.distributed.checkpoint saves and loads them: the trainable weights (fp32 master
+    shards, DTensors) and the state of every optimizer in `optimizers` (all holding shards), keyed by parameter name.
+    Frozen weights are not in it: they never change, so the checkpoint's policy/ holds them. The policy must be
+    resharded (state_dict() keys the shards)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    out = {}
+    return {"model": get_model_state_dict(policy, options=StateDictOptions(ignore_frozen_params=True)),
+            "optimizers": {name: get_optimizer_state_dict(policy, opt) for name, opt in optimizers.items()}}
+
+
+def save_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str) -> None:
+    """Every process writes its own shards into `folder` (`__<rank>_0.distcp`, process 0 adds `.metadata`); nothing
+    is gathered. Collective; a failure on any process raises on every process."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save(shard_state(policy, optimizers), checkpoint_id=folder)
+
+
+def load_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str) -> None:
+    """Inverse of `save_shards` at the same world size: each process reads its shards of the trainable weights and of
+    the optimizer state into place (collective; call before `register`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
+
+    state = shard_state(policy, optimizers)  # a fresh optimizer gets its state allocated by a zero-lr step first
+    dcp.load(state, checkpoint_id=folder)
+    set_model_state_dict(policy, state["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
     for name, opt in optimizers.items():
-        out[name] = get_optimizer_state_dict(policy, opt, options=opts) if holds_shards(policy, opt) \
-            else opt.state_dict()
-    return out
-
-
-def load_optimizer_states(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
-                          states: Dict[str, Any]) -> None:
-    """Inverse of `full_optimizer_states`, on every process (each keeps its shard of the state)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    for name, opt in optimizers.items():
-        if holds_shards(policy, opt):
-            set_optimizer_state_dict(policy, opt, states[name], options=StateDictOptions(full_state_dict=True))
-        else:
-            opt.load_state_dict(states[name])
+        set_optimizer_state_dict(policy, opt, state["optimizers"][name])
 
 
 def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:

@@ -10,7 +10,8 @@
 
 Resume continues the same run: every random stream (python, numpy, torch, the prompt sampler, the environments) is
 saved per process and restored, and metrics rows past the checkpoint are dropped. Ctrl-C / SIGTERM stop at once,
-save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130. A new
+save the last completed iteration (from an in-memory snapshot when its checkpoint was not due) and exit 130; under
+train.strategy=fsdp every process stops together after the rollout or the update (`_stop_before_update`). A new
 run's folder is created exclusively (never shared with another run) and checked writable, with its plots folder,
 before the model is built; a failed checkpoint write ends the run in one line with the command that continues it; the
 run ends with a one-line summary (`run_summary`).
@@ -164,12 +165,9 @@ class Run:
         if self.resume_path is not None:
             saved_world = len(read_rng_states(self.resume_path))
             if saved_world != self.world:
-                launch = (f"accelerate launch --multi_gpu --num_processes {saved_world} {QUIET_LAUNCH} "
-                          f"{self.script_file()}"
-                          if saved_world > 1 else f"python {self.script_file()}")
                 raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
-                                  f"(prompts are per process, so the batch would change): resume with `{launch} "
-                                  f"--resume {self.run_dir}`")
+                                  f"(prompts are per process, so the batch would change): resume with "
+                                  f"`{self.resume_command(saved_world)}`")
         self.start_iteration = 0
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
@@ -179,6 +177,9 @@ class Run:
         self._saved_iteration = 0
         self._old_handlers: Dict[int, Any] = {}
         self._deferring = self._pending_signal = False
+        self._lockstep = False  # fsdp: a signal only sets _pending_signal; every process stops at the same point
+        self._updated = False  # an optimizer step ran in this iteration (fsdp: the weights moved since its start)
+        self._start: Optional[Dict[str, Any]] = None  # fsdp: RNG states + run state of the last completed iteration
         self._t_first: Optional[tuple] = None
 
     # ---- start
@@ -212,10 +213,13 @@ class Run:
             self.start_iteration, extra = load_training_state(
                 self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
                 rank=self.rank)
-            if sharded:  # the consolidated state, each process keeping its shard
-                states = torch.load(os.path.join(self.resume_path, "optimizers.pt"), map_location="cpu",
-                                    weights_only=False)
-                fsdp.load_optimizer_states(policy, sharded, states)
+            if sharded:  # each process reads its shards of the trainable weights and optimizer state
+                shards = os.path.join(self.resume_path, "shards")
+                if not os.path.isdir(shards):
+                    raise ConfigError(f"--resume: checkpoint {self.resume_path} has no shards/ (the weights and "
+                                      f"optimizer state that train.strategy=fsdp saves per process): it was written "
+                                      f"by an older version; start a new run (init.path={self.resume_path}/policy)")
+                fsdp.load_shards(policy, sharded, shards)
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -224,6 +228,10 @@ class Run:
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
+        if fsdp.is_sharded(policy):
+            for opt in optimizers.values():
+                opt.register_step_pre_hook(lambda *_: setattr(self, "_updated", True))
+            self._lockstep = True
         if self.is_main:
             config_path = os.path.join(self.run_dir, "config.yaml")
             if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
@@ -265,15 +273,33 @@ class Run:
                                   total=self.cfg.train.iterations), flush=True)
         if self._t_first is None:
             self._t_first = (time.perf_counter(), iteration)  # the ETA counts from the first iteration's start
+        self._updated = False
         return {}
 
     def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
-        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`."""
-        steps = sum(self.gather([batch.stats["rollout/env_steps"]]))
+        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`. Under
+        fsdp also where an interrupt of the rollout stops every process (`_stop_before_update`)."""
+        counts, signalled = zip(*self.gather([(batch.stats["rollout/env_steps"], self._pending_signal)]))
+        if self._lockstep and any(signalled) and not self._updated:
+            self._stop_before_update()
+        steps = sum(counts)
         self.state["env_steps"] += steps
         metrics["rollout/env_steps"] = steps
         metrics["charts/env_steps"] = self.state["env_steps"]  # the x-axis of sample-efficiency plots
         metrics["charts/SPS"] = steps / max(seconds, 1e-9)
+
+    def _stop_before_update(self) -> None:
+        """fsdp, an interrupt before the iteration's first optimizer step (every process, together): the weights,
+        optimizer and scheduler states and modules are still those of the last completed iteration, so that iteration
+        is saved with the RNG states and run state taken at its end (nothing is copied), then KeyboardInterrupt."""
+        start = self._start
+        if start is not None and start["iteration"] > self._saved_iteration:
+            current, self.state = self.state, start["state"]
+            try:
+                self.save(start["iteration"], start["rng"])
+            finally:
+                self.state = current
+        raise KeyboardInterrupt
 
     # ---- end of iteration
     def _rng_states(self) -> List[Dict[str, Any]]:
@@ -290,21 +316,18 @@ class Run:
         script stops on an env-step budget."""
         cfg, done = self.cfg, iteration + 1
         last = done == cfg.train.iterations if last is None else last
+        # fsdp: an interrupt since the rollout (every process decides together) finishes this iteration and saves it
+        stop = self._lockstep and any(self.gather([self._pending_signal]))
         if cfg.eval.every > 0 and (done % cfg.eval.every == 0 or last):
             metrics.update(self.evaluate(done))
         if self.device.type == "cuda":  # peak since the start of the process, as verl's perf/max_memory_allocated_gb
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
         rng_states = self._rng_states()
-        saving = done % cfg.log.checkpoint_every == 0 or last
+        saving = done % cfg.log.checkpoint_every == 0 or last or stop
         sharded = fsdp.is_sharded(self._tracked["policy"])
-        # fsdp: the optimizer state is gathered to process 0 (every process takes part) for the checkpoint; no
-        # in-memory snapshot (it would copy the model): an interrupt keeps the last checkpoint
-        weights = opt_states = None
-        if sharded and saving:
-            weights = fsdp.gathered_copy(self._tracked["policy"]) if self.is_main else None
-            fsdp.reshard(self._tracked["policy"])
-            opt_states = fsdp.full_optimizer_states(self._tracked["policy"], self._tracked["optimizers"])
+        # fsdp: no in-memory snapshot (it would copy the model); what an interrupt saves needs only these
+        self._start = {"iteration": done, "rng": rng_states, "state": copy.deepcopy(self.state)} if sharded else None
         if self.is_main:
             self._deferring = True  # the row and the state it describes are written together, or not at all
             try:
@@ -314,25 +337,43 @@ class Run:
                     per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
                     eta = per_iteration * max(0, cfg.train.iterations - done)
                 print(format_line(done, metrics, console_keys, total=cfg.train.iterations, eta_s=eta), flush=True)
-                if saving:
-                    self.save(done, rng_states, opt_states, weights)
+                if saving and not sharded:
+                    self.save(done, rng_states)
                 self._snapshot = None if saving or sharded else self._take_snapshot(done, rng_states)
             finally:
+                self._deferring = sharded and saving  # ... and, under fsdp, the checkpoint every process writes
+        if sharded and saving:
+            self._deferring = True
+            try:
+                self.save(done, rng_states)
+            finally:
                 self._deferring = False
-            if self._pending_signal:
-                raise KeyboardInterrupt
-        if sharded and saving:  # resharded for the save
-            fsdp.gather_weights(self._tracked["policy"])
+        if stop or (self._pending_signal and not self._lockstep):
+            raise KeyboardInterrupt
         self.accelerator.wait_for_everyone()
 
-    def save(self, iteration: int, rng_states: List[Dict[str, Any]],
-             optimizer_states: Optional[Dict[str, Any]] = None, weights: Optional[Dict[int, Any]] = None) -> str:
+    def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
+        """The checkpoint of `iteration` (process 0; under fsdp every process: each writes its shards)."""
+        t, policy = self._tracked, self._tracked["policy"]
+        if not fsdp.is_sharded(policy):
+            return self._write(iteration, rng_states, policy, t["optimizers"])
+        saved = fsdp.GatheredSave(policy, fsdp.gathered_copy(policy)) if self.is_main else None  # policy/
+        sharded = {k: o for k, o in t["optimizers"].items() if fsdp.holds_shards(policy, o)}
+        fsdp.reshard(policy)
+        try:
+            return self._write(iteration, rng_states, saved, {k: o for k, o in t["optimizers"].items()
+                                                              if k not in sharded},
+                               lambda folder: fsdp.save_shards(policy, sharded, folder))
+        finally:
+            fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
+
+    def _write(self, iteration: int, rng_states: List[Dict[str, Any]], policy: Any, optimizers: Dict[str, Any],
+               shards: Optional[Callable[[str], None]] = None) -> str:
         t = self._tracked
-        with fsdp.plain_state_dicts(t["policy"], weights):  # fsdp: policy/ = the gathered weights
-            path = save_checkpoint(self.run_dir, iteration, t["policy"], optimizer_states or t["optimizers"],
-                                   t["schedulers"], t["modules"], config=self.cfg,
-                                   extra={"run_name": self.run_name, "state": self.state},
-                                   keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        path = save_checkpoint(self.run_dir, iteration, policy, optimizers, t["schedulers"], t["modules"],
+                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
+                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
+                               rank=self.rank, gather=self.gather if shards is not None else None)
         self._saved_iteration = iteration
         return path
 
@@ -368,7 +409,8 @@ class Run:
     # ---- interrupts and the end
     def __enter__(self) -> "Run":
         def on_signal(signum, frame):  # Ctrl-C, and SIGTERM (a cluster's scheduler, `kill`), stop at once ...
-            if self._deferring:  # ... except while an iteration's row and its snapshot are being written
+            if self._deferring or self._lockstep:  # ... except while an iteration's row and its snapshot are being
+                # written, and under fsdp, where every process stops at the same point of the iteration
                 self._pending_signal = True
                 return
             raise KeyboardInterrupt
@@ -411,8 +453,7 @@ class Run:
             raise SystemExit(f"error: {exc}") from None
         if exc_type is not None and issubclass(exc_type, CheckpointError):
             raise SystemExit(f"error: {exc}; free the space (or fix the folder) and continue from the last saved "
-                             f"iteration ({self._saved_iteration}) with: python {self.script_file()} --resume "
-                             f"{self.run_dir}") from None
+                             f"iteration ({self._saved_iteration}) with: {self.resume_command()}") from None
         if exc_type is None and self.is_main:
             history = self.logger.history if self.logger is not None else {}
             plot = os.path.join(self.cfg.log.plots_dir, self.run_name, "training_curves.png")
@@ -450,20 +491,25 @@ class Run:
                 self._restore_snapshot(snap)
                 self.save(snap["iteration"], snap["rng"])
         except Exception as e:  # noqa: BLE001 - any failed write: one line, the earlier checkpoints stay
-            saved = (f"iterations 1..{self._saved_iteration} are saved; continue with: python {self.script_file()} "
-                     f"--resume {self.run_dir}" if self._saved_iteration > 0 else "nothing was saved before")
+            saved = (f"iterations 1..{self._saved_iteration} are saved; continue with: {self.resume_command()}"
+                     if self._saved_iteration > 0 else "nothing was saved before")
             print(f"\n[{self.script}] interrupted; could not save iteration {snap['iteration']} "
                   f"({' '.join(str(e).split())}); {saved}", flush=True)
             return
         if self._saved_iteration > 0:
             print(f"\n[{self.script}] interrupted: iterations 1..{self._saved_iteration} are saved in "
-                  f"{self.run_dir}/checkpoints; continue with: python {self.script_file()} --resume {self.run_dir}",
-                  flush=True)
+                  f"{self.run_dir}/checkpoints; continue with: {self.resume_command()}", flush=True)
         else:
             print(f"\n[{self.script}] interrupted before the first iteration finished: nothing to save", flush=True)
 
     def script_file(self) -> str:
         return script_file(self.script)
+
+    def resume_command(self, world: Optional[int] = None) -> str:
+        """The command that continues this run with `world` processes (default: this run's)."""
+        world = self.world if world is None else world
+        launch = f"accelerate launch --multi_gpu --num_processes {world} {QUIET_LAUNCH}" if world > 1 else "python"
+        return f"{launch} {self.script_file()} --resume {self.run_dir}"
 
 
 def run_summary(history: Dict[int, Dict[str, float]], env_steps: float, wall_s: float, plot: str,

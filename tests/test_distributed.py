@@ -58,9 +58,11 @@ Y = torch.linspace(1, -1, 8 * 3).reshape(8, 3)
 SPLITS = [[range(0, 6), range(6, 8)], [range(0, 8), range(0, 0)]]
 
 
-def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None):
+def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None,
+           shards: str = ""):
     """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes; returns the gathered
-    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds."""
+    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds: under fsdp the shards of
+    weights and optimizer state each process wrote into the folder `shards` (torch.distributed.checkpoint)."""
     from accelerate import Accelerator
 
     from common import fsdp
@@ -79,7 +81,7 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     optimizer, scheduler = adamw_with_warmup(params, lr=0.05, weight_decay=0.1, warmup_steps=1)
     if resume is not None:
         if fsdp.is_sharded(model):
-            fsdp.load_optimizer_states(model, {"actor": optimizer}, resume["optimizers"])
+            fsdp.load_shards(model, {"actor": optimizer}, shards)
         else:
             optimizer.load_state_dict(resume["optimizers"]["actor"])
         scheduler.load_state_dict(resume["scheduler"])
@@ -97,7 +99,9 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
             with fsdp.plain_state_dicts(model):
                 weights = {k: v.clone() for k, v in model.state_dict().items()}
             fsdp.reshard(model)
-            states = fsdp.full_optimizer_states(model, {"actor": optimizer}) or {"actor": optimizer.state_dict()}
+            if fsdp.is_sharded(model):
+                fsdp.save_shards(model, {"actor": optimizer}, shards)
+            states = {} if fsdp.is_sharded(model) else {"actor": optimizer.state_dict()}
             fsdp.gather_weights(model)
             saved = copy.deepcopy({"weights": weights, "optimizers": states, "scheduler": scheduler.state_dict()})
     with fsdp.plain_state_dicts(model):
@@ -105,30 +109,35 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     return final, norms, saved
 
 
-def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, results) -> None:
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards: str, results) -> None:
     import os
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1)
-    shared = [saved]  # the full optimizer state is gathered to process 0 (as optimizers.pt, read by every process)
+    final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1, shards=shards)
+    shared = [saved]  # the weights as process 0 writes them into policy/ (fsdp: the optimizer state is in `shards`)
     torch.distributed.broadcast_object_list(shared, src=0)
-    resumed, norms2, _ = _train(rank, 2, strategy, offload, stop_after=1, resume=shared[0])
+    resumed, norms2, _ = _train(rank, 2, strategy, offload, stop_after=1, resume=shared[0], shards=shards)
     results[rank] = (final, norms, resumed, norms2)
     torch.distributed.destroy_process_group()
 
 
 def _spawn(strategy: str, offload: bool = False):
+    import os
     import socket
+    import tempfile
 
     import torch.multiprocessing as mp
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with mp.Manager() as manager:
+    with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         results = manager.dict()
-        mp.spawn(_on_two_processes, args=(port, strategy, offload, results), nprocs=2, join=True)
+        shards = os.path.join(tmp, "shards")
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, shards, results), nprocs=2, join=True)
+        if strategy == "fsdp":  # one file per process, nothing gathered
+            assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         return dict(results)
 
 
@@ -153,33 +162,48 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
                 assert norms2 == norms[1:]
 
 
-# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, resumable, one-process loadable
+# ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
+# evaluate.py reads them in one process
 
-def _launch(args, tmp_path, port):
+def _command(args, tmp_path, port):
     import os
-    import subprocess
     import sys
 
-    from tests.test_run_plumbing import ENV, FAST, ROOT
+    from tests.test_run_plumbing import FAST, ROOT
 
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
-           os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
-           os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
-           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
-    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
+            os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
+            os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
+            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
+
+
+def _launch(args, tmp_path, port):
+    import subprocess
+
+    from tests.test_run_plumbing import ENV, ROOT
+
+    out = subprocess.run(_command(args, tmp_path, port), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
     assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if "ep/s" not in line)[-3000:]
     return out
 
 
-def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_process(tmp_path):
+def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_and_loads_in_one_process(
+        tmp_path):
+    import glob
+    import json
     import os
     import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
 
     import pytest
     from safetensors.torch import load_file
 
     from common.checkpoint import load_saved_policy
-    from tests.test_run_plumbing import deterministic, rows, the_run
+    from tests.test_run_plumbing import ENV, ROOT, deterministic, rows, the_run
 
     _launch([], tmp_path / "ddp", 29561)
     out = _launch(["train.strategy=fsdp"], tmp_path / "fsdp", 29563)
@@ -189,6 +213,12 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
     def weights(run_dir, it):
         return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
 
+    last = os.path.join(fsdp_run, "checkpoints", "iter_000002")  # sharded: one file per process, nothing gathered
+    assert sorted(os.listdir(os.path.join(last, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert torch.load(os.path.join(last, "optimizers.pt"), weights_only=True) == {}  # the actor's state is in shards/
+    with open(os.path.join(last, "MANIFEST.json")) as f:
+        assert {"shards/__0_0.distcp", "shards/__1_0.distcp", "shards/.metadata"} <= set(json.load(f)["files"])
+    assert not [n for n in os.listdir(os.path.dirname(last)) if n.startswith(".tmp")]
     final = weights(fsdp_run, 2)
     moved = max(float((final[k] - weights(fsdp_run, 1)[k]).abs().max()) for k in final)
     assert moved > 1e-5  # the second update really moved the weights (float32 steps there are ~1e-8)
@@ -208,9 +238,47 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_and_loads_in_one_proc
         assert torch.equal(final[k], v), k
     assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
 
+    # Ctrl-C in the terminal (SIGINT to the launcher and both processes) right after iteration 1 is logged, with no
+    # checkpoint due: both processes stop together, iteration 1 is saved, and the resume is the uninterrupted run
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(_command(["train.strategy=fsdp", "log.checkpoint_every=100"], stopped, 29567), cwd=ROOT,
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        metrics = glob.glob(str(stopped / "runs" / "*" / "metrics.jsonl"))
+        if metrics and len(open(metrics[0]).read().splitlines()) >= 2:  # rows 0 and 1
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    interrupted = the_run(stopped / "runs")
+    saved = sorted(os.listdir(os.path.join(interrupted, "checkpoints")))
+    assert saved == ["iter_000001"], (saved, stderr[-3000:])  # written though not due; nothing of iteration 2
+    assert [r["iteration"] for r in rows(interrupted)] == [0, 1]
+    said = f"interrupted: iterations 1..1 are saved in {interrupted}/checkpoints; continue with: accelerate launch " \
+           f"--multi_gpu --num_processes 2 "  # the launcher itself exits 1 with torch's SignalException traceback
+    assert said in stdout and f"train_srpo.py --resume {interrupted}" in stdout, stdout[-2000:]
+    assert "Traceback" not in "".join(line for line in stderr.splitlines() if "[rank" in line)  # none from ours
+    _launch(["--resume", interrupted], stopped, 29569)
+    for k, v in weights(interrupted, 2).items():
+        assert torch.equal(final[k], v), k
+    assert [deterministic(r) for r in rows(interrupted)] == [deterministic(r) for r in rows(fsdp_run)]
+
     policy = load_saved_policy(fsdp_run)  # one process, the consolidated policy/ of the newest checkpoint
     for k, v in policy.net.state_dict().items():
         assert torch.equal(v, final[k]), k
+
+    def evaluated(run_dir, name):  # evaluate.py in one process on the run's newest checkpoint
+        out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", run_dir, "--trials",
+                              "3", "--max-steps", "16", "--sampled", "--gifs", "0", "--out-dir",
+                              str(tmp_path / name)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        with open(tmp_path / name / "results.json") as f:
+            results = json.load(f)
+        assert results["iteration"] == 2
+        return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
+
+    assert evaluated(fsdp_run, "eval_fsdp") == evaluated(ddp, "eval_ddp")
 
 
 def test_shipped_accelerate_launch_files_load():
@@ -227,3 +295,76 @@ def test_shipped_accelerate_launch_files_load():
         cfg = load_config_from_file(os.path.join(folder, name))
         assert cfg.num_processes == processes and cfg.mixed_precision == "no", name
         assert (cfg.distributed_type == "NO") == (processes == 1), name
+
+
+# ---- save_checkpoint with shards written by every process: one atomic checkpoint, or the same error on all
+
+def _save_on_two_processes(rank: int, port: int, run_dir: str, results) -> None:
+    import os
+
+    from common.checkpoint import CheckpointError, save_checkpoint
+    from tests.test_checkpoint import make
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+
+    def gather(items):
+        out = [None, None]
+        torch.distributed.all_gather_object(out, list(items))
+        return [x for part in out for x in part]
+
+    policy, _, opt, _ = make()
+
+    def shards(fail_on=None):
+        def write(folder):
+            os.makedirs(folder, exist_ok=True)
+            if rank == fail_on:
+                raise OSError(28, "No space left on device")
+            torch.save({"rank": rank}, os.path.join(folder, f"rank{rank}.pt"))
+        return write
+
+    def quota_exceeded(path):
+        raise RuntimeError("disk quota exceeded")
+
+    outcome = []
+    for iteration, fail_on, policy_fails in ((1, None, False), (2, 1, False), (3, None, True)):
+        if policy_fails and rank == 0:
+            policy.save = quota_exceeded
+        try:
+            save_checkpoint(run_dir, iteration, policy, {}, rank=rank, gather=gather, shards=shards(fail_on),
+                            rng_states=[{}, {}])
+            outcome.append("saved")
+        except CheckpointError as e:
+            outcome.append(str(e))
+    results[rank] = outcome
+    torch.distributed.destroy_process_group()
+
+
+def test_sharded_save_is_one_atomic_checkpoint_and_a_failure_on_any_process_is_one_line_on_every_one(tmp_path):
+    import os
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from common.checkpoint import verify_checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_save_on_two_processes, args=(port, str(tmp_path), results), nprocs=2, join=True)
+        results = dict(results)
+    assert results[0] == results[1]  # every process saw the same outcome
+    saved, disk_full, policy_failed = results[0]
+    assert saved == "saved"
+    tail = "(no partial checkpoint was left; earlier checkpoints are intact)"
+    assert disk_full == f"could not write checkpoint {tmp_path}/checkpoints/iter_000002: OSError: No space left on " \
+                        f"device {tail}"  # raised on process 1 only
+    assert policy_failed == f"could not write checkpoint {tmp_path}/checkpoints/iter_000003: RuntimeError: disk " \
+                            f"quota exceeded {tail}"  # raised on process 0 only
+    assert os.listdir(tmp_path / "checkpoints") == ["iter_000001"]  # no .tmp_iter_* left
+    first = tmp_path / "checkpoints" / "iter_000001"
+    verify_checkpoint(str(first))  # the manifest covers both processes' shards
+    with open(first / "MANIFEST.json") as f:
+        assert {"shards/rank0.pt", "shards/rank1.pt"} <= set(__import__("json").load(f)["files"])

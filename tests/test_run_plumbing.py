@@ -350,7 +350,7 @@ def test_an_interrupt_whose_save_fails_says_so_in_one_line(capsys):
 
     fake = SimpleNamespace(is_main=True, _snapshot={"iteration": 3, "rng": []}, _saved_iteration=2, script="srpo",
                            run_dir="runs/r", _restore_snapshot=lambda snap: None, save=save,
-                           script_file=lambda: "train_srpo.py")
+                           resume_command=lambda: "python train_srpo.py --resume runs/r")
     Run._on_interrupt(fake)
     out = capsys.readouterr().out.strip()
     assert out == ("[srpo] interrupted; could not save iteration 3 ([enforce fail at inline_container.cc:595] "
