@@ -15,6 +15,16 @@ train.strategy=fsdp every process stops together after the rollout or the update
 run's folder is created exclusively (never shared with another run) and checked writable, with its plots folder,
 before the model is built; a failed checkpoint write ends the run in one line with the command that continues it; the
 run ends with a one-line summary (`run_summary`).
+
+What a script's Config must have for `start_run` (every RL script's has these; tests/test_configs_shipped.py
+loads every shipped YAML into them):
+    seed, resume                                   the run's seed (per process: + rank), --resume's folder
+    env: envs.EnvConfig                            suite, task_ids, num_envs, image_size, action_chunk, ...
+    policy: a family's config (models/configs.py)  type, lora_rank/alpha/dropout, image_size, action_chunk
+    init: InitConfig                               mode, path, sft_args (where RL starts from)
+    rollout.train_trials                           the practice trials (prompts; evaluation refuses overlap)
+    train.iterations, train.strategy, train.fsdp_offload
+    eval: EvalConfig, log: LogConfig               when and where to evaluate; folders, wandb, checkpoints
 """
 from __future__ import annotations
 
