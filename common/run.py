@@ -615,7 +615,7 @@ def _start_policy(run: "Run", kind: str):
     from models.policy import FAMILIES, action_kind, policy_class
     from models.saved import policy_type as saved_family
 
-    from models.openvla_oft_l1 import no_rl_message
+    from models.saved import no_rl_message
 
     cfg = run.cfg
     family = cfg.policy.type

@@ -36,7 +36,7 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as IMAGE_SIZE, OpenVLAOFTConfig
-from models.saved import PolicyLoadError
+from models.saved import PolicyLoadError, no_rl_message
 
 N_BINS = 256
 ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744..31999 are the action tokens
@@ -518,8 +518,6 @@ def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
                               f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")
     heads = sorted(f for f in os.listdir(folder) if f.startswith(("action_head--", "proprio_projector--")))
     if heads and not l1:
-        from models.openvla_oft_l1 import no_rl_message
-
         raise PolicyLoadError(no_rl_message(folder))
     if list(hf_config.get("image_sizes", [IMAGE_SIZE, IMAGE_SIZE])) != [IMAGE_SIZE, IMAGE_SIZE]:
         raise PolicyLoadError(f"{folder}: image_sizes {hf_config['image_sizes']} unsupported (224 only)")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,33 +40,9 @@ from models.action_tokenizer import ACTION_DIM
 from models.configs import OpenVLAOFTL1Config
 from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, _check_obs, _numpy,
                                 libero_image, pixel_values)
-from models.saved import PolicyLoadError
+from models.saved import HEAD, PROPRIO, PolicyLoadError, component_files, no_rl_message
 
-HEAD, PROPRIO = "action_head", "proprio_projector"
 PROPRIO_DIM = 8
-DISCRETE_CHECKPOINTS = ("Haozhan72/Openvla-oft-SFT-libero{10,-spatial,-object,-goal}-traj1 (SimpleVLA-RL) or "
-                        "Sylvest/OpenVLA-AC-PD-1traj-libero-{object,spatial,goal,long} (SRPO/siiRL)")
-
-
-def no_rl_message(folder: str) -> str:
-    """The one line every RL script stops with when given an L1-regression checkpoint."""
-    return (f"{folder} is an OpenVLA-OFT L1-regression checkpoint: its action head regresses continuous actions, so "
-            f"it has no log-probs for RL to train; evaluate it (evaluate.py) or fine-tune it "
-            f"(train_sft.py policy.init_path=...), and start RL from a discrete OpenVLA-OFT SFT checkpoint instead: "
-            f"{DISCRETE_CHECKPOINTS}")
-
-
-def component_files(folder: str, name: str) -> List[str]:
-    """The folder's `<name>--*` checkpoint files (openvla-oft's `find_checkpoint_file`: name and 'checkpoint' in
-    the file name)."""
-    try:
-        return sorted(f for f in os.listdir(folder) if f.startswith(f"{name}--") and "checkpoint" in f)
-    except OSError:
-        return []
-
-
-def is_l1_folder(folder: str) -> bool:
-    return bool(component_files(folder, HEAD))
 
 
 class ResidualBlock(nn.Module):
@@ -275,5 +251,4 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
             save_component(self.proprio_projector, os.path.join(path, self.files[PROPRIO]))
 
 
-__all__ = ["OpenVLAOFTL1Config", "OpenVLAOFTL1Policy", "L1ActionHead", "ProprioProjector", "no_rl_message",
-           "is_l1_folder", "component_files"]
+__all__ = ["OpenVLAOFTL1Config", "OpenVLAOFTL1Policy", "L1ActionHead", "ProprioProjector"]

@@ -26,13 +26,12 @@ velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py).
 from __future__ import annotations
 
 import importlib
-import json
-import os
 from typing import Any, ContextManager, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
 from models.configs import FAMILIES, _family, action_kind, config_class  # noqa: F401 - re-exported
+from models.saved import family_of_folder  # noqa: F401 - re-exported
 
 
 @runtime_checkable
@@ -82,26 +81,6 @@ def policy_class(family: str):
     """The policy class of a family (its module is imported here, on first use)."""
     module, cls, _, _ = _family(family)
     return getattr(importlib.import_module(module), cls)
-
-
-def family_of_folder(folder: str) -> str:
-    """The family of a saved or published policy folder, from its config.json (a pi0 checkpoint folder of openpi /
-    RLinf or LeRobot, which may have none, is 'flow')."""
-    from models.pi0_checkpoint import is_pi0_folder
-
-    if is_pi0_folder(folder):
-        return "flow"
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{folder}/config.json is not a policy config")
-    if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
-        from models.openvla_oft_l1 import is_l1_folder
-
-        return "openvla_oft_l1" if is_l1_folder(folder) else "openvla_oft"
-    if cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" or "expert_dim" in cfg:
-        return "flow"
-    return "token"
 
 
 __all__ = ["SavedPolicy", "TokenActionPolicy", "FlowActionPolicy", "FAMILIES", "policy_class", "config_class",

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.openvla_oft_l1 import OpenVLAOFTL1Config, OpenVLAOFTL1Policy, no_rl_message
+from models.openvla_oft_l1 import OpenVLAOFTL1Config, OpenVLAOFTL1Policy
+from models.saved import no_rl_message
 from models.policy import action_kind, family_of_folder
 from models.saved import PolicyLoadError
 from tests.scripts import ROOT, read_metrics, run_script
