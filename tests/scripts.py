@@ -5,6 +5,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
+import numpy as np
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 
@@ -26,3 +28,12 @@ def read_metrics(run_dir: str) -> List[dict]:
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
+
+
+def golden_image(seed: int, size: int) -> np.ndarray:
+    """The OpenVLA-OFT golden scripts' test image (the reference ran on the same pixels): 8x8 blocks of random colours
+    plus noise."""
+    rs = np.random.RandomState(seed)
+    base = rs.randint(0, 256, (size // 8, size // 8, 3)).astype(np.uint8)
+    img = np.kron(base, np.ones((8, 8, 1), np.uint8))
+    return (img.astype(np.int32) + rs.randint(-20, 21, img.shape)).clip(0, 255).astype(np.uint8)

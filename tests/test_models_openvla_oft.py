@@ -16,18 +16,11 @@ import torch
 from models.openvla_oft import (ACTION_TOKEN_BEGIN, BIN_CENTERS, OFTActionTokenizer, OpenVLAOFTConfig,
                                 OpenVLAOFTPolicy, pixel_values, unnorm_stats)
 from models.saved import PolicyLoadError
+from tests.scripts import golden_image
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 TINY = os.path.join(FIXTURES, "tiny_openvla_oft")
 GOLDEN = os.path.join(FIXTURES, "tiny_openvla_oft_golden")
-
-
-def _image(seed: int, size: int) -> np.ndarray:
-    """The golden script's test image: 8x8 blocks of random colours plus noise."""
-    rs = np.random.RandomState(seed)
-    base = rs.randint(0, 256, (size // 8, size // 8, 3)).astype(np.uint8)
-    img = np.kron(base, np.ones((8, 8, 1), np.uint8))
-    return (img.astype(np.int32) + rs.randint(-20, 21, img.shape)).clip(0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +42,11 @@ def test_prompt_ids_and_pixels_match_reference(policy, golden):
     cases = meta["cases"]
     assert policy.prompt_ids([c["instruction"] for c in cases]) == [c["input_ids"] for c in cases]
     assert all(c["input_ids"][0] == 1 and c["input_ids"][-1] == 29871 for c in cases)
-    pv = pixel_values(np.stack([_image(c["image_seed"], 224) for c in cases])).double()
+    pv = pixel_values(np.stack([golden_image(c["image_seed"], 224) for c in cases])).double()
     np.testing.assert_allclose(pv.sum(dim=(1, 2, 3)).numpy(), g["pixels224_sum"], rtol=1e-6)
     np.testing.assert_allclose(pv.abs().sum(dim=(1, 2, 3)).numpy(), g["pixels224_abs_sum"], rtol=1e-6)
     np.testing.assert_array_equal(pv[:, :, ::8, ::8].float().numpy(), g["pixels224_sub"])
-    pv256 = pixel_values(_image(7, 256)[None])[0]  # a 256 px render goes through PIL's bicubic resize to 224
+    pv256 = pixel_values(golden_image(7, 256)[None])[0]  # a 256 px render goes through PIL's bicubic resize to 224
     np.testing.assert_allclose(pv256[:, ::8, ::8].numpy(), g["pixels256_sub"], atol=1e-6)
 
 
@@ -63,7 +56,7 @@ def test_logits_hidden_and_greedy_actions_match_reference(policy, golden):
     ~0.5, unrounded pixel constants by ~0.07), the value-head hidden state, and greedy bins -> env actions."""
     meta, g = golden
     cases = meta["cases"]
-    images = np.stack([_image(c["image_seed"], 224) for c in cases])
+    images = np.stack([golden_image(c["image_seed"], 224) for c in cases])
     texts = [c["instruction"] for c in cases]
     with torch.no_grad():
         logits, hidden = policy.net(pixel_values(images), policy.prompt_ids(texts))
@@ -188,7 +181,7 @@ def test_unnorm_key_lookup_rule():
 # ---------------------------------------------------------------- RL interface
 def _obs(b=2):
     texts = ["open the drawer", "put the bowl on the plate"][:b]
-    return {"agentview": np.stack([_image(i, 224) for i in range(b)])}, texts
+    return {"agentview": np.stack([golden_image(i, 224) for i in range(b)])}, texts
 
 
 def test_log_prob_matches_act_at_the_same_temperature(policy):

@@ -20,20 +20,12 @@ from models.openvla_oft_l1 import OpenVLAOFTL1Config, OpenVLAOFTL1Policy
 from models.saved import no_rl_message
 from models.policy import action_kind, family_of_folder
 from models.saved import PolicyLoadError
-from tests.scripts import ROOT, read_metrics, run_script
+from tests.scripts import ROOT, golden_image, read_metrics, run_script
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 L1 = os.path.join(FIXTURES, "tiny_openvla_oft_l1")
 DISCRETE = os.path.join(FIXTURES, "tiny_openvla_oft")
 HEAD, PROPRIO = "action_head--150000_checkpoint.pt", "proprio_projector--150000_checkpoint.pt"
-
-
-def _image(seed: int, size: int) -> np.ndarray:
-    """The golden script's test image: 8x8 blocks of random colours plus noise."""
-    rs = np.random.RandomState(seed)
-    base = rs.randint(0, 256, (size // 8, size // 8, 3)).astype(np.uint8)
-    img = np.kron(base, np.ones((8, 8, 1), np.uint8))
-    return (img.astype(np.int32) + rs.randint(-20, 21, img.shape)).clip(0, 255).astype(np.uint8)
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +40,8 @@ def policy():
 
 
 def _obs(cases):
-    return {"agentview": np.stack([_image(c["agent_seed"], 224) for c in cases]),
-            "wrist": np.stack([_image(c["wrist_seed"], 224) for c in cases]),
+    return {"agentview": np.stack([golden_image(c["agent_seed"], 224) for c in cases]),
+            "wrist": np.stack([golden_image(c["wrist_seed"], 224) for c in cases]),
             "state": np.array([c["state"] for c in cases], np.float32)}
 
 
