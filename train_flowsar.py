@@ -10,6 +10,7 @@ checkpoints (theta_old included). Model convention: t = 0 clean, t = 1 noise, ta
     python train_flowsar.py --task-id 0                   # embedded tabletop suite, tiny PI0, CPU is fine
     python train_flowsar.py --config configs/flowsar_libero.yaml --task-id 0 --gpu 0 init.path=<pi0 folder> ...
     accelerate launch --multi_gpu --num_processes 2 train_flowsar.py --task-id 0
+    accelerate launch --config_file configs/accelerate/8gpu_fsdp.yaml train_flowsar.py ... train.strategy=fsdp
 """
 from __future__ import annotations
 
@@ -87,6 +88,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
+from common import fsdp
 from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
 from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps
@@ -101,9 +103,6 @@ LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("ms
 def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
-    if cfg.train.strategy == "fsdp":  # reference_weights swaps EMA values into the parameters, which fsdp shards
-        raise ConfigError("train.strategy=fsdp is not supported by train_flowsar.py yet (its EMA reference swaps "
-                          "whole parameters): use train.strategy=ddp")
     a = cfg.algorithm
     if a.flow_sar_loss_variant not in LOSS_VARIANTS:
         raise ConfigError(f"algorithm.flow_sar_loss_variant={a.flow_sar_loss_variant!r}: use mse_branch or softplus_kl")
@@ -139,31 +138,40 @@ def check_config(cfg: Config) -> None:
 
 
 @contextlib.contextmanager
-def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module) -> Iterator[None]:
+def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module,
+                      policy: Optional[torch.nn.Module] = None) -> Iterator[None]:
     """Run the policy with theta_old: the EMA values are copied into the trainable parameters and copied back after
-    (the frozen weights are shared; the seed's cpu_weight_swap)."""
+    (the frozen weights are shared; the seed's cpu_weight_swap). Under train.strategy=fsdp `params` and the EMA are
+    shards of the same layout: the swap is shard by shard (the copy kept is a shard), and the sharded `policy`'s
+    computing weights are gathered from the swapped shards on entry and again on exit (collective: every process
+    enters once per iteration)."""
     saved = [p.detach().clone() for p in params]
     with torch.no_grad():
         for p, e in zip(params, ema.buffers()):
             p.copy_(e)
+    if policy is not None and fsdp.is_sharded(policy):
+        fsdp.gather_weights(policy)
     try:
         yield
     finally:
         with torch.no_grad():
             for p, s in zip(params, saved):
                 p.copy_(s)
+        if policy is not None and fsdp.is_sharded(policy):
+            fsdp.gather_weights(policy)
 
 
 if __name__ == "__main__":
     exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
-        policy = initial_policy(run, "flow")
+        policy = fsdp.shard_policy(run, initial_policy(run, "flow"))  # train.strategy
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps)
-        # theta_old: a frozen copy of the trainable weights (LoRA + heads, or all), one buffer per parameter
+        # theta_old: a frozen copy of the trainable weights (LoRA + heads, or all), one buffer per parameter; under
+        # fsdp a copy of each process's shards (DTensors like the parameters), saved in the checkpoint's shards/
         ema = torch.nn.Module()
         for n, p in named:
             ema.register_buffer(n.replace(".", "__"), p.detach().clone())
@@ -200,7 +208,7 @@ if __name__ == "__main__":
             else:
                 steps.data["a"] = policy.normalize_actions(steps.data["actions"]).cpu().numpy()
             annotation = {k: [] for k in ("recon_error", "flow_t", "flow_epsilon", "x_t", "v_old")}
-            with torch.no_grad(), reference_weights(params, ema):
+            with torch.no_grad(), reference_weights(params, ema, policy):
                 for s in range(0, len(steps), mb):
                     part = steps.take(slice(s, s + mb))
                     prefix = policy.prefix(part.obs, part.instructions)  # one prefix, two expert passes
@@ -254,7 +262,7 @@ if __name__ == "__main__":
                     for k, v in {**loss_metrics, "grad_norm": grad_norm}.items():
                         stats.setdefault(k, []).append(v)
 
-            # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update
+            # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update (fsdp: shard by shard)
             run.state["ema_updates"] += 1
             ema_beta = flow_sar_ema_beta(alg.flow_sar_ema_schedule, run.state["ema_updates"], alg.flow_sar_ema_beta,
                                          alg.flow_sar_ema_eta_rate, alg.flow_sar_ema_eta_max)
@@ -266,7 +274,8 @@ if __name__ == "__main__":
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))
 
-            # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors)
+            # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors;
+            #    fsdp: in shards/)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                    "val/sampled_success_rate", "train/flow_sar_loss",

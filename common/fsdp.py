@@ -18,9 +18,9 @@ weights and gradients are full size during compute. docs/scale.md has the number
 Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp): `policy/` holds the
 gathered weights, written by process 0 from the copy it already computes with (one process loads it: evaluate.py,
 init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
-trainable weights and of the optimizer state (`save_shards`), which a resume at the same world size reads back into
-place (`load_shards`): nothing is gathered onto one process, so process 0's host memory for a save is the weights'
-CPU copy for policy/, as under ddp.
+trainable weights, of the optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`),
+which a resume at the same world size reads back into place (`load_shards`): nothing is gathered onto one process, so
+process 0's host memory for a save is the weights' CPU copy for policy/, as under ddp.
 """
 from __future__ import annotations
 
@@ -257,36 +257,53 @@ def reshard(policy: torch.nn.Module) -> None:
         m.reshard()
 
 
-def shard_state(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer]) -> Dict[str, Any]:
+def holds_dtensors(module: torch.nn.Module) -> bool:
+    """Whether `module` (a tracked extra module, e.g. FlowSAR's EMA copy) holds shards (DTensors) rather than a
+    replica: its state then goes into the checkpoint's shards/ instead of modules/<name>.safetensors."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(t, DTensor) for t in module.state_dict().values())
+
+
+def shard_state(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
+                modules: Optional[Dict[str, torch.nn.Module]] = None) -> Dict[str, Any]:
     """This process's shards as torch.distributed.checkpoint saves and loads them: the trainable weights (fp32 master
-    shards, DTensors) and the state of every optimizer in `optimizers` (all holding shards), keyed by parameter name.
-    Frozen weights are not in it: they never change, so the checkpoint's policy/ holds them. The policy must be
-    resharded (state_dict() keys the shards)."""
+    shards, DTensors), the state of every optimizer in `optimizers` (all holding shards), keyed by parameter name,
+    and the state of every sharded extra module in `modules` (`holds_dtensors`). Frozen weights are not in it: they
+    never change, so the checkpoint's policy/ holds them. The policy must be resharded (state_dict() keys the
+    shards)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
-    return {"model": get_model_state_dict(policy, options=StateDictOptions(ignore_frozen_params=True)),
-            "optimizers": {name: get_optimizer_state_dict(policy, opt) for name, opt in optimizers.items()}}
+    state = {"model": get_model_state_dict(policy, options=StateDictOptions(ignore_frozen_params=True)),
+             "optimizers": {name: get_optimizer_state_dict(policy, opt) for name, opt in optimizers.items()}}
+    if modules:
+        state["modules"] = {name: m.state_dict() for name, m in modules.items()}
+    return state
 
 
-def save_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str) -> None:
+def save_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str,
+                modules: Optional[Dict[str, torch.nn.Module]] = None) -> None:
     """Every process writes its own shards into `folder` (`__<rank>_0.distcp`, process 0 adds `.metadata`); nothing
     is gathered. Collective; a failure on any process raises on every process."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(shard_state(policy, optimizers), checkpoint_id=folder)
+    dcp.save(shard_state(policy, optimizers, modules), checkpoint_id=folder)
 
 
-def load_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str) -> None:
-    """Inverse of `save_shards` at the same world size: each process reads its shards of the trainable weights and of
-    the optimizer state into place (collective; call before `register`)."""
+def load_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer], folder: str,
+                modules: Optional[Dict[str, torch.nn.Module]] = None) -> None:
+    """Inverse of `save_shards` at the same world size: each process reads its shards of the trainable weights, of
+    the optimizer state and of the sharded `modules` into place (collective; call before `register`)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_optimizer_state_dict
 
-    state = shard_state(policy, optimizers)  # a fresh optimizer gets its state allocated by a zero-lr step first
+    state = shard_state(policy, optimizers, modules)  # a fresh optimizer gets its state allocated by a zero-lr step
     dcp.load(state, checkpoint_id=folder)
     set_model_state_dict(policy, state["model"], options=StateDictOptions(ignore_frozen_params=True, strict=False))
     for name, opt in optimizers.items():
         set_optimizer_state_dict(policy, opt, state["optimizers"][name])
+    for name, m in (modules or {}).items():
+        m.load_state_dict(state["modules"][name])
 
 
 def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:

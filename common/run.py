@@ -220,16 +220,17 @@ class Run:
         if self.resume_path is not None:
             sharded = {k: o for k, o in optimizers.items()
                        if fsdp.is_sharded(policy) and fsdp.holds_shards(policy, o)}
+            sharded_modules = self._sharded_modules()
             self.start_iteration, extra = load_training_state(
-                self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers, modules,
-                rank=self.rank)
-            if sharded:  # each process reads its shards of the trainable weights and optimizer state
+                self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers,
+                {k: m for k, m in self._tracked["modules"].items() if k not in sharded_modules}, rank=self.rank)
+            if sharded:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
                 shards = os.path.join(self.resume_path, "shards")
                 if not os.path.isdir(shards):
                     raise ConfigError(f"--resume: checkpoint {self.resume_path} has no shards/ (the weights and "
                                       f"optimizer state that train.strategy=fsdp saves per process): it was written "
                                       f"by an older version; start a new run (init.path={self.resume_path}/policy)")
-                fsdp.load_shards(policy, sharded, shards)
+                fsdp.load_shards(policy, sharded, shards, sharded_modules)
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -252,6 +253,10 @@ class Run:
             print(f"[{self.script}] run {self.run_dir} | {params:,} trainable params | device {self.device} "
                   f"x{self.world} | tasks {list(self.cfg.env.task_ids)}{banner}"
                   + (f" | resumed at iteration {self.start_iteration}" if self.resume_path else ""), flush=True)
+
+    def _sharded_modules(self) -> Dict[str, torch.nn.Module]:
+        """The tracked extra modules that hold shards (fsdp: FlowSAR's EMA copy), saved in shards/ with the policy."""
+        return {k: m for k, m in self._tracked["modules"].items() if fsdp.holds_dtensors(m)}
 
     def iterations(self) -> range:
         return range(self.start_iteration, self.cfg.train.iterations)
@@ -369,18 +374,22 @@ class Run:
             return self._write(iteration, rng_states, policy, t["optimizers"])
         saved = fsdp.GatheredSave(policy, fsdp.gathered_copy(policy)) if self.is_main else None  # policy/
         sharded = {k: o for k, o in t["optimizers"].items() if fsdp.holds_shards(policy, o)}
+        modules = self._sharded_modules()
         fsdp.reshard(policy)
         try:
             return self._write(iteration, rng_states, saved, {k: o for k, o in t["optimizers"].items()
                                                               if k not in sharded},
-                               lambda folder: fsdp.save_shards(policy, sharded, folder))
+                               lambda folder: fsdp.save_shards(policy, sharded, folder, modules),
+                               {k: m for k, m in t["modules"].items() if k not in modules})
         finally:
             fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
 
     def _write(self, iteration: int, rng_states: List[Dict[str, Any]], policy: Any, optimizers: Dict[str, Any],
-               shards: Optional[Callable[[str], None]] = None) -> str:
+               shards: Optional[Callable[[str], None]] = None,
+               modules: Optional[Dict[str, torch.nn.Module]] = None) -> str:
         t = self._tracked
-        path = save_checkpoint(self.run_dir, iteration, policy, optimizers, t["schedulers"], t["modules"],
+        modules = t["modules"] if modules is None else modules
+        path = save_checkpoint(self.run_dir, iteration, policy, optimizers, t["schedulers"], modules,
                                config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
                                keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
                                rank=self.rank, gather=self.gather if shards is not None else None)
@@ -475,10 +484,13 @@ class Run:
 
     def check_replicas(self) -> None:
         """With several processes: the policy and every tracked module (value head, EMA) must be identical on every
-        one (gradients are averaged, so they move in lockstep); prints that they are, raises if they drifted apart."""
+        one (gradients are averaged, so they move in lockstep); prints that they are, raises if they drifted apart.
+        Sharded modules (fsdp) are no replicas: each process holds its own part, so they are not compared."""
         if self.world == 1:
             return
-        tracked = {"policy": self._tracked["policy"], **self._tracked["modules"]}
+        sharded = self._sharded_modules()
+        tracked = {"policy": self._tracked["policy"],
+                   **{k: m for k, m in self._tracked["modules"].items() if k not in sharded}}
         with fsdp.plain_state_dicts(self._tracked["policy"]):  # fsdp: the gathered copies must agree
             checksums = [float(sum(t.detach().double().sum().item() for t in m.state_dict().values()))
                          for m in tracked.values()]

@@ -165,25 +165,26 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
 # ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
 # evaluate.py reads them in one process
 
-def _command(args, tmp_path, port):
+def _command(args, tmp_path, port, script="train_srpo.py", fast=None):
     import os
     import sys
 
     from tests.test_run_plumbing import FAST, ROOT
 
+    fast = [*FAST, "train.iterations=2", "train.lr=1e-3"] if fast is None else fast
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",  # the shipped CPU launch file
             os.path.join(ROOT, "configs", "accelerate", "cpu_2proc.yaml"), "--main_process_port", str(port),
-            os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=2", "train.lr=1e-3",
-            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", *args]
+            os.path.join(ROOT, script), *fast, f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots",
+            *args]
 
 
-def _launch(args, tmp_path, port):
+def _launch(args, tmp_path, port, script="train_srpo.py", fast=None):
     import subprocess
 
     from tests.test_run_plumbing import ENV, ROOT
 
-    out = subprocess.run(_command(args, tmp_path, port), cwd=ROOT, env=ENV, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(_command(args, tmp_path, port, script, fast), cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=600)
     assert out.returncode == 0, "\n".join(line for line in out.stderr.splitlines() if "ep/s" not in line)[-3000:]
     return out
 
@@ -196,7 +197,6 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_an
     import shutil
     import signal
     import subprocess
-    import sys
     import time
 
     import pytest
@@ -268,17 +268,97 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_an
     for k, v in policy.net.state_dict().items():
         assert torch.equal(v, final[k]), k
 
-    def evaluated(run_dir, name):  # evaluate.py in one process on the run's newest checkpoint
-        out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", run_dir, "--trials",
-                              "3", "--max-steps", "16", "--sampled", "--gifs", "0", "--out-dir",
-                              str(tmp_path / name)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-3000:]
-        with open(tmp_path / name / "results.json") as f:
-            results = json.load(f)
-        assert results["iteration"] == 2
-        return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
+    assert _evaluated(fsdp_run, tmp_path / "eval_fsdp") == _evaluated(ddp, tmp_path / "eval_ddp")
 
-    assert evaluated(fsdp_run, "eval_fsdp") == evaluated(ddp, "eval_ddp")
+
+# ---- train_flowsar.py with train.strategy=fsdp: its EMA reference theta_old lives as shards (swapped in shard by
+# shard for the self-annotation, saved in shards/), and the run is the ddp run
+
+def _evaluated(run_dir, out_dir):
+    """evaluate.py in one process on the run's newest checkpoint: its results without wall-clock figures."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_run_plumbing import ENV, ROOT
+
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", run_dir, "--trials", "3",
+                          "--max-steps", "16", "--sampled", "--gifs", "0", "--out-dir", str(out_dir)], cwd=ROOT,
+                         env=ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(os.path.join(out_dir, "results.json")) as f:
+        results = json.load(f)
+    assert results["iteration"] == 2
+    return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
+
+
+def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise_and_loads_in_one_process(
+        tmp_path):
+    import os
+    import shutil
+
+    import pytest
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from tests.test_run_plumbing import deterministic, rows, the_run
+    from tests.test_train_flowsar import FAST
+
+    # lr 3e-3 and the fixed EMA (beta 0.995): in iteration 2 theta_old is far from theta, so a reference pass on
+    # the wrong weights changes its metrics. No clipping: the gradient norm sums sharded norms (equal to rounding),
+    # so the updates are the same sums in the same order
+    fast = [*FAST, "--task-id", "0", "train.iterations=2", "train.lr=3e-3", "train.grad_clip=1e6", "eval.every=1",
+            "eval.trials_per_task=2", "log.checkpoint_every=1", "log.keep_checkpoints=10"]
+    _launch([], tmp_path / "ddp", 29571, "train_flowsar.py", fast)
+    out = _launch(["train.strategy=fsdp"], tmp_path / "fsdp", 29573, "train_flowsar.py", fast)
+    assert "policy weights identical on all 2 processes" in out.stdout  # the EMA shards are no replicas
+    ddp, fsdp_run = the_run(tmp_path / "ddp" / "runs"), the_run(tmp_path / "fsdp" / "runs")
+
+    def checkpoint(run_dir, it):
+        return os.path.join(run_dir, "checkpoints", f"iter_{it:06d}")
+
+    def weights(run_dir, it):
+        return load_file(os.path.join(checkpoint(run_dir, it), "policy", "model.safetensors"))
+
+    def sharded_ema(run_dir, it, name):  # theta_old from the shards every process wrote, read in one process
+        target = str(tmp_path / f"{name}_{it}.pt")
+        dcp_to_torch_save(os.path.join(checkpoint(run_dir, it), "shards"), target)
+        return torch.load(target, weights_only=False)["modules"]["ema"]
+
+    last = checkpoint(fsdp_run, 2)
+    assert sorted(os.listdir(os.path.join(last, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert not os.path.exists(os.path.join(last, "modules"))  # theta_old is in shards/, not gathered anywhere
+    final = weights(fsdp_run, 2)
+    assert max(float((final[k] - weights(fsdp_run, 1)[k]).abs().max()) for k in final) > 1e-3  # the weights move
+    for it in (1, 2):
+        for k, v in weights(ddp, it).items():
+            assert torch.equal(weights(fsdp_run, it)[k], v), (it, k)
+        ema = load_file(os.path.join(checkpoint(ddp, it), "modules", "ema.safetensors"))
+        shards = sharded_ema(fsdp_run, it, "fsdp")
+        assert shards.keys() == ema.keys() and len(ema) > 10
+        for k, v in ema.items():
+            assert torch.equal(shards[k], v), (it, k)
+    policy = weights(ddp, 2)  # theta_old (keys net__a__b for a.b) is not theta
+    assert max(float((v - policy[k[len("net__"):].replace("__", ".")]).abs().max()) for k, v in ema.items()) > 1e-3
+    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):  # the gradient norm sums sharded norms: to rounding
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
+        assert a == b
+
+    # resumed after iteration 1 (iteration 2's checkpoint gone): bitwise the uninterrupted run, theta_old included
+    copy = tmp_path / "resumed" / "runs" / os.path.basename(fsdp_run)
+    shutil.copytree(fsdp_run, copy)
+    shutil.rmtree(copy / "checkpoints" / "iter_000002")
+    out = _launch(["--resume", str(copy)], tmp_path / "resumed", 29575, "train_flowsar.py", [])
+    assert "resumed at iteration 1" in out.stdout
+    for k, v in weights(str(copy), 2).items():
+        assert torch.equal(final[k], v), k
+    resumed_ema, ema = sharded_ema(str(copy), 2, "resumed"), sharded_ema(fsdp_run, 2, "fsdp")
+    assert all(torch.equal(resumed_ema[k], ema[k]) for k in ema)
+    assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+
+    assert _evaluated(fsdp_run, tmp_path / "eval_fsdp") == _evaluated(ddp, tmp_path / "eval_ddp")
 
 
 def test_shipped_accelerate_launch_files_load():
