@@ -448,7 +448,7 @@ def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
     from common.run import initial_policy
     from train_srpo import Config
 
-    cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope"])
+    cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope", "init.mode=checkpoint"])
     run = SimpleNamespace(cfg=cfg, resume_path=None, is_main=True, device=torch.device("cpu"))
     with pytest.raises(ConfigError) as e:
         initial_policy(run, "token")
