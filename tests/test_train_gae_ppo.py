@@ -142,7 +142,8 @@ def tiny_update_inputs(seed=0):
 def test_two_optimizers_step_their_own_parameters_only():
     policy, head, obs, instr, tokens = tiny_update_inputs()
     actor_params, critic_params, actor, critic, _ = make_optimizers(policy, head, TrainConfig(actor_lr=1e-2,
-                                                                                           critic_lr=1e-2))
+                                                                                           critic_lr=1e-2,
+                                                                                           lr_warmup_steps=0))
     assert {id(p) for g in actor.param_groups for p in g["params"]} == {id(p) for p in actor_params}
     assert {id(p) for g in critic.param_groups for p in g["params"]} == {id(p) for p in head.parameters()}
     assert not {id(p) for p in actor_params} & {id(p) for p in critic_params}
