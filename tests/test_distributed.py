@@ -189,18 +189,46 @@ def _launch(args, tmp_path, port, script="train_srpo.py", fast=None):
     return out
 
 
+def _policy_weights(run_dir, it):
+    """The policy weights of checkpoint `it` of a run (what a one-process reader loads)."""
+    import os
+
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
+
+
+def _assert_rows_equal_but_grad_norm(ddp, fsdp_run):
+    """Same metric rows, the gradient norm to rounding (fsdp sums sharded norms)."""
+    import pytest
+
+    from tests.test_run_plumbing import deterministic, rows
+
+    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):
+        a, b = deterministic(a), deterministic(b)
+        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
+        assert a == b
+
+
+def _resume_from_iteration_1(run_dir, tmp_path, port, *launch):
+    """A copy of a 2-iteration run without iteration 2's checkpoint, resumed: (the copy, the launch's output)."""
+    import os
+    import shutil
+
+    copy = tmp_path / "resumed" / "runs" / os.path.basename(run_dir)
+    shutil.copytree(run_dir, copy)
+    shutil.rmtree(copy / "checkpoints" / "iter_000002")
+    return str(copy), _launch(["--resume", str(copy)], tmp_path / "resumed", port, *launch)
+
+
 def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_and_loads_in_one_process(
         tmp_path):
     import glob
     import json
     import os
-    import shutil
     import signal
     import subprocess
     import time
-
-    import pytest
-    from safetensors.torch import load_file
 
     from common.checkpoint import load_saved_policy
     from tests.test_run_plumbing import ENV, ROOT, deterministic, rows, the_run
@@ -210,8 +238,7 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_an
     assert "policy weights identical on all 2 processes" in out.stdout
     ddp, fsdp_run = the_run(tmp_path / "ddp" / "runs"), the_run(tmp_path / "fsdp" / "runs")
 
-    def weights(run_dir, it):
-        return load_file(os.path.join(run_dir, "checkpoints", f"iter_{it:06d}", "policy", "model.safetensors"))
+    weights = _policy_weights
 
     last = os.path.join(fsdp_run, "checkpoints", "iter_000002")  # sharded: one file per process, nothing gathered
     assert sorted(os.listdir(os.path.join(last, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -224,19 +251,13 @@ def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_an
     assert moved > 1e-5  # the second update really moved the weights (float32 steps there are ~1e-8)
     for k, v in weights(ddp, 2).items():  # no clipping in these updates: the same sums in the same order
         assert torch.equal(final[k], v), k
-    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):  # the gradient norm sums sharded norms: to rounding
-        a, b = deterministic(a), deterministic(b)
-        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
-        assert a == b
+    _assert_rows_equal_but_grad_norm(ddp, fsdp_run)
 
     # interrupted after iteration 1 (its checkpoint kept, iteration 2's gone): the resume is the uninterrupted run
-    copy = tmp_path / "resumed" / "runs" / os.path.basename(fsdp_run)
-    shutil.copytree(fsdp_run, copy)
-    shutil.rmtree(copy / "checkpoints" / "iter_000002")
-    _launch(["--resume", str(copy)], tmp_path / "resumed", 29565)
-    for k, v in weights(str(copy), 2).items():
+    copy, _ = _resume_from_iteration_1(fsdp_run, tmp_path, 29565)
+    for k, v in weights(copy, 2).items():
         assert torch.equal(final[k], v), k
-    assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+    assert [deterministic(r) for r in rows(copy)] == [deterministic(r) for r in rows(fsdp_run)]
 
     # Ctrl-C in the terminal (SIGINT to the launcher and both processes) right after iteration 1 is logged, with no
     # checkpoint due: both processes stop together, iteration 1 is saved, and the resume is the uninterrupted run
@@ -296,9 +317,7 @@ def _evaluated(run_dir, out_dir):
 def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise_and_loads_in_one_process(
         tmp_path):
     import os
-    import shutil
 
-    import pytest
     from safetensors.torch import load_file
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -318,8 +337,7 @@ def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise
     def checkpoint(run_dir, it):
         return os.path.join(run_dir, "checkpoints", f"iter_{it:06d}")
 
-    def weights(run_dir, it):
-        return load_file(os.path.join(checkpoint(run_dir, it), "policy", "model.safetensors"))
+    weights = _policy_weights
 
     def sharded_ema(run_dir, it, name):  # theta_old from the shards every process wrote, read in one process
         target = str(tmp_path / f"{name}_{it}.pt")
@@ -341,22 +359,16 @@ def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise
             assert torch.equal(shards[k], v), (it, k)
     policy = weights(ddp, 2)  # theta_old (keys net__a__b for a.b) is not theta
     assert max(float((v - policy[k[len("net__"):].replace("__", ".")]).abs().max()) for k, v in ema.items()) > 1e-3
-    for a, b in zip(rows(ddp), rows(fsdp_run), strict=True):  # the gradient norm sums sharded norms: to rounding
-        a, b = deterministic(a), deterministic(b)
-        assert a.keys() == b.keys() and a.pop("train/grad_norm", 0) == pytest.approx(b.pop("train/grad_norm", 0))
-        assert a == b
+    _assert_rows_equal_but_grad_norm(ddp, fsdp_run)
 
     # resumed after iteration 1 (iteration 2's checkpoint gone): bitwise the uninterrupted run, theta_old included
-    copy = tmp_path / "resumed" / "runs" / os.path.basename(fsdp_run)
-    shutil.copytree(fsdp_run, copy)
-    shutil.rmtree(copy / "checkpoints" / "iter_000002")
-    out = _launch(["--resume", str(copy)], tmp_path / "resumed", 29575, "train_flowsar.py", [])
+    copy, out = _resume_from_iteration_1(fsdp_run, tmp_path, 29575, "train_flowsar.py", [])
     assert "resumed at iteration 1" in out.stdout
-    for k, v in weights(str(copy), 2).items():
+    for k, v in weights(copy, 2).items():
         assert torch.equal(final[k], v), k
-    resumed_ema, ema = sharded_ema(str(copy), 2, "resumed"), sharded_ema(fsdp_run, 2, "fsdp")
+    resumed_ema, ema = sharded_ema(copy, 2, "resumed"), sharded_ema(fsdp_run, 2, "fsdp")
     assert all(torch.equal(resumed_ema[k], ema[k]) for k in ema)
-    assert [deterministic(r) for r in rows(str(copy))] == [deterministic(r) for r in rows(fsdp_run)]
+    assert [deterministic(r) for r in rows(copy)] == [deterministic(r) for r in rows(fsdp_run)]
 
     assert _evaluated(fsdp_run, tmp_path / "eval_fsdp") == _evaluated(ddp, tmp_path / "eval_ddp")
 
