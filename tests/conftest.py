@@ -1,7 +1,6 @@
-"""Shared test set-up: repo root on sys.path, one torch thread, wandb silent and offline, and the session's weak SFT
-start (trained once, shared by every learning test)."""
+"""Shared test set-up: repo root on sys.path, one torch thread, wandb silent and offline, and the learning tests' SFT
+starts (each trained once per session)."""
 import os
-import subprocess
 import sys
 
 import pytest
@@ -11,6 +10,8 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("WANDB_MODE", "offline")
+
+from tests.scripts import sft_start  # noqa: E402 - after the path is set
 
 try:
     import torch
@@ -22,32 +23,20 @@ except ImportError:  # pragma: no cover
 
 @pytest.fixture(scope="session")
 def drq_sft(tmp_path_factory):
-    """The default SFT recipe (configs/sft.yaml: 10 expert demos from the demo starts, DrQ random shift of 4 px) with
-    the 128-wide policy, on tabletop task 0, one thread: 40-55% greedy success on the held-out trials 30-49, depending
-    on the CPU's float rounding (the SRPO learning test's start). Path of the policy."""
-    out = tmp_path_factory.mktemp("sft_drq")
-    env = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true", OMP_NUM_THREADS="1")  # one thread: bitwise the same
-    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", f"sft.output_path={out}/policy",
-           "policy.token.hidden_size=128",  # the 256-wide default takes 15 min in the SRPO test (> 8 min, see there)
-           "sft.eval_every=0", "sft.eval_trials=20", f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return str(out / "policy")
+    """The SRPO learning test's start (tests/scripts.py SFT_STARTS["drq"]): 40-55% greedy success on the held-out
+    trials 30-49, depending on the CPU's float rounding. Path of the policy."""
+    return sft_start("drq", tmp_path_factory.mktemp("sft_drq"))
 
 
 @pytest.fixture(scope="session")
 def weak_sft(tmp_path_factory):
-    """The SFT recipe before DrQ (configs/sft.yaml with sft.augment_shift=0 and the 128-wide policy: 10 expert demos
-    from the demo starts, no augmentation) on tabletop task 0, token policy, one thread: 15-25% greedy success on the
-    held-out trials 30-49, depending on the CPU's float rounding (the GAE-PPO learning test's start). Path of the
-    exported policy."""
-    out = tmp_path_factory.mktemp("sft")
-    env = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true", OMP_NUM_THREADS="1")  # one thread: bitwise the same
-    # checkpoint on every run (with 2 threads the float sums differ and the start moves: 30% instead of 15% held-out)
-    cmd = [sys.executable, "train_sft.py", "--task-id", "0", "--no-wandb", "sft.augment_shift=0",  # the recipe before DrQ
-           "policy.token.hidden_size=128",  # and before the 256-wide default
-           f"sft.output_path={out}/policy",
-           "sft.eval_every=0", "sft.eval_trials=20", f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
-    assert res.returncode == 0, res.stderr[-3000:]
-    return str(out / "policy")
+    """The GAE-PPO learning test's start (SFT_STARTS["weak"]: no augmentation): 15-25% greedy success on trials
+    30-49. Path of the policy."""
+    return sft_start("weak", tmp_path_factory.mktemp("sft"))
+
+
+@pytest.fixture(scope="session")
+def flow_sft(tmp_path_factory):
+    """The FlowSAR learning test's start (SFT_STARTS["flow"]: the tiny PI0 on 20 demos): 15-25% greedy success on
+    trials 30-49. Path of the policy."""
+    return sft_start("flow", tmp_path_factory.mktemp("sft_flow"))

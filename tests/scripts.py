@@ -24,6 +24,31 @@ def run_script(script: str, args: Sequence[str], outputs=None, check: bool = Tru
     return out
 
 
+# The SFT starts of the learning tests (tabletop task 0, one thread: bitwise the same start on one machine):
+# drq = configs/sft.yaml's recipe (10 expert demos from the demo starts, DrQ shift) 128 wide (the 256-wide default
+# takes 2.5x longer in the SRPO test); weak = the same without DrQ (15-25% held-out); flow = the tiny PI0 on 20 demos.
+SFT_STARTS = {
+    "drq": ["policy.token.hidden_size=128"],
+    "weak": ["policy.token.hidden_size=128", "sft.augment_shift=0"],
+    "flow": ["policy.type=flow", "sft.num_demos=20", "sft.augment_shift=0"],
+}
+
+
+def sft_start(kind: str, out) -> str:
+    """Train the learning tests' SFT start `kind` (SFT_STARTS) under `out`; the exported policy's path."""
+    run_script("train_sft.py", ["--task-id", "0", "--no-wandb", *SFT_STARTS[kind], f"sft.output_path={out}/policy",
+                                "sft.eval_every=0", "sft.eval_trials=20"], outputs=out, timeout=1500)
+    return os.path.join(str(out), "policy")
+
+
+def learning_run(script: str, args: Sequence[str], out, timeout: int = 2400) -> List[dict]:
+    """A learning test's run (one thread, no wandb, no checkpoints) under `out`: its metrics rows."""
+    run_script(script, ["--task-id", "0", "--no-wandb", "log.checkpoint_every=1000", *args], outputs=out,
+               timeout=timeout)
+    (run,) = os.listdir(os.path.join(str(out), "runs"))
+    return read_metrics(os.path.join(str(out), "runs", run))
+
+
 def read_metrics(run_dir: str) -> List[dict]:
     """The rows of a run's metrics.jsonl."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:

@@ -17,38 +17,35 @@ small final PPO KL (no collapse). SRPO from 40% starts ends at 0.82 (128 wide) a
 at 120 iterations (docs/results.md#srpo-on-task-0-the-wider-policy). History of the bounds:
 docs/notebook/2026-11-learning-tests.md.
 """
-import json
-import os
-import subprocess
-import sys
-
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, PYTHONPATH=ROOT, WANDB_SILENT="true")
+from tests.scripts import learning_run
+
+SCRIPT, START = "train_srpo.py", "drq"  # tests/scripts.py SFT_STARTS
+BOUNDS = {"greedy": 0.2, "sampled": 0.1, "practice": 0.1}  # asserted: measures(rows)[k] >= BOUNDS[k]
 
 
-def test_srpo_raises_held_out_success_from_sft(drq_sft, tmp_path):
-    cmd = [sys.executable, "train_srpo.py", "--task-id", "0", "--no-wandb", "--seed", "1", "reward.mode=srpo",
-           "init.mode=checkpoint", f"init.path={drq_sft}", "train.iterations=60",
-           "rollout.train_trials=30", "rollout.prompts_per_iteration=8", "rollout.n=8", "eval.every=10",
-           "eval.trial_start=30", "eval.trials_per_task=20", "eval.samples_per_trial=8",
-           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "log.checkpoint_every=100"]
-    # one thread: the run is then bitwise reproducible (the measured figures above were taken this way)
-    res = subprocess.run(cmd, cwd=ROOT, env=dict(ENV, OMP_NUM_THREADS="1"), capture_output=True, text=True,
-                         timeout=2400)
-    assert res.returncode == 0, res.stderr[-3000:]
-    (run,) = os.listdir(tmp_path / "runs")
-    with open(tmp_path / "runs" / run / "metrics.jsonl") as f:
-        rows = [json.loads(line) for line in f]
+def args(seed: int, start: str) -> list:
+    return ["--seed", str(seed), "reward.mode=srpo", "init.mode=checkpoint", f"init.path={start}",
+            "train.iterations=60", "rollout.train_trials=30", "rollout.prompts_per_iteration=8", "rollout.n=8",
+            "eval.every=10", "eval.trial_start=30", "eval.trials_per_task=20", "eval.samples_per_trial=8"]
+
+
+def measures(rows: list) -> dict:
+    """Gains from the first held-out evaluation to the mean of the last three (greedy, sampled) and of practice
+    success from the first to the last 10 iterations; the start; the final PPO KL."""
     evals = [r for r in rows if "val/success_rate" in r]
     assert [r["iteration"] for r in evals] == [0, 10, 20, 30, 40, 50, 60]  # before learning (row 0), then every 10
     greedy = np.array([r["val/success_rate"] for r in evals])
     sampled = np.array([r["val/sampled_success_rate"] for r in evals])
     practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
-    print(f"held-out success (trials 30-49): greedy {greedy.round(2).tolist()}, sampled {sampled.round(3).tolist()}; "
-          f"practice (trials 0-29) first/last 10 iterations {practice[:10].mean():.2f} / {practice[-10:].mean():.2f}")
-    assert greedy[-3:].mean() >= greedy[0] + 0.2, greedy
-    assert sampled[-3:].mean() >= sampled[0] + 0.1, sampled
-    assert practice[-10:].mean() >= practice[:10].mean() + 0.1, practice  # success on the practised trials rose too
-    assert rows[-1]["train/ppo_kl"] < 0.1  # small, clipped steps: no collapse
+    return {"start": greedy[0], "greedy": greedy[-3:].mean() - greedy[0], "sampled": sampled[-3:].mean() - sampled[0],
+            "practice": practice[-10:].mean() - practice[:10].mean(), "ppo_kl": rows[-1]["train/ppo_kl"]}
+
+
+def test_srpo_raises_held_out_success_from_sft(drq_sft, tmp_path):
+    m = measures(learning_run(SCRIPT, args(1, drq_sft), tmp_path))
+    print({k: round(float(v), 3) for k, v in m.items()})
+    for k, bound in BOUNDS.items():
+        assert m[k] >= bound, (k, m)
+    assert m["ppo_kl"] < 0.1, m  # small, clipped steps: no collapse

@@ -9,6 +9,9 @@ from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
+# a 64-wide token policy that sometimes succeeds on task 0 (~10% of sampled episodes), 0.7 MB, made by
+# `python train_sft.py --task-id 0 policy.token.hidden_size=64 sft.steps=400 sft.augment_shift=0` (OMP_NUM_THREADS=1)
+WEAK_START = os.path.join(ROOT, "tests", "fixtures", "tabletop_t0_weak")
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "reward.encoder.num_frames=4",
         "--no-wandb"]
@@ -61,6 +64,30 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
     assert 0 < lrs[0] < lrs[1] < lrs[2] < 1e-4 and lrs[2] - lrs[1] == pytest.approx(lrs[1] - lrs[0], rel=0.5)
     assert steps == pytest.approx(round(steps))
     assert "iter_000003" in os.listdir(os.path.join(run_dir, "checkpoints"))
+
+
+def test_update_with_non_zero_advantages_moves_the_policy(tmp_path):
+    """From a start that sometimes succeeds: 8 groups of 8 sampled episodes (P(no success at all) ~ 0.1% at ~10%),
+    SRPO's rewards (success 1, failures their world-model progress in (0, 1)), groups with mixed outcomes kept,
+    normalised advantages, two PPO epochs. The advantages reach the loss and the gradient; the second epoch sees a
+    policy the first one moved (PPO KL and ratio off 1); with lr 0 the same run's second epoch sees the old policy."""
+    common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "train.iterations=1", "eval.every=0",
+              "env.max_steps=null", "env.num_envs=16", "rollout.n=8", "rollout.prompts_per_iteration=8",
+              "train.ppo_epochs=2", "train.lr_warmup_steps=0"]
+    rows = {}
+    for lr in ("1e-3", "0"):
+        out = tmp_path / f"lr{lr}"
+        run([*common, f"train.lr={lr}"], out)
+        (rows[lr],) = read_metrics(only_run(out)[1])
+    r = rows["1e-3"]
+    assert 0 < r["rollout/success_rate"] < 1 and r["sampling/kept_groups"] >= 1, r  # some groups have mixed outcomes
+    assert 0 < r["reward/failure_mean"] < 1, r  # failures graded by progress, below a success's 1
+    assert r["train/advantage_abs_mean"] > 0.1 and r["train/grad_norm"] > 0, r
+    assert abs(r["train/ppo_kl"]) > 1e-3, r  # epoch 2's log-probs differ from the rollout's: the update moved them
+    zero = rows["0"]  # the same rollouts (seeded before the update), nothing stepped
+    for k in ("rollout/success_rate", "sampling/kept_groups", "train/advantage_abs_mean"):
+        assert zero[k] == r[k], k
+    assert zero["train/grad_norm"] > 0 and abs(zero["train/ppo_kl"]) < 1e-6, zero
 
 
 def test_cosine_lr_schedule_decays_over_the_run(tmp_path):
