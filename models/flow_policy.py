@@ -36,6 +36,13 @@ projections train in full), bf16_weights (the frozen weights in bf16 with openpi
 ones fp32 as AdamW's master weights; run under bf16 autocast),
 noise_method flow_sde (at noise_level > 0 one random denoising step per call is RLinf's flow-SDE step, the others
 ODE; noise_level 0 = deterministic ODE, as evaluation uses).
+PPO on this family (RLinf's): the sample keeps the SDE step's chain data (step index, x before and after it);
+`transition_log_prob` recomputes that step's Gaussian density with gradients, over the executed part only (first
+action_chunk steps x 7 env dims: the rest of the horizon and the padding dims never reach the env, so they carry no
+credit and would only add noise to the ratio), summed to one log-prob per chunk (RLinf's chunk-level log-prob).
+`hidden` (the value head's input) is PaliGemma's output mean-pooled over the valid prefix tokens (RLinf's
+value_after_vlm mean_token mode): RLinf's pi0 critic reads the expert's output at the sampled chain's x_t instead,
+which depends on the sampling noise, not on the observation alone (no V(s_last) to bootstrap a truncated episode).
 """
 from __future__ import annotations
 
