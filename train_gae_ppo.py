@@ -326,13 +326,12 @@ if __name__ == "__main__":
                         old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                         clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
                         loss_agg_mode=alg.loss_agg_mode)
-                    if entropy is not None:
+                    actor_loss = pg_loss
+                    if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
                         entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
+                        actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
                         stats["entropy"].append(entropy_loss.detach())
-                        pg_loss_ent = pg_loss - alg.entropy_coeff * entropy_loss
-                    else:
-                        pg_loss_ent = pg_loss
-                    loss = pg_loss_ent if move_actor else torch.zeros((), device=device)
+                    loss = actor_loss if move_actor else torch.zeros((), device=device)
                     if use_gae:
                         features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                         vpreds = value_head(features)
