@@ -7,9 +7,17 @@ GAE over policy steps (a truncated episode bootstraps, a terminated one does not
 -> evaluation on held-out trials, logging, checkpoints. `algorithm.use_gae=false` is seed 003's value-free baseline
 (normalised discounted reward-to-go, no value head).
 
+Two action kinds (`policy.type`): token policies (the log-prob of each action token, temperature sampling) and flow
+policies (pi0, as RLinf trains it with PPO): the rollout samples with flow-SDE noise on one random denoising step
+(rollout.flow_noise_level) and keeps that step's chain data; the PPO log-prob of a policy step is that step's Gaussian
+transition density over the executed actions (`transition_log_prob`, one per policy step: RLinf's chunk-level
+log-prob); no entropy bonus (the SDE's std is fixed by its schedule); the value head reads PaliGemma's pooled prefix
+output; evaluation is the deterministic ODE. Everything else is shared.
+
     python train_gae_ppo.py --task-id 0                      # embedded tabletop suite, tiny policy, CPU is fine
     python train_gae_ppo.py --task-id 0 --timesteps 100000 --actor-lr 1e-4 --critic-lr 1e-3
     python train_gae_ppo.py --config configs/gae_ppo_libero.yaml --task-id 0 --gpu 0
+    python train_gae_ppo.py --config configs/gae_ppo_libero_pi0.yaml --task-id 0 --gpu 0 init.path=<pi0 folder>
     accelerate launch --multi_gpu --num_processes 2 train_gae_ppo.py --task-ids 0 1   # N processes (CPU or GPUs)
 """
 from __future__ import annotations
@@ -29,7 +37,8 @@ from models.configs import TokenPolicyConfig, ValueHeadConfig
 @dataclass
 class RolloutConfig:
     episodes_per_iteration: int = 64  # episodes per iteration and process, each from a random practice (task, trial)
-    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same
+    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same (token policies)
+    flow_noise_level: float = 0.5  # flow policies: the flow-SDE step's sigma scale (RLinf noise_level); > 0
     train_trials: int = 10  # trials 0..train_trials-1 are practised; the rest are held out for evaluation
 
 
@@ -78,7 +87,8 @@ class Config:
     seed: int = 1
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys
+    policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft | flow) picks
+                                                            # its keys
     value_head: ValueHeadConfig = field(default_factory=lambda: ValueHeadConfig(hidden_dims=[256, 128]))
     init: InitConfig = field(default_factory=InitConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -111,6 +121,7 @@ from common.fsdp import grad_norm as plain_norm, shard_policy
 from common.run import average_gradients, initial_policy, minibatches, start_run
 from common.train import adamw_with_warmup, mean_stats, micro_batches, rollout_metrics, sample_prompts
 from models import ACTION_DIM, ValueHead
+from models.policy import action_kind
 
 
 def check_config(cfg: Config) -> None:
@@ -136,6 +147,14 @@ def check_config(cfg: Config) -> None:
                           f"algorithm.use_gae=true or critic_warmup_iterations=0")
     if cfg.rollout.episodes_per_iteration < 1:
         raise ConfigError(f"rollout.episodes_per_iteration={cfg.rollout.episodes_per_iteration}: must be >= 1")
+    if action_kind(cfg.policy.type) == "flow":  # PPO's log-prob is the flow-SDE step's Gaussian density
+        if cfg.policy.noise_method != "flow_sde" or not cfg.rollout.flow_noise_level > 0:
+            raise ConfigError(f"policy.noise_method={cfg.policy.noise_method}, rollout.flow_noise_level="
+                              f"{cfg.rollout.flow_noise_level}: GAE-PPO on a flow policy needs policy.noise_method="
+                              f"flow_sde and rollout.flow_noise_level > 0 (RLinf: 0.5)")
+        if a.entropy_coeff != 0:
+            raise ConfigError(f"algorithm.entropy_coeff={a.entropy_coeff}: a flow policy's flow-SDE std is fixed by "
+                              f"its schedule, so its entropy has no gradient: set algorithm.entropy_coeff=0")
 
 
 def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, step_mask: np.ndarray,
@@ -212,19 +231,22 @@ if __name__ == "__main__":
                                                                             "value_head.safetensors")):
             raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
                               f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
-        policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
+        flow = action_kind(cfg.policy.type) == "flow"  # the flow-SDE step's density is the log-prob, else tokens'
+        policy = shard_policy(run, initial_policy(run, "flow" if flow else "token"))  # train.strategy
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
             torch.manual_seed(cfg.seed)
             value_head = ValueHead(policy.hidden_size, cfg.value_head).to(device) if use_gae else None
         actor_params, critic_params, actor_opt, critic_opt, actor_sched = make_optimizers(policy, value_head, cfg.train)
         run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
                    modules={"value_head": value_head} if use_gae else None,
-                   eval_kwargs={"temperature": cfg.rollout.temperature},
+                   eval_kwargs={"flow_noise_level": cfg.rollout.flow_noise_level} if flow else
+                   {"temperature": cfg.rollout.temperature},
                    banner=f" | {'GAE + value head' if use_gae else 'reward-to-go, no value head'} | stops at "
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))
-        A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
+        A = 1 if flow else policy.action_chunk * ACTION_DIM  # log-probs per policy step (flow: the chunk's one)
         temp, mb, budget = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size, cfg.train.total_timesteps
+        noise = cfg.rollout.flow_noise_level
 
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
@@ -237,7 +259,8 @@ if __name__ == "__main__":
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, temperature=temp, keep_hidden=use_gae,
-                                     progress=run.is_main, desc=f"rollout {iteration}")
+                                     flow_noise_level=noise, keep_chain=flow, progress=run.is_main,
+                                     desc=f"rollout {iteration}")
             metrics["time/rollout"] = time.perf_counter() - t0
             run.count_env_steps(batch, metrics, metrics["time/rollout"])
             rollout_metrics(run, batch, metrics)
@@ -289,16 +312,26 @@ if __name__ == "__main__":
                     critic_opt.zero_grad(set_to_none=True)
                 micro = micro_batches(steps, mb_inds, mb)
                 for part in micro:
-                    log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
-                                                                temp, return_hidden=True)
+                    if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
+                        log_prob, hidden = policy.transition_log_prob(
+                            part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
+                            part.tensor("x_next", device), noise, return_hidden=True)
+                        log_prob, entropy = log_prob[:, None], None
+                    else:
+                        log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
+                                                                    temp, return_hidden=True)
                     adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
                     mask = torch.ones_like(adv)
                     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                         old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                         clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
                         loss_agg_mode=alg.loss_agg_mode)
-                    entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
-                    loss = pg_loss - alg.entropy_coeff * entropy_loss if move_actor else torch.zeros((), device=device)
+                    actor_loss = pg_loss
+                    if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
+                        entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
+                        actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
+                        stats["entropy"].append(entropy_loss.detach())
+                    loss = actor_loss if move_actor else torch.zeros((), device=device)
                     if use_gae:
                         features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                         vpreds = value_head(features)
@@ -310,7 +343,7 @@ if __name__ == "__main__":
                         stats["value_clipfrac"].append(vf_clipfrac.detach())
                     (loss / len(micro)).backward()
                     for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
-                                 ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
+                                 ("pg_clipfrac_lower", pg_clipfrac_lower)):
                         stats[k].append(v.detach())  # read once after the update: no host sync here
                 average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
                 if use_gae:  # separate clipping (and logging) of the two norms; the no-GAE baseline logs neither

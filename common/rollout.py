@@ -182,7 +182,8 @@ def episode_generators(num_episodes: int) -> List[torch.Generator]:
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
                      keep_obs: bool = True, flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
-                     keep_hidden: bool = False, progress: bool = True, desc: str = "rollout",
+                     keep_hidden: bool = False, keep_chain: bool = False, progress: bool = True,
+                     desc: str = "rollout",
                      reset_options: Optional[Dict[str, Sequence[Any]]] = None,
                      pipeline: Optional[bool] = None, overlap: bool = True) -> RolloutBatch:
     """Roll out every (task, trial) prompt `n_samples` times on `vec_env` (N envs at a time) with `policy`.
@@ -196,7 +197,10 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     (`episode_generators`), and `overlap` (default) runs a half's chunk in the simulator workers while the policy
     computes the other half's next chunk; `overlap=False` makes the same calls on the same inputs one after the other,
     so the episodes, actions and log-probs are identical bit for bit (on any device): only the clock changes.
-    `keep_hidden` (token policies) stores the policy's pooled hidden state of every step in `extras["hidden"]`.
+    `keep_hidden` stores the policy's pooled hidden state of every step in `extras["hidden"]` (token policies: `act`'s,
+    flow policies: the sample's prefix features). `keep_chain` (flow policies, flow-SDE sampling) stores what PPO needs
+    to recompute each step's log-prob: `extras["sde_step"]` (B, T) int64, `extras["x_t"]` and `extras["x_next"]`
+    (B, T, horizon, D), and the step's log-density in `old_log_probs` (B, T, 1).
     `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
@@ -275,6 +279,14 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 call["noise"] = noise
                 if keep_x0:
                     call["x0"] = sample.x0.float().cpu().numpy()
+                if keep_hidden:
+                    call["hidden"] = sample.hidden.float().cpu().numpy()
+                if keep_chain:
+                    if sample.sde_step is None:
+                        raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
+                    call.update(sde_step=sample.sde_step.cpu().numpy(), x_t=sample.x_t.float().cpu().numpy(),
+                                x_next=sample.x_next.float().cpu().numpy(),
+                                old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
             calls.append(call)
             return call
 
@@ -366,6 +378,14 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         batch.noise = gather("noise", shape, np.float32)
         if keep_x0:
             batch.extras["x0"] = gather("x0", shape, np.float32)
+        if keep_hidden and calls:
+            batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
+        if keep_chain and calls:
+            chain_shape = calls[0]["x_t"].shape[1:]
+            batch.extras["sde_step"] = gather("sde_step", (), np.int64)
+            batch.extras["x_t"] = gather("x_t", chain_shape, np.float32)
+            batch.extras["x_next"] = gather("x_next", chain_shape, np.float32)
+            batch.old_log_probs = gather("old_log_probs", (1,), np.float32)
     return batch
 
 

@@ -565,7 +565,8 @@ def start_run(cfg: Any, script: str) -> Run:
     return run
 
 
-SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py", "flow": "train_flowsar.py"}
+SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
+               "flow": "train_flowsar.py or train_gae_ppo.py"}
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")  # the RL run's own policy keys
 
 

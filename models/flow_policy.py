@@ -36,6 +36,13 @@ projections train in full), bf16_weights (the frozen weights in bf16 with openpi
 ones fp32 as AdamW's master weights; run under bf16 autocast),
 noise_method flow_sde (at noise_level > 0 one random denoising step per call is RLinf's flow-SDE step, the others
 ODE; noise_level 0 = deterministic ODE, as evaluation uses).
+PPO on this family (RLinf's): the sample keeps the SDE step's chain data (step index, x before and after it);
+`transition_log_prob` recomputes that step's Gaussian density with gradients, over the executed part only (first
+action_chunk steps x 7 env dims: the rest of the horizon and the padding dims never reach the env, so they carry no
+credit and would only add noise to the ratio), summed to one log-prob per chunk (RLinf's chunk-level log-prob).
+`hidden` (the value head's input) is PaliGemma's output mean-pooled over the valid prefix tokens (RLinf's
+value_after_vlm mean_token mode): RLinf's pi0 critic reads the expert's output at the sampled chain's x_t instead,
+which depends on the sampling noise, not on the observation alone (no V(s_last) to bootstrap a truncated episode).
 """
 from __future__ import annotations
 
@@ -82,18 +89,28 @@ def _randn(shape: Tuple[int, ...], device: torch.device,
 
 class Prefix(NamedTuple):
     """Cached prefix: PI0's PaliGemma KV cache of [images, prompt] (never mutated: each velocity call works on a
-    shallow copy), the prompt's key validity (B, P) long (0 = padding), the model's state (B, max_state_dim) and the
-    raw env state (B, 8) (for relative actions)."""
+    shallow copy), the prompt's key validity (B, P) long (0 = padding), the model's state (B, max_state_dim), the
+    raw env state (B, 8) (for relative actions) and the PaliGemma output mean-pooled over the valid prefix tokens
+    (B, hidden_size) float32 (the value head's input, `FlowPolicy.hidden`)."""
     past_key_values: Any
     attention_mask: torch.Tensor
     state: torch.Tensor
     raw_state: Optional[torch.Tensor] = None
+    hidden: Optional[torch.Tensor] = None
 
 
 class FlowSample(NamedTuple):
     actions: np.ndarray  # (B, action_chunk, 7) float32 env actions to execute (unnormalised)
     x0: torch.Tensor  # (B, horizon, D) the integrated sample in the model space (D = 7, or 32 with statistics)
     noise: torch.Tensor  # (B, horizon, D) the initial noise x_1
+    # the flow-SDE step's chain data (noise_method flow_sde at noise_level > 0; else None), what PPO needs to
+    # recompute the step's log-density (`FlowPolicy.transition_log_prob`): the step index i (B,) int64, x before it
+    # (B, horizon, D), the sampled x after it, and its log-density (B,) float32 over the executed part
+    sde_step: Optional[torch.Tensor] = None
+    x_t: Optional[torch.Tensor] = None
+    x_next: Optional[torch.Tensor] = None
+    log_prob: Optional[torch.Tensor] = None
+    hidden: Optional[torch.Tensor] = None  # (B, hidden_size) the prefix's pooled output (Prefix.hidden)
 
 
 def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
@@ -119,16 +136,27 @@ def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
                      max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, num_inference_steps=cfg.num_steps)
 
 
+def flow_sde_coefficients(t: float, dt: float, noise_level: float, num_steps: int) -> Tuple[float, float, float]:
+    """The flow-SDE step's scalars at time t (`flow_sde_step`) -> (x0 weight, x1 weight, std)."""
+    t_den = (1.0 - 1.0 / num_steps) if t >= 1.0 else t
+    sigma = noise_level * math.sqrt(t / (1.0 - t_den))
+    return 1.0 - t + dt, t - dt - sigma ** 2 * dt / (2.0 * t), math.sqrt(dt) * sigma
+
+
 def flow_sde_step(x: torch.Tensor, v: torch.Tensor, t: float, dt: float, noise_level: float, num_steps: int
                   ) -> Tuple[torch.Tensor, torch.Tensor]:
     """RLinf's flow-SDE transition from time t to t - dt (spec section 2.3) -> (mean, std): with the predictions
     x0 = x - v t and x1 = x + v (1 - t) and sigma = s sqrt(t / (1 - t')) (t' = t, or the next time 1 - 1/N at t = 1),
     mean = x0 (1 - t + dt) + x1 (t - dt - sigma^2 dt / (2 t)), std = sqrt(dt) sigma. sigma = 0 is the Euler step."""
-    t_den = (1.0 - 1.0 / num_steps) if t >= 1.0 else t
-    sigma = noise_level * math.sqrt(t / (1.0 - t_den))
+    w0, w1, std = flow_sde_coefficients(t, dt, noise_level, num_steps)
     x0_pred, x1_pred = x - v * t, x + v * (1.0 - t)
-    mean = x0_pred * (1.0 - t + dt) + x1_pred * (t - dt - sigma ** 2 * dt / (2.0 * t))
-    return mean, torch.full_like(x, math.sqrt(dt) * sigma)
+    mean = x0_pred * w0 + x1_pred * w1
+    return mean, torch.full_like(x, std)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """Elementwise log N(x; mean, std^2) = -(x - mean)^2 / (2 std^2) - log std - log(2 pi) / 2 (std > 0)."""
+    return -(x - mean) ** 2 / (2 * std ** 2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
 
 
 def _fresh_cache(cache):
@@ -303,9 +331,21 @@ class FlowPolicy(nn.Module):
         model = self.core.model
         with self._autocast():
             embeds = model.embed_prefix(inputs["input_ids"], inputs["pixel_values"], inputs["pixel_attention_mask"])
-            cache = model.vlm(inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
-                              token_type_ids=torch.zeros_like(mask), use_cache=True).past_key_values
-        return Prefix(cache, mask, inputs["state"], inputs["raw_state"])
+            out = model.vlm(inputs_embeds=embeds, attention_mask=mask, position_ids=mask.cumsum(-1) - 1,
+                            token_type_ids=torch.zeros_like(mask), use_cache=True)
+        valid = mask[..., None].float()
+        hidden = (out.last_hidden_state.float() * valid).sum(1) / valid.sum(1)
+        return Prefix(out.past_key_values, mask, inputs["state"], inputs["raw_state"], hidden)
+
+    def hidden(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> torch.Tensor:
+        """The value head's input (B, hidden_size) float32: PaliGemma's last hidden state mean-pooled over the valid
+        image and prompt tokens (RLinf's `value_after_vlm` "mean_token" features). A function of the observation
+        alone (so V(s_last) bootstraps a truncated episode); frozen under train_expert_only."""
+        return self.prefix(obs, instructions).hidden
+
+    @property
+    def hidden_size(self) -> int:
+        return self.pi0_config.vlm_config.text_config.hidden_size
 
     def velocity(self, obs: Optional[Obs], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
                  t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None) -> torch.Tensor:
@@ -340,18 +380,55 @@ class FlowPolicy(nn.Module):
         sde = noise_level > 0 and self.cfg.noise_method == "flow_sde"
         # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
         sde_step = int(torch.randint(num_steps, ())) if sde else -1
+        chain = {}
         for i in range(num_steps):
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
             t = 1.0 - i * dt
             v = self.velocity(None, None, x, t, step_prefix)
             if i == sde_step:
                 mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
-                x = mean + std * _randn(shape, self.device, generators)
+                x_t, x = x, mean + std * _randn(shape, self.device, generators)
+                chain = dict(sde_step=torch.full((shape[0],), i, dtype=torch.long, device=self.device), x_t=x_t,
+                             x_next=x, log_prob=self._executed(gaussian_log_prob(x, mean, std)).sum((1, 2)))
             else:
                 x = x - dt * v
                 if noise_level > 0 and not sde and i < num_steps - 1:
                     x = x + noise_level * math.sqrt(dt) * _randn(shape, self.device, generators)
-        return FlowSample(self.env_actions(x, prefix.raw_state), x, x1)
+        return FlowSample(self.env_actions(x, prefix.raw_state), x, x1, hidden=prefix.hidden, **chain)
+
+    def _executed(self, x: torch.Tensor) -> torch.Tensor:
+        """The executed part of a model-space tensor (B, horizon, D): the first action_chunk steps (the rest of the
+        horizon is never sent to the env) and the first 7 dims (the env's; the padding dims are dropped by
+        env_actions) -- RLinf's `[:, :action_chunk, :action_env_dim]`."""
+        return x[:, :self.action_chunk, :ACTION_DIM]
+
+    def transition_log_prob(self, obs: Obs, instructions: Optional[Sequence[str]], sde_step: torch.Tensor,
+                            x_t: torch.Tensor, x_next: torch.Tensor, noise_level: float,
+                            num_steps: Optional[int] = None, return_hidden: bool = False):
+        """log p(x_next | x_t) of the flow-SDE step `sde_step` (B,) that a rollout sample took (FlowSample's chain
+        data), with gradients: the Gaussian density of x_next under `flow_sde_step`'s mean and std at that step's
+        time, summed over the executed part (`_executed`; RLinf's chunk-level log-prob) -> (B,) float32
+        [, hidden (B, hidden_size) from the same prefix]. The step index may differ between rows."""
+        num_steps = self.cfg.num_steps if num_steps is None else num_steps
+        if noise_level <= 0 or self.cfg.noise_method != "flow_sde":
+            raise ValueError(f"transition_log_prob needs the flow-SDE step (noise_method flow_sde, noise_level > 0); "
+                             f"got {self.cfg.noise_method!r}, {noise_level}")
+        prefix = self.prefix(obs, instructions)
+        b, dt = prefix.state.shape[0], 1.0 / num_steps
+        steps = torch.as_tensor(sde_step, dtype=torch.long).reshape(-1).tolist()
+        if len(steps) != b or not all(0 <= i < num_steps for i in steps):
+            raise ValueError(f"sde_step must hold {b} step indices in [0, {num_steps}), got {steps}")
+        t = [1.0 - i * dt for i in steps]
+        w0, w1, std = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
+                       for c in zip(*(flow_sde_coefficients(ti, dt, noise_level, num_steps) for ti in t)))
+        x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
+        x_next = torch.as_tensor(x_next, dtype=torch.float32, device=self.device)
+        v = self.velocity(None, None, x_t, torch.tensor(t, dtype=torch.float32), prefix)
+        tt, omt = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
+                   for c in (t, [1.0 - ti for ti in t]))  # 1 - t in double, as the rollout's Python floats
+        mean = (x_t - v * tt) * w0 + (x_t + v * omt) * w1
+        log_prob = self._executed(gaussian_log_prob(x_next, mean, std.expand_as(mean))).sum((1, 2))
+        return (log_prob, prefix.hidden) if return_hidden else log_prob
 
     def env_actions(self, x0: torch.Tensor, raw_state: Optional[torch.Tensor] = None) -> np.ndarray:
         """Model-space sample (B, horizon, D) -> the env actions to execute (B, action_chunk, 7) float32: with the
@@ -464,4 +541,5 @@ class FlowPolicy(nn.Module):
         return policy
 
 
-__all__ = ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "tiny_pi0_config", "flow_sde_step", "PRESETS"]
+__all__ = ["FlowPolicy", "FlowPolicyConfig", "FlowSample", "Prefix", "tiny_pi0_config", "flow_sde_step",
+           "flow_sde_coefficients", "gaussian_log_prob", "PRESETS"]

@@ -20,8 +20,17 @@ Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT), also hidden_size (
   action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
 Regression families (continuous deterministic actions, no log-probs; evaluation and SFT, refused by RL): act as the
 token families with (B, 0) tokens and log-probs, sft_loss, hidden (models/openvla_oft_l1.py).
-Flow families (continuous actions; FlowSAR, SFT): sample(obs, instructions, num_steps, noise_level, generators) /
-velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py).
+Flow families (continuous actions; FlowSAR, GAE-PPO, SFT): sample(obs, instructions, num_steps, noise_level,
+generators) / velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py), and for GAE-PPO:
+  sample(...) with flow-SDE noise (noise_method flow_sde, noise_level > 0) also returns the chain data of its one SDE
+      step: sde_step (B,) the denoising step index, x_t / x_next (B, horizon, D) the model-space x before and after
+      it, log_prob (B,) its Gaussian log-density, and hidden (B, hidden_size); evaluation samples at noise_level 0
+      (the deterministic ODE)
+  transition_log_prob(obs, instructions, sde_step, x_t, x_next, noise_level, num_steps, return_hidden) -> (B,)
+      with grads: log N(x_next; mean, std^2) under flow_sde_step at that step, summed over the executed part (the
+      first action_chunk steps x 7 env dims: what the env ran; RLinf's chunk-level log-prob) [, hidden]
+  hidden(obs, instructions) -> (B, hidden_size) value-head input: PaliGemma's output mean-pooled over the valid
+      image and prompt tokens; hidden_size
 """
 from __future__ import annotations
 
@@ -68,7 +77,14 @@ class TokenActionPolicy(SavedPolicy, Protocol):
 
 @runtime_checkable
 class FlowActionPolicy(SavedPolicy, Protocol):
+    hidden_size: int
+
     def sample(self, obs: Dict, instructions: Optional[Sequence[str]] = None, **kwargs) -> Any: ...
+
+    def transition_log_prob(self, obs: Dict, instructions: Optional[Sequence[str]], sde_step: torch.Tensor,
+                            x_t: torch.Tensor, x_next: torch.Tensor, noise_level: float, *args, **kwargs) -> Any: ...
+
+    def hidden(self, obs: Dict, instructions: Optional[Sequence[str]] = None) -> torch.Tensor: ...
 
     def velocity(self, obs: Optional[Dict], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
                  *args, **kwargs) -> torch.Tensor: ...
