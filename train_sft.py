@@ -368,8 +368,9 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
             raise SystemExit(f"error: --resume: the run had {saved_world} process(es) and this launch has {world}: "
                              f"resume with `{resume_command('train_sft.py', run_dir, saved_world)}`")
         policy.load_state_dict(load_saved_policy(ckpt).state_dict())
-    dist = SimpleNamespace(cfg=cfg, accelerator=accelerator, device=accelerator.device, world=world)  # what
-    policy = fsdp.shard_policy(dist, policy.to(accelerator.device))  # shard_policy and optimizer_step read of a Run
+    # what shard_policy and optimizer_step read of an RL script's Run
+    dist = SimpleNamespace(cfg=cfg, accelerator=accelerator, device=accelerator.device, world=world)
+    policy = fsdp.shard_policy(dist, policy.to(accelerator.device))
 
     # optimizer, cosine schedule with warm-up
     params = [p for p in policy.parameters() if p.requires_grad]
