@@ -15,12 +15,13 @@ How it runs (every piece of the scripts stays as it is):
 So the saving is the optimizer state, master weights and (offloaded) their device memory (ZeRO-1 style): gathered
 weights and gradients are full size during compute. docs/scale.md has the numbers.
 
-Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp): `policy/` holds the
-gathered weights, written by process 0 from the copy it already computes with (one process loads it: evaluate.py,
-init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
-trainable weights, of the optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`),
-which a resume at the same world size reads back into place (`load_shards`): nothing is gathered onto one process, so
-process 0's host memory for a save is the weights' CPU copy for policy/, as under ddp.
+Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp; every script saves and resumes
+through `save_checkpoint` / `load_checkpoint` below, sharded or not): `policy/` holds the gathered weights, written by
+process 0 from the copy it already computes with (one process loads it: evaluate.py, init.path); `shards/` is a
+torch.distributed.checkpoint folder where every process writes its own shards of the trainable weights, of the
+optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`), which a resume at the same
+world size reads back into place (`load_shards`): nothing is gathered onto one process, so process 0's host memory for
+a save is the weights' CPU copy for policy/, as under ddp.
 """
 from __future__ import annotations
 
