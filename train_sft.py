@@ -64,6 +64,12 @@ class SFTConfig:
 
 
 @dataclass
+class TrainSection:  # how the processes share the work: the RL scripts' train.strategy and train.fsdp_offload keys
+    strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
+    fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
+
+
+@dataclass
 class Config:
     seed: int = 0
     resume: Optional[str] = None
@@ -71,6 +77,7 @@ class Config:
     log: LogConfig = field(default_factory=lambda: LogConfig(wandb=False))
     policy: PolicySection = field(default_factory=PolicySection)
     sft: SFTConfig = field(default_factory=SFTConfig)
+    train: TrainSection = field(default_factory=TrainSection)
 
 
 def check_config(cfg: Config) -> None:
@@ -98,6 +105,13 @@ def check_config(cfg: Config) -> None:
         hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
                 if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
         raise ConfigError(f"policy.type={cfg.policy.type!r}{hint}")
+    if cfg.train.strategy != "ddp" or cfg.train.fsdp_offload:  # (common.fsdp loads torch: not for the default)
+        from common.fsdp import check_strategy
+
+        try:
+            check_strategy(cfg.train.strategy, cfg.train.fsdp_offload)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
     if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
         raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
                           f"must be >= 1")
@@ -115,41 +129,43 @@ def parse(argv: Optional[List[str]] = None) -> Config:
 if __name__ == "__main__":
     cfg = parse()
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
-from accelerate import Accelerator
 from tqdm import tqdm
 
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
-                               load_saved_policy, read_rng_state, save_checkpoint)
+from common import fsdp
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_saved_policy,
+                               read_rng_state, read_rng_states)
 from common.demos import demos_to_samples, generate_expert_demos
 from common.evaluation import evaluate_policy
 from common.logging import Logger, format_line
+from common.run import close_process_group, make_accelerator, resume_command
+from common.train import optimizer_step
 from models.action_tokenizer import ActionTokenizer
 from models.policy import policy_class
 from models.saved import TRAIN_CONFIG
 
 
-class SFTLoss(torch.nn.Module):
-    """Wraps the policy so the SFT loss is a forward() call (what accelerate/DDP hooks into)."""
-
-    def __init__(self, policy: torch.nn.Module):
-        super().__init__()
-        self.policy = policy
-
-    def forward(self, obs: Dict[str, np.ndarray], instructions: List[str], actions: np.ndarray):
-        if callable(getattr(self.policy, "flow_matching_loss", None)):  # a flow family (models/policy.py)
-            return self.policy.flow_matching_loss(obs, instructions, actions)
-        return self.policy.sft_loss(obs, instructions, actions)
+def sft_loss(policy: torch.nn.Module, obs: Dict[str, np.ndarray], instructions: List[str], actions: np.ndarray):
+    """(loss, info) of the policy's family: flow matching (a flow family, models/policy.py) or token cross-entropy."""
+    if callable(getattr(policy, "flow_matching_loss", None)):
+        return policy.flow_matching_loss(obs, instructions, actions)
+    return policy.sft_loss(obs, instructions, actions)
 
 
-def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator) -> np.ndarray:
-    """DrQ augmentation: (B, H, W, C) images edge-padded by `pad` and cropped back to (H, W) at a random offset each."""
+def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator, batch: Optional[int] = None,
+                 rows: slice = slice(None)) -> np.ndarray:
+    """DrQ augmentation: (B, H, W, C) images edge-padded by `pad` and cropped back to (H, W) at a random offset each.
+    With several processes every one draws the offsets of the whole batch of `batch` samples (the draws of one
+    process) and `images` are its `rows` of that batch."""
     if pad <= 0:
         return images
     b, h, w, _ = images.shape
     padded = np.pad(images, ((0, 0), (pad, pad), (pad, pad), (0, 0)), mode="edge")
-    dy, dx = rng.integers(0, 2 * pad + 1, (2, b))
+    dy, dx = rng.integers(0, 2 * pad + 1, (2, b if batch is None else batch))
+    dy, dx = dy[rows], dx[rows]
     rows = (dy[:, None] + np.arange(h))[:, :, None]  # (B, H, 1)
     cols = (dx[:, None] + np.arange(w))[:, None, :]  # (B, 1, W)
     return padded[np.arange(b)[:, None, None], rows, cols]
@@ -199,28 +215,44 @@ def export_policy(src: str, dst: str, cfg: Config) -> None:
 def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict[str, float]:
     """Parse (unless `cfg` is given), check, train; bad input is one line (`error: ...`), Ctrl-C / SIGTERM save the
     last completed step and exit 130 with the command that resumes it, a failed checkpoint write is one line with the
-    same command."""
+    same command. Several processes (`accelerate launch`) split each batch and stop together on a signal."""
     cfg = parse(argv) if cfg is None else cfg
     if cfg.sft.output_path == "auto":
         cfg.sft.output_path = os.path.join("checkpoints",
                                            f"sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}")
-    accelerator = Accelerator()
-    is_main = accelerator.is_main_process
-    prefix = default_run_prefix("train_sft", cfg.env.suite, cfg.env.task_ids, cfg.seed)
     try:
-        if cfg.resume:
-            run_name, run_dir = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
-        elif is_main:  # a new run gets a folder of its own, created exclusively
-            run_name, run_dir = create_run_dir(cfg.log, prefix)
-        else:
-            run_name, run_dir = "", ""
+        accelerator = make_accelerator()
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
+    is_main, world = accelerator.is_main_process, accelerator.num_processes
+    if cfg.sft.batch_size % world:
+        close_process_group(False)
+        raise SystemExit(f"error: sft.batch_size={cfg.sft.batch_size} is the batch of each step, split over the "
+                         f"{world} processes: make it a multiple of {world}")
+    prefix = default_run_prefix("train_sft", cfg.env.suite, cfg.env.task_ids, cfg.seed)
+    error, named = None, ("", "")
+    try:
+        if cfg.resume:
+            named = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
+        elif is_main:  # a new run gets a folder of its own, created exclusively; the other processes take its name
+            named = create_run_dir(cfg.log, prefix)
+    except ConfigError as e:
+        error = f"error: {e}"
+    if world > 1:
+        from accelerate.utils import broadcast_object_list
 
-    state = {"defer": False, "pending": False, "stopping": False}
+        error, named = broadcast_object_list([error, named], from_process=0)
+    if error:
+        close_process_group(False)
+        raise SystemExit(error)
+    run_name, run_dir = named
 
-    def on_signal(signum, frame):  # Ctrl-C / SIGTERM stop at once, except while an update or a save is under way
-        if state["defer"] or state["stopping"]:  # a second signal never cuts the save of the first one short
+    # Ctrl-C / SIGTERM: one process stops at once, except while an update or a save is under way; several processes
+    # (`lockstep`, from the first step on) only note it, and all stop together after the step (`train`)
+    state = {"defer": False, "pending": False, "stopping": False, "lockstep": False}
+
+    def on_signal(signum, frame):
+        if state["defer"] or state["stopping"] or state["lockstep"]:  # a second signal never cuts a save short
             state["pending"] = not state["stopping"]
             return
         state["stopping"] = True
@@ -233,66 +265,88 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
         except ValueError:  # not the main thread: Ctrl-C is the caller's
             pass
     progress: Dict[str, Any] = {}  # the last completed step and its RNG states; filled by train()
+    ok = False
     try:
-        return train(cfg, accelerator, run_name, run_dir, state, progress)
+        out = train(cfg, accelerator, run_name, run_dir, state, progress)
+        ok = True
+        return out
     except KeyboardInterrupt:
         for sig in old:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the save short
-        code = interrupted(cfg, run_dir, progress, is_main)
+        code = interrupted(run_dir, progress, is_main, world)
         raise SystemExit(code) from None
     except CheckpointError as e:
-        raise SystemExit(f"error: {e}; free the space (or fix the folder) and continue with: python train_sft.py "
-                         f"--resume {run_dir}") from None
+        raise SystemExit(f"error: {e}; free the space (or fix the folder) and continue with: "
+                         f"{resume_command('train_sft.py', run_dir, world)}") from None
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        close_process_group(ok)
         if is_main and not cfg.resume:
             remove_if_empty(run_dir, os.path.join(cfg.log.plots_dir, run_name))  # a start that wrote nothing
 
 
-def interrupted(cfg: Config, run_dir: str, progress: Dict[str, Any], is_main: bool) -> int:
-    """Save the last completed step (unless its checkpoint exists), say how to resume; the exit code (130)."""
-    if not is_main:
-        return INTERRUPTED
+def interrupted(run_dir: str, progress: Dict[str, Any], is_main: bool, world: int) -> int:
+    """Save the last completed step (unless its checkpoint exists; under fsdp every process writes its shards), say
+    how to resume; the exit code (130)."""
     step = progress.get("step", 0)
     if step > progress.get("saved", 0):
         try:
-            save_checkpoint(run_dir, step, progress["policy"], {"policy": progress["optimizer"]},
-                            {"policy": progress["scheduler"]}, config=cfg, extra={"best": progress["best"]},
-                            keep_last=cfg.log.keep_checkpoints, rng_states=[progress["rng"]])
-            progress["saved"] = step
+            progress["save"](step, progress["rng"])
         except CheckpointError as e:
-            print(f"\n[sft] interrupted; could not save step {step} ({e})", flush=True)
+            if is_main:
+                print(f"\n[sft] interrupted; could not save step {step} ({e})", flush=True)
+    if not is_main:
+        return INTERRUPTED
     if progress.get("saved", 0) > 0:
         print(f"\n[sft] interrupted: steps 1..{progress['saved']} are saved in {run_dir}/checkpoints; continue with: "
-              f"python train_sft.py --resume {run_dir}", flush=True)
+              f"{resume_command('train_sft.py', run_dir, world)}", flush=True)
     else:
         print("\n[sft] interrupted before the first step finished: nothing to save", flush=True)
     return INTERRUPTED
 
 
+def copy_policy(src: str, dst: str) -> None:
+    """The saved policy folder `src` (a checkpoint's policy/) to `dst`, replacing it."""
+    tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.replace(tmp, dst)
+
+
 def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: Dict[str, bool],
           progress: Dict[str, Any]) -> Dict[str, float]:
-    """The SFT run; `progress` always holds the last completed step, for the interrupt path to save."""
-    is_main = accelerator.is_main_process
+    """The SFT run; `progress` always holds the last completed step, for the interrupt path to save.
+
+    Several processes: every process draws the same batch of sft.batch_size samples (and augmentation offsets), runs
+    its own slice of it, and the gradients are averaged by the RL scripts' `optimizer_step` (common/train.py:
+    `average_gradients` under ddp and fsdp alike), so the run is the one-process run at the same batch up to float
+    rounding. Process 0 evaluates and logs; every process takes part in a checkpoint (its RNG states, and under fsdp
+    its shards)."""
+    is_main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
     for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
         section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
 
-    # seeding
+    # seeding: the same initial weights on every process, then each its own torch stream (flow matching's noise)
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
 
     # demos -> (observation, instruction, action chunk) samples
     t0 = time.time()
-    demos = load_demos(cfg)
+    with accelerator.main_process_first():  # process 0 records (and caches) the expert demos, the others read them
+        demos = load_demos(cfg)
     policy = build_policy(cfg, np.concatenate([d["actions"] for d in demos]))
+    if rank:
+        torch.manual_seed(cfg.seed + rank)
     chunk = policy.action_chunk
     samples = demos_to_samples(demos, chunk)
     num_samples = len(samples["actions"])
     if is_main:
         print(f"[sft] {len(demos)} demos, {num_samples} samples (chunk {chunk}) in {time.time() - t0:.1f}s; "
-              f"run {run_dir}")
+              f"run {run_dir}" + (f"; {world} processes, train.strategy={cfg.train.strategy}" if world > 1 else ""))
 
     # evaluation trials: by default the last `eval_trials` of the suite (held out when num_demos leaves them unused)
     n_trials = envs.num_trials(cfg.env)
@@ -301,6 +355,22 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
     overlap = sorted({int(d["trial_id"]) for d in demos if not d.get("demo_start")} & set(eval_trials))
     if overlap and is_main:
         print(f"[sft] note: {len(overlap)} evaluation trials also have demos (not held out)")
+
+    # resume: the weights first (plain), then sharding (train.strategy), the optimizer on the shards, its state
+    ckpt = None
+    if cfg.resume:
+        ckpt = latest_checkpoint(run_dir)
+        if ckpt is None:
+            raise SystemExit(f"error: --resume: {run_dir} has no complete checkpoint to continue from; start a new run "
+                             f"without --resume")
+        saved_world = len(read_rng_states(ckpt))
+        if saved_world != world:
+            raise SystemExit(f"error: --resume: the run had {saved_world} process(es) and this launch has {world}: "
+                             f"resume with `{resume_command('train_sft.py', run_dir, saved_world)}`")
+        policy.load_state_dict(load_saved_policy(ckpt).state_dict())
+    # what shard_policy and optimizer_step read of an RL script's Run
+    dist = SimpleNamespace(cfg=cfg, accelerator=accelerator, device=accelerator.device, world=world)
+    policy = fsdp.shard_policy(dist, policy.to(accelerator.device))
 
     # optimizer, cosine schedule with warm-up
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -314,28 +384,24 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 
-    # resume: weights, optimizer, schedule, every random stream (a one-thread resume is bitwise the uninterrupted run)
+    # resume: optimizer, schedule, every random stream (a one-thread resume is bitwise the uninterrupted run)
     start_step, best = 0, {"success": -1.0, "step": -1}
-    rng = np.random.default_rng([cfg.seed, accelerator.process_index, start_step])
-    if cfg.resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise SystemExit(f"error: --resume: {run_dir} has no complete checkpoint to continue from; start a new run "
-                             f"without --resume")
-        policy.load_state_dict(load_saved_policy(ckpt).state_dict())
-        policy.train()
-        start_step, extra = load_training_state(ckpt, {"policy": optimizer}, {"policy": scheduler})
+    rng = np.random.default_rng([cfg.seed, 0, start_step])  # the batch sampler: the same on every process
+    if ckpt is not None:
+        try:
+            start_step, extra = fsdp.load_checkpoint(ckpt, policy, {"policy": optimizer}, {"policy": scheduler},
+                                                     rank=rank)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
         best = extra.get("best", best)
-        saved_rng = read_rng_state(ckpt)
+        saved_rng = read_rng_state(ckpt, rank)
         if "sft" in saved_rng:
             rng.bit_generator.state = saved_rng["sft"]
         else:  # a checkpoint from before the sampler's state was saved
-            rng = np.random.default_rng([cfg.seed, accelerator.process_index, start_step])
-        print(f"[sft] resumed from {ckpt} at step {start_step}")
-
-    loss_module = SFTLoss(policy)
-    loss_module, optimizer, scheduler = accelerator.prepare(loss_module, optimizer, scheduler)
-    policy = accelerator.unwrap_model(loss_module).policy
+            rng = np.random.default_rng([cfg.seed, 0, start_step])
+        if is_main:
+            print(f"[sft] resumed from {ckpt} at step {start_step}")
+    fsdp.register(policy, [optimizer])  # fsdp: gathers the weights to compute with (collective)
     policy.train()
     logger = Logger(run_dir, run_name, cfg, cfg.log, resume_iteration=start_step if cfg.resume else None) \
         if is_main else None
@@ -347,8 +413,22 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
     def rng_state() -> Dict[str, Any]:
         return {**capture_rng_state(), "sft": rng.bit_generator.state}
 
-    progress.update(step=start_step, saved=start_step, rng=rng_state(), best=best, policy=policy, optimizer=optimizer,
-                    scheduler=scheduler)
+    def gather(items: List) -> List:
+        if world == 1:
+            return list(items)
+        from accelerate.utils import gather_object
+
+        return gather_object(list(items))
+
+    def save(step: int, rng_now: Dict[str, Any]) -> str:
+        """The checkpoint of `step` (every process calls it: each adds its RNG states, under fsdp its shards)."""
+        path = fsdp.save_checkpoint(run_dir, step, policy, {"policy": optimizer}, {"policy": scheduler}, rank=rank,
+                                    gather=gather, config=cfg, extra={"best": best},
+                                    keep_last=cfg.log.keep_checkpoints, rng_states=gather([rng_now]))
+        progress["saved"] = step
+        return path
+
+    progress.update(step=start_step, saved=start_step, rng=rng_state(), save=save)
 
     def deferred_signals(fn, *args):
         """fn(*args) with Ctrl-C / SIGTERM held back until it returns (an update or a save is never cut in half)."""
@@ -357,73 +437,91 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
             return fn(*args)
         finally:
             signals["defer"] = False
-            if signals["pending"]:
+            if signals["pending"] and not signals["lockstep"]:
                 signals["pending"], signals["stopping"] = False, True
                 raise KeyboardInterrupt
 
     def save_policies(step: int, success: float) -> None:
-        policy.save(os.path.join(run_dir, "last"))
-        if success >= best["success"]:  # ties go to the later (longer trained) policy
+        """The checkpoint, then its policy/ as last/ (and best/ when it is the best so far) on process 0."""
+        improved = success >= best["success"]  # ties go to the later (longer trained) policy
+        if improved:
             best.update(success=success, step=step)
-            policy.save(os.path.join(run_dir, "best"))
-        save_checkpoint(run_dir, step, policy, {"policy": optimizer}, {"policy": scheduler}, config=cfg,
-                        extra={"best": best}, keep_last=cfg.log.keep_checkpoints, rng_states=[rng_state()])
-        progress["saved"] = step
+        path = save(step, rng_state())
+        if is_main:
+            copy_policy(os.path.join(path, "policy"), os.path.join(run_dir, "last"))
+            if improved:
+                copy_policy(os.path.join(path, "policy"), os.path.join(run_dir, "best"))
 
     def evaluate_and_save(step: int) -> Dict[str, float]:
-        """Greedy success on the evaluation trials; keep best/ and last/, write a training checkpoint."""
+        """Greedy success on the evaluation trials (process 0); keep best/ and last/, write a training checkpoint."""
         out: Dict[str, float] = {}
         if eval_env is not None:
             out.update(evaluate_policy(eval_env, policy, cfg.env.task_ids, eval_trials)[0])
         deferred_signals(save_policies, step, out.get("val/success_rate", 0.0))
         return out
 
-    def update(step: int) -> float:
-        optimizer.step()
-        scheduler.step()
+    def update(step: int) -> tuple:
+        """Gradients averaged over the processes, clipped; the optimizer and schedule step."""
+        norm = optimizer_step(dist, params, optimizer, scheduler, cfg.sft.max_grad_norm)
         progress.update(step=step + 1, rng=rng_state())
-        return scheduler.get_last_lr()[0]
+        return norm, scheduler.get_last_lr()[0]
+
+    def over_processes(info: Dict[str, float]) -> tuple:
+        """The step's statistics averaged over the processes (their slices are equal), and whether any process was
+        signalled, in one small all-reduce: then every process stops after this step, together."""
+        keys = sorted(info)
+        flags = torch.tensor([float(signals["pending"])] + [float(info[k]) for k in keys], dtype=torch.float64,
+                             device=accelerator.device)
+        flags = accelerator.reduce(flags, reduction="sum").cpu()
+        return {k: float(v) / world for k, v in zip(keys, flags[1:])}, bool(flags[0] > 0)
 
     # training loop
+    b = cfg.sft.batch_size
+    mine = slice(rank * (b // world), (rank + 1) * (b // world))  # this process's rows of each batch
     bar = tqdm(range(start_step, cfg.sft.steps), initial=start_step, total=cfg.sft.steps, desc="sft",
                disable=not is_main)
     window: Dict[str, List[float]] = {}
     t_window = time.time()
     metrics: Dict[str, float] = {}
     t_start = time.time()
+    signals["lockstep"] = world > 1
     for step in bar:
-        idx = rng.integers(0, num_samples, cfg.sft.batch_size)
+        idx = rng.integers(0, num_samples, b)[mine]
         obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
         for k in ("agentview", "wrist"):
-            obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng)
-        loss, info = loss_module(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
+            obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng, b, mine)
+        loss, info = sft_loss(policy, obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
         optimizer.zero_grad(set_to_none=True)
-        accelerator.backward(loss)
-        grad_norm = accelerator.clip_grad_norm_(params, cfg.sft.max_grad_norm)
-        lr = deferred_signals(update, step)
+        loss.backward()
+        grad_norm, lr = deferred_signals(update, step)
+        stop = False
+        if world > 1:
+            info, stop = over_processes(info)
         for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": lr}.items():
             window.setdefault(k, []).append(float(v))
 
         done = step + 1
-        if not is_main:
-            continue
         do_eval = done == cfg.sft.steps or (cfg.sft.eval_every > 0 and done % cfg.sft.eval_every == 0)
         if done % cfg.sft.log_every == 0 or do_eval:
-            metrics = {k: float(np.mean(v)) for k, v in window.items()}
-            metrics["charts/samples_per_s"] = len(window["train/lr"]) * cfg.sft.batch_size / (time.time() - t_window)
-            if do_eval:
-                metrics.update(evaluate_and_save(done))
-            metrics["charts/elapsed_s"] = time.time() - t_start
-            logger.log(metrics, step=done)
-            bar.write(format_line(done, metrics, ["charts/samples_per_s", "sft/loss", "sft/flow_mse",
-                                                  "sft/token_accuracy", "train/grad_norm", "val/success_rate"],
-                                  total=cfg.sft.steps))
+            if is_main:
+                metrics = {k: float(np.mean(v)) for k, v in window.items()}
+                metrics["charts/samples_per_s"] = len(window["train/lr"]) * b / (time.time() - t_window)
+            evaluated = evaluate_and_save(done) if do_eval else {}
+            if is_main:
+                metrics.update(evaluated)
+                metrics["charts/elapsed_s"] = time.time() - t_start
+                logger.log(metrics, step=done)
+                bar.write(format_line(done, metrics, ["charts/samples_per_s", "sft/loss", "sft/flow_mse",
+                                                      "sft/token_accuracy", "train/grad_norm", "val/success_rate"],
+                                      total=cfg.sft.steps))
             window, t_window = {}, time.time()
             progress["rng"] = rng_state()  # evaluation may draw random numbers too
+        if stop:  # every process, after the same step: `interrupted` saves it (unless just saved) on every process
+            raise KeyboardInterrupt
 
+    if cfg.sft.steps <= start_step:  # nothing left to train: still leave best/ and last/
+        evaluate_and_save(start_step)
     if is_main:
-        if cfg.sft.steps <= start_step:  # nothing left to train: still leave best/ and last/
-            evaluate_and_save(start_step)
         logger.close()
         if eval_env is not None:
             eval_env.close()

@@ -15,12 +15,13 @@ How it runs (every piece of the scripts stays as it is):
 So the saving is the optimizer state, master weights and (offloaded) their device memory (ZeRO-1 style): gathered
 weights and gradients are full size during compute. docs/scale.md has the numbers.
 
-Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp): `policy/` holds the
-gathered weights, written by process 0 from the copy it already computes with (one process loads it: evaluate.py,
-init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
-trainable weights, of the optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`),
-which a resume at the same world size reads back into place (`load_shards`): nothing is gathered onto one process, so
-process 0's host memory for a save is the weights' CPU copy for policy/, as under ddp.
+Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp; every script saves and resumes
+through `save_checkpoint` / `load_checkpoint` below, sharded or not): `policy/` holds the gathered weights, written by
+process 0 from the copy it already computes with (one process loads it: evaluate.py, init.path); `shards/` is a
+torch.distributed.checkpoint folder where every process writes its own shards of the trainable weights, of the
+optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`), which a resume at the same
+world size reads back into place (`load_shards`): nothing is gathered onto one process, so process 0's host memory for
+a save is the weights' CPU copy for policy/, as under ddp.
 """
 from __future__ import annotations
 
@@ -304,6 +305,58 @@ def load_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optim
         set_optimizer_state_dict(policy, opt, state["optimizers"][name])
     for name, m in (modules or {}).items():
         m.load_state_dict(state["modules"][name])
+
+
+def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
+                    schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
+                    rank: int = 0, gather: Optional[Any] = None, **kwargs: Any) -> Optional[str]:
+    """common.checkpoint.save_checkpoint for a policy sharded or not (every script's checkpoint goes through it).
+    Not sharded: process 0 writes everything, other processes return None at once. Sharded (every process calls it,
+    with `gather`): process 0 writes policy/ from a CPU copy of its gathered weights, every process writes into
+    shards/ its shards of the trainable weights, of the optimizers that step them and of the modules that hold shards
+    (`holds_dtensors`); the rest is written as under ddp, and the weights are gathered again after (a failed write
+    too). `kwargs`: save_checkpoint's config, extra, keep_last, rng_states."""
+    from common.checkpoint import save_checkpoint as write
+
+    if not is_sharded(policy):
+        return write(run_dir, iteration, policy, optimizers, schedulers, modules, **kwargs) if rank == 0 else None
+    saved = GatheredSave(policy, gathered_copy(policy)) if rank == 0 else None  # policy/
+    sharded = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
+    held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
+    reshard(policy)
+    try:
+        return write(run_dir, iteration, saved, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers,
+                     {k: m for k, m in (modules or {}).items() if k not in held},
+                     shards=lambda folder: save_shards(policy, sharded, folder, held), rank=rank, gather=gather,
+                     **kwargs)
+    finally:
+        gather_weights(policy)  # collective: every process reaches it, after a failed write too
+
+
+def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
+                    schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
+                    rank: int = 0) -> tuple:
+    """common.checkpoint.load_training_state for a policy sharded or not: optimizers, schedulers, modules and process
+    `rank`'s RNG states; under fsdp the optimizers that step shards and the modules that hold shards from shards/
+    (collective; before `register`). The policy's weights themselves are the caller's (from `<path>/policy`, before
+    sharding). Returns (iteration, extra); ValueError (one line) for an fsdp resume of a checkpoint without shards/."""
+    import os
+
+    from common.checkpoint import load_training_state
+
+    sharded = {k: o for k, o in optimizers.items() if is_sharded(policy) and holds_shards(policy, o)}
+    held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
+    iteration, extra = load_training_state(path, {k: o for k, o in optimizers.items() if k not in sharded},
+                                           schedulers, {k: m for k, m in (modules or {}).items() if k not in held},
+                                           rank=rank)
+    if sharded:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
+        shards = os.path.join(path, "shards")
+        if not os.path.isdir(shards):
+            raise ValueError(f"--resume: checkpoint {path} has no shards/ (the weights and optimizer state that "
+                             f"train.strategy=fsdp saves per process): it was written under train.strategy=ddp or by "
+                             f"an older version; start a new run from its policy/ ({path}/policy)")
+        load_shards(policy, sharded, shards, held)
+    return iteration, extra
 
 
 def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:

@@ -44,8 +44,7 @@ import torch
 import yaml
 
 from common import fsdp
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_training_state,
-                               read_rng_state, read_rng_states, save_checkpoint)
+from common.checkpoint import CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states
 from common.config import (ROOT, ConfigError, check_writable, create_run_dir, default_run_prefix,
                            remove_if_empty, resolve_run_dir, run_order, save_config, script_file)
 from common.evaluation import eval_trials, evaluate_policy
@@ -218,19 +217,11 @@ class Run:
             self.make_envs()
         self.eval_kwargs = eval_kwargs or {}
         if self.resume_path is not None:
-            sharded = {k: o for k, o in optimizers.items()
-                       if fsdp.is_sharded(policy) and fsdp.holds_shards(policy, o)}
-            sharded_modules = self._sharded_modules()
-            self.start_iteration, extra = load_training_state(
-                self.resume_path, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers,
-                {k: m for k, m in self._tracked["modules"].items() if k not in sharded_modules}, rank=self.rank)
-            if sharded:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
-                shards = os.path.join(self.resume_path, "shards")
-                if not os.path.isdir(shards):
-                    raise ConfigError(f"--resume: checkpoint {self.resume_path} has no shards/ (the weights and "
-                                      f"optimizer state that train.strategy=fsdp saves per process): it was written "
-                                      f"by an older version; start a new run (init.path={self.resume_path}/policy)")
-                fsdp.load_shards(policy, sharded, shards, sharded_modules)
+            try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
+                self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
+                                                                   self._tracked["modules"], rank=self.rank)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
             rng = read_rng_state(self.resume_path, self.rank)
             if "prompt" in rng:
                 self.prompt_rng.bit_generator.state = rng["prompt"]
@@ -369,30 +360,11 @@ class Run:
 
     def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
         """The checkpoint of `iteration` (process 0; under fsdp every process: each writes its shards)."""
-        t, policy = self._tracked, self._tracked["policy"]
-        if not fsdp.is_sharded(policy):
-            return self._write(iteration, rng_states, policy, t["optimizers"])
-        saved = fsdp.GatheredSave(policy, fsdp.gathered_copy(policy)) if self.is_main else None  # policy/
-        sharded = {k: o for k, o in t["optimizers"].items() if fsdp.holds_shards(policy, o)}
-        modules = self._sharded_modules()
-        fsdp.reshard(policy)
-        try:
-            return self._write(iteration, rng_states, saved, {k: o for k, o in t["optimizers"].items()
-                                                              if k not in sharded},
-                               lambda folder: fsdp.save_shards(policy, sharded, folder, modules),
-                               {k: m for k, m in t["modules"].items() if k not in modules})
-        finally:
-            fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
-
-    def _write(self, iteration: int, rng_states: List[Dict[str, Any]], policy: Any, optimizers: Dict[str, Any],
-               shards: Optional[Callable[[str], None]] = None,
-               modules: Optional[Dict[str, torch.nn.Module]] = None) -> str:
         t = self._tracked
-        modules = t["modules"] if modules is None else modules
-        path = save_checkpoint(self.run_dir, iteration, policy, optimizers, t["schedulers"], modules,
-                               config=self.cfg, extra={"run_name": self.run_name, "state": self.state},
-                               keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states, shards=shards,
-                               rank=self.rank, gather=self.gather if shards is not None else None)
+        path = fsdp.save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
+                                    t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
+                                    extra={"run_name": self.run_name, "state": self.state},
+                                    keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
         self._saved_iteration = iteration
         return path
 
@@ -457,13 +429,8 @@ class Run:
                 self.envs.close()
             except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
                 pass
-        if self.world > 1 and torch.distributed.is_initialized():
-            # tear the process group down before interpreter exit, after a barrier (no rank closes its connections
-            # while another still has work in flight on them, e.g. fsdp's weight gather after the last step): left
-            # to the finaliser, gloo's threads sometimes abort a rank ("terminate called without an active exception")
-            if exc_type is None:
-                torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+        if self.world > 1:
+            close_process_group(exc_type is None)
         if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
         if exc_type is KeyboardInterrupt:
@@ -529,9 +496,24 @@ class Run:
 
     def resume_command(self, world: Optional[int] = None) -> str:
         """The command that continues this run with `world` processes (default: this run's)."""
-        world = self.world if world is None else world
-        launch = f"accelerate launch --multi_gpu --num_processes {world} {QUIET_LAUNCH}" if world > 1 else "python"
-        return f"{launch} {self.script_file()} --resume {self.run_dir}"
+        return resume_command(self.script_file(), self.run_dir, self.world if world is None else world)
+
+
+def resume_command(script: str, run_dir: str, world: int) -> str:
+    """The command that continues the run in `run_dir` of `script` (train_srpo.py, ...) with `world` processes."""
+    launch = f"accelerate launch --multi_gpu --num_processes {world} {QUIET_LAUNCH}" if world > 1 else "python"
+    return f"{launch} {script} --resume {run_dir}"
+
+
+def close_process_group(ok: bool) -> None:
+    """Tear the process group down before interpreter exit, after a barrier when the run ended normally (no process
+    closes its connections while another still has work in flight on them, e.g. fsdp's weight gather after the last
+    step): left to the finaliser, gloo's threads sometimes abort a process ("terminate called without an active
+    exception")."""
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        if ok:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def run_summary(history: Dict[int, Dict[str, float]], env_steps: float, wall_s: float, plot: str,
@@ -764,5 +746,6 @@ def policy_keys_from_checkpoint(yaml_policy: Any, loaded_policy: Any, kept: Sequ
             and getattr(yaml_policy, f.name) != getattr(loaded_policy, f.name, None)]
 
 
-__all__ = ["Run", "start_run", "average_gradients", "minibatches", "make_accelerator", "INTERRUPTED",
+__all__ = ["Run", "start_run", "average_gradients", "minibatches", "make_accelerator", "INTERRUPTED", "resume_command",
+           "close_process_group",
            "policy_keys_from_checkpoint", "initial_policy", "sft_command"]

@@ -460,3 +460,161 @@ def test_sharded_save_is_one_atomic_checkpoint_and_a_failure_on_any_process_is_o
     verify_checkpoint(str(first))  # the manifest covers both processes' shards
     with open(first / "MANIFEST.json") as f:
         assert {"shards/rank0.pt", "shards/rank1.pt"} <= set(__import__("json").load(f)["files"])
+
+
+# ---- train_sft.py with train.strategy=ddp|fsdp on two accelerate processes: each process runs its half of the same
+# batch, the gradients are averaged by the RL scripts' optimizer_step, so both equal one process at the same batch
+
+SFT_FAST = ["--task-id", "0", "--no-wandb", "policy.token.hidden_size=32", "policy.token.num_layers=1",
+            "policy.token.num_heads=2", "sft.num_demos=2", "sft.batch_size=8", "sft.eval_every=0", "sft.eval_trials=1",
+            "env.max_steps=4", "env.num_envs=1", "sft.augment_shift=2"]
+
+
+def _sft_args(tmp_path, *args):
+    return [*SFT_FAST, f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots",
+            f"sft.output_path={tmp_path}/exported", *args]
+
+
+def _sft_rows(run_dir):
+    """metrics.jsonl of an SFT run without wall-clock figures."""
+    from tests.test_run_plumbing import rows
+
+    return [{k: v for k, v in r.items() if not k.startswith(("charts/", "time/"))} for r in rows(run_dir)]
+
+
+def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy_evaluates_in_one_process(
+        tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+    from safetensors.torch import load_file
+
+    from tests.test_run_plumbing import ENV, ROOT, the_run
+
+    # two steps of lr 0.01 (no warm-up), clipped at 1 (the gradient norm is ~6): a sum taken for the mean would
+    # double the logged gradient norm (the update itself hardly changes: AdamW and the clip normalise the scale)
+    steps = ["sft.steps=2", "sft.log_every=1", "sft.lr=0.01", "sft.warmup_steps=0", "sft.eval_every=1"]
+    one = subprocess.run([sys.executable, os.path.join(ROOT, "train_sft.py"), *_sft_args(tmp_path / "one", *steps)],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    expected = load_file(str(tmp_path / "one" / "exported" / "model.safetensors"))
+    first = _policy_weights(the_run(tmp_path / "one" / "runs"), 1)
+    assert max(float((expected[k] - v).abs().max()) for k, v in first.items()) > 1e-3  # step 2 moves the weights
+    expected_rows = _sft_rows(the_run(tmp_path / "one" / "runs"))
+    assert [r["iteration"] for r in expected_rows] == [1, 2] and expected_rows[0]["train/grad_norm"] > 2
+    for port, strategy in ((29581, "ddp"), (29583, "fsdp")):
+        out = _launch(_sft_args(tmp_path / strategy, "train.strategy=" + strategy, *steps), tmp_path / strategy, port,
+                      "train_sft.py", [])
+        assert f"2 processes, train.strategy={strategy}" in out.stdout
+        run_dir = the_run(tmp_path / strategy / "runs")
+        got = load_file(str(tmp_path / strategy / "exported" / "model.safetensors"))
+        assert got.keys() == expected.keys()
+        for k, v in expected.items():
+            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+        for k, v in first.items():
+            torch.testing.assert_close(_policy_weights(run_dir, 1)[k], v, rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+        for a, b in zip(_sft_rows(run_dir), expected_rows, strict=True):
+            assert a.keys() == b.keys() and a == pytest.approx(b, rel=1e-5), strategy
+        last = os.path.join(run_dir, "checkpoints", "iter_000002")
+        shards = os.path.join(last, "shards")
+        if strategy == "fsdp":  # one file per process, the AdamW state only there
+            assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+            assert torch.load(os.path.join(last, "optimizers.pt"), weights_only=True) == {}
+        else:
+            assert not os.path.exists(shards)
+        assert len(torch.load(os.path.join(last, "rng.pt"), weights_only=False)) == 2  # every process's streams
+
+    # the exported fsdp policy in one process: evaluate.py reads it (the gathered weights, as written by process 0)
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint",
+                          str(tmp_path / "fsdp" / "exported"), "--trials", "2", "--max-steps", "4", "--gifs", "0",
+                          "--out-dir", str(tmp_path / "eval")], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(tmp_path / "eval" / "results.json") as f:
+        results = json.load(f)
+    assert results["trials"] == 2, results
+
+
+def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwise(tmp_path):
+    import glob
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from safetensors.torch import load_file
+
+    from tests.test_run_plumbing import ENV, ROOT, the_run
+
+    steps = ["train.strategy=fsdp", "sft.steps=60", "sft.log_every=5"]
+    _launch(_sft_args(tmp_path / "full", *steps), tmp_path / "full", 29585, "train_sft.py", [])
+
+    # Ctrl-C in the terminal (SIGINT to the launcher and both processes) once steps 5 and 10 are logged: each process
+    # only notes it, and all stop after the same step, which every process saves (its shards, its RNG streams)
+    cut = tmp_path / "cut"
+    proc = subprocess.Popen(_command(_sft_args(cut, *steps), cut, 29587, "train_sft.py", []), cwd=ROOT, env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        metrics = glob.glob(str(cut / "runs" / "*" / "metrics.jsonl"))
+        if metrics and len(open(metrics[0]).read().splitlines()) >= 2:
+            break
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    run_dir = the_run(cut / "runs")
+    (saved,) = os.listdir(os.path.join(run_dir, "checkpoints"))
+    step = int(saved[len("iter_"):])
+    assert 10 <= step < 60, stderr[-3000:]
+    checkpoint = os.path.join(run_dir, "checkpoints", saved)
+    assert sorted(os.listdir(os.path.join(checkpoint, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert len(torch.load(os.path.join(checkpoint, "rng.pt"), weights_only=False)) == 2
+    said = f"[sft] interrupted: steps 1..{step} are saved in {run_dir}/checkpoints; continue with: accelerate launch " \
+           f"--multi_gpu --num_processes 2 "
+    assert said in stdout and f"train_sft.py --resume {run_dir}" in stdout, stdout[-2000:]
+    assert "Traceback" not in "".join(line for line in stderr.splitlines() if "[rank" in line)  # none from ours
+    assert not os.path.exists(cut / "exported")  # nothing exported from a cut-short run
+
+    out = _launch(["--resume", run_dir], cut, 29589, "train_sft.py", [])
+    assert f"resumed from {checkpoint} at step {step}" in out.stdout
+    full, resumed = load_file(str(tmp_path / "full" / "exported" / "model.safetensors")), \
+        load_file(str(cut / "exported" / "model.safetensors"))
+    assert all(torch.equal(full[k], resumed[k]) for k in full)
+    rows, expected = _sft_rows(run_dir), _sft_rows(the_run(tmp_path / "full" / "runs"))
+    assert [r["iteration"] for r in rows] == list(range(5, 65, 5))  # each logged step once
+    assert [r for r in rows if r["iteration"] <= step] == [r for r in expected if r["iteration"] <= step]
+
+
+def test_srpo_fsdp_signal_during_the_update_of_one_process_finishes_and_saves_that_iteration_then_resumes_bitwise(
+        tmp_path):
+    """A SIGINT that lands inside iteration 2's update on process 0 only (tests/fixtures/signal_in_update.py): the
+    update is not cut, both processes finish iteration 2 and save it (not due: log.checkpoint_every=100), exit 130
+    with the resume command, and the resume is the uninterrupted 3-iteration run bitwise."""
+    import os
+    import subprocess
+
+    from tests.test_run_plumbing import ENV, FAST, ROOT, deterministic, rows, the_run
+
+    fast = [*FAST, "train.iterations=3", "train.lr=1e-3", "train.strategy=fsdp"]
+    _launch([], tmp_path / "full", 29593, fast=fast)
+    full = the_run(tmp_path / "full" / "runs")
+
+    cut = tmp_path / "cut"
+    out = subprocess.run(_command(["log.checkpoint_every=100"], cut, 29595, "tests/fixtures/signal_in_update.py",
+                                  ["train_srpo.py", *fast]), cwd=ROOT, env=dict(ENV, SIGNAL_ITERATION="2"),
+                         capture_output=True, text=True, timeout=600)
+    run_dir = the_run(cut / "runs")
+    assert "[test] SIGINT sent to process 0 in iteration 2's update" in out.stdout, out.stderr[-3000:]
+    assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["iter_000002"], out.stderr[-3000:]
+    assert f"interrupted: iterations 1..2 are saved in {run_dir}/checkpoints; continue with: accelerate launch " \
+           f"--multi_gpu --num_processes 2 " in out.stdout, out.stdout[-2000:]
+    assert "exitcode  : 130" in out.stderr  # torch's launcher reports each process's exit code
+    assert "Traceback" not in "".join(line for line in out.stderr.splitlines() if "[rank" in line)
+    assert [r["iteration"] for r in rows(run_dir)] == [0, 1, 2]
+    _launch(["--resume", run_dir], cut, 29597, fast=[])
+    for k, v in _policy_weights(full, 3).items():
+        assert torch.equal(_policy_weights(run_dir, 3)[k], v), k
+    assert [deterministic(r) for r in rows(run_dir)] == [deterministic(r) for r in rows(full)]
