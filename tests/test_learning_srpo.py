@@ -1,28 +1,29 @@
-"""Learning test: from the DrQ SFT start on tabletop task 0, SRPO raises success on fixed held-out trials
-(deterministic seeds, one thread, CPU).
+"""Learning test: from the DrQ SFT start on tabletop task 0, SRPO raises success on the trials it practises and, less
+surely, on held-out trials (deterministic seed, one thread, CPU).
 
-The start (the `drq_sft` fixture) is configs/sft.yaml's recipe (10 expert demos from the suite's demo starts, DrQ
-random shift) at 128 wide: the 256-wide default makes this run 2.5x slower, over the suite's 8 minutes per learning
-test. It never sees an evaluation trial and solves 40-55% of them greedily, depending on the CPU's float rounding.
-SRPO (configs/srpo.yaml) then practises on trials 0-29 (8 prompts x 8 samples per iteration, no demonstrations) for
-60 iterations and is evaluated every 10 iterations on trials 30-49, which it never practises on: one greedy episode
-and 8 sampled episodes per trial. One evaluation swings by about +-0.1 (sampled) to +-0.15 (greedy), so the test
-compares the first evaluation with the mean of the last three, and practice success over the first and last 10
-iterations.
+The start (`drq_sft`, tests/scripts.py SFT_STARTS) is configs/sft.yaml's recipe (10 expert demos from the suite's
+demo starts, DrQ random shift) at 128 wide: the 256-wide default makes this run 2.5x slower. It never sees an
+evaluation trial and solves 40-55% of them greedily, depending on the CPU's float rounding. SRPO (configs/srpo.yaml)
+practises on trials 0-29 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated
+every 10 iterations on trials 30-49, which it never practises on: one greedy and 8 sampled episodes per trial.
 
-Measured (seed 1, one thread, about 6 minutes after the 2-minute SFT) on an AMD EPYC with AVX-512 / one with AVX2
-only: greedy 0.40 -> 0.70 (0.60, 0.75, 0.75) / 0.55 -> 0.75 (0.75, 0.80, 0.70); sampled 0.45 -> 0.60 / 0.375 ->
-0.685; practice (trials 0-29) 0.53 -> 0.72 / 0.48 -> 0.75. Asserted: greedy +0.2, sampled +0.1, practice +0.1 and a
-small final PPO KL (no collapse). SRPO from 40% starts ends at 0.82 (128 wide) and 0.90 (256 wide) over three seeds
-at 120 iterations (docs/results.md#srpo-on-task-0-the-wider-policy). History of the bounds:
-docs/notebook/2026-11-learning-tests.md.
+How the bounds were set: `python benchmarks/learning_seeds.py --tests srpo --seeds 1 2 3` (AMD EPYC, AVX2 only; each
+seed one thread, ~9 minutes idle), gains mean +- sd over the three seeds, and what an update that does nothing gives:
+- practice success, first -> last 10 iterations (640 episodes each): +0.27 +- 0.09 (0.35, 0.28, 0.18); a do-nothing
+  update moves it by binomial noise only, sd 0.028. Asserted >= 0.1 (mean - 2 sd, 3.6 sd of that noise).
+- held-out sampled success, first evaluation -> mean of the last three (160 / 480 episodes): +0.22 +- 0.07 (0.29,
+  0.19, 0.16); do-nothing noise sd 0.045. Asserted >= 0.05, below mean - 2 sd (0.08): a guard that held-out success
+  does not fall, not a bound a broken update could never pass (the practice bound is that).
+- held-out greedy, same windows (20 episodes per evaluation): +0.14 +- 0.07 (0.22, 0.13, 0.08): mean - 2 sd is 0.01,
+  so it is printed, not asserted.
+- the last iteration's PPO KL, 0.001-0.004: asserted < 0.1 (no collapse).
 """
 import numpy as np
 
 from tests.scripts import learning_run
 
 SCRIPT, START = "train_srpo.py", "drq"  # tests/scripts.py SFT_STARTS
-BOUNDS = {"greedy": 0.2, "sampled": 0.1, "practice": 0.1}  # asserted: measures(rows)[k] >= BOUNDS[k]
+BOUNDS = {"practice": 0.1, "sampled": 0.05}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)
 
 
 def args(seed: int, start: str) -> list:
