@@ -55,33 +55,25 @@ INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's
 QUIET_LAUNCH = "--num_machines 1 --mixed_precision no --dynamo_backend no"  # accelerate warns when it picks these
 
 
-def requested_processes() -> Optional[int]:
-    """--num_processes N of the `accelerate launch` that started this process (None when not launched so)."""
-    try:
-        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")
-    except OSError:
-        return None
-    if not any(a == "launch" or a.endswith("accelerate.commands.launch") for a in argv):
-        return None
-    for i, a in enumerate(argv):
-        if a == "--num_processes" and i + 1 < len(argv) and argv[i + 1].isdigit():
-            return int(argv[i + 1])
-        if a.startswith("--num_processes="):
-            return int(a.split("=", 1)[1]) if a.split("=", 1)[1].isdigit() else None
-    return None
+def launched_alone_for_several() -> bool:
+    """True when `accelerate launch` was asked for several processes but ran this one alone: its one-process launcher
+    (no multi-process config) marks the process with ACCELERATE_USE_CPU and, for --num_processes > 1, MASTER_PORT,
+    while a real multi-process launch gives every process its WORLD_SIZE."""
+    env = os.environ
+    return "ACCELERATE_USE_CPU" in env and "MASTER_PORT" in env and "WORLD_SIZE" not in env
 
 
 def make_accelerator():
-    """An Accelerator (CPU when no GPU), refusing in one line a launch that asked for N processes but started one."""
+    """An Accelerator (CPU when no GPU), refusing in one line a launch that asked for several processes but started
+    one."""
     from accelerate import Accelerator
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
-    asked = requested_processes()
-    if asked is not None and asked > 1 and accelerator.num_processes == 1:
-        raise ConfigError(f"accelerate launch asked for {asked} processes but started 1 (without a multi-process "
-                          f"accelerate config it runs one): use `accelerate launch --multi_gpu --num_processes {asked} "
-                          f"{QUIET_LAUNCH} ...` (works on CPU machines too)")
+    if accelerator.num_processes == 1 and launched_alone_for_several():
+        raise ConfigError("accelerate launch asked for several processes but started 1 (without a multi-process "
+                          "config it runs one): use `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml "
+                          f"...` (or 8gpu.yaml, ...), or `accelerate launch --multi_gpu --num_processes N {QUIET_LAUNCH} "
+                          "...` (works on CPU machines too)")
     if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
         world = accelerator.num_processes
         omp = os.environ.get("OMP_NUM_THREADS", "")

@@ -131,7 +131,8 @@ def test_one_process_when_two_were_asked_is_refused(tmp_path):
            "train.iterations=1", f"log.output_dir={tmp_path}/runs"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
-    assert "accelerate launch asked for 2 processes but started 1" in out.stderr and "--multi_gpu" in out.stderr
+    assert "accelerate launch asked for several processes but started 1" in out.stderr and "--multi_gpu" in out.stderr
+    assert "--config_file configs/accelerate/cpu_2proc.yaml" in out.stderr
     assert "had defaults used instead" not in out.stderr  # the flags the README's command passes silence it
 
 
