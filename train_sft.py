@@ -200,13 +200,15 @@ def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
     return policy_class(cfg.policy.type)(family_cfg, tokenizer)
 
 
-def export_policy(src: str, dst: str, cfg: Config) -> None:
-    """Copy a saved policy folder to `dst` (replacing it) with the run's config beside it."""
+def copy_policy(src: str, dst: str, cfg: Optional[Config] = None) -> None:
+    """Copy a saved policy folder to `dst` (replacing it; written beside it first, then moved into place); with `cfg`,
+    the run's config and suite version go beside the weights (the exported policy)."""
     tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
-    save_config(cfg, os.path.join(tmp, TRAIN_CONFIG))
-    envs.write_suite_version(tmp, cfg.env.suite)
+    if cfg is not None:
+        save_config(cfg, os.path.join(tmp, TRAIN_CONFIG))
+        envs.write_suite_version(tmp, cfg.env.suite)
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)
@@ -304,16 +306,6 @@ def interrupted(run_dir: str, progress: Dict[str, Any], is_main: bool, world: in
     else:
         print("\n[sft] interrupted before the first step finished: nothing to save", flush=True)
     return INTERRUPTED
-
-
-def copy_policy(src: str, dst: str) -> None:
-    """The saved policy folder `src` (a checkpoint's policy/) to `dst`, replacing it."""
-    tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(src, tmp)
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
 
 
 def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: Dict[str, bool],
@@ -526,7 +518,7 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
         if eval_env is not None:
             eval_env.close()
         if cfg.sft.output_path:
-            deferred_signals(export_policy, os.path.join(run_dir, "best"), cfg.sft.output_path, cfg)
+            deferred_signals(copy_policy, os.path.join(run_dir, "best"), cfg.sft.output_path, cfg)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
                   f"{cfg.sft.output_path}")
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],

@@ -27,7 +27,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests.scripts import learning_run, read_metrics, sft_start  # noqa: E402
+from tests.scripts import learning_run, only_run_metrics, sft_start  # noqa: E402
 
 TESTS = ("srpo", "gae_ppo", "luffy", "flowsar")
 # episodes behind each gain's two sides (start vs end), for the do-nothing update's binomial noise
@@ -50,8 +50,7 @@ def one(name: str, seed: int, start: str, out: str) -> dict:
             json.dump({"minutes": (time.time() - t0) / 60}, f)
     with open(done) as f:
         minutes = json.load(f)["minutes"]
-    (run,) = os.listdir(os.path.join(folder, "runs"))
-    m = {k: float(v) for k, v in mod.measures(read_metrics(os.path.join(folder, "runs", run))).items()}
+    m = {k: float(v) for k, v in mod.measures(only_run_metrics(folder)).items()}
     print(f"{name} seed {seed}: {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True)
     return dict(m, minutes=minutes)
 

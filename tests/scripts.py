@@ -45,6 +45,11 @@ def learning_run(script: str, args: Sequence[str], out, timeout: int = 2400) -> 
     """A learning test's run (one thread, no wandb, no checkpoints) under `out`: its metrics rows."""
     run_script(script, ["--task-id", "0", "--no-wandb", "log.checkpoint_every=1000", *args], outputs=out,
                timeout=timeout)
+    return only_run_metrics(out)
+
+
+def only_run_metrics(out) -> List[dict]:
+    """The metrics rows of the one run under `out`/runs."""
     (run,) = os.listdir(os.path.join(str(out), "runs"))
     return read_metrics(os.path.join(str(out), "runs", run))
 
