@@ -422,3 +422,26 @@ def test_evaluate_tiny_policy_on_a_pro_language_suite(tmp_path):
     assert row["name"] == "take black bowl next to ramekin and place on plate"  # LIBERO-PRO's reworded instruction
     assert row["greedy_episodes"] == {"trial_ids": [3], "success": [False], "steps": [8]}
     assert results["mean_greedy"] == 0.0
+
+
+@needs_sim
+def test_rollout_benchmarks_print_their_tables():
+    """benchmarks/libero_bench.py (1 and 2 workers, chunked, and the independent-process ceiling) and
+    benchmarks/rollout_pipeline.py (sequential vs pipelined) run end to end and print a positive rate in every row."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, "benchmarks/libero_bench.py", "--sizes", "32", "--fast", "1", "--workers",
+                          "2", "--steps", "8", "--chunk", "8", "--render-threads", "1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {r.split("|")[3].strip(): float(r.split("|")[4]) for r in out.stdout.splitlines() if r.startswith("| 32 ")}
+    assert set(rows) == {"1", "2 async", "1 worker, chunks of 8", "2 async, chunks of 8",
+                         "1 process alone, chunks of 8", "2 independent processes, chunks of 8"}, out.stdout
+    assert all(v > 0 for v in rows.values()), rows
+    assert "llvmpipe threads 1" in out.stdout
+    out = subprocess.run([sys.executable, "benchmarks/rollout_pipeline.py", "--workers", "2", "--latency-ms", "0", "50",
+                          "--size", "32", "--max-steps", "16", "--repeats", "1"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [r.split("|") for r in out.stdout.splitlines() if r.startswith("| 2 ")]
+    assert [r[2].strip() for r in rows] == ["0", "50"], out.stdout
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), out.stdout
