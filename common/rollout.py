@@ -271,16 +271,14 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             step_of[rows_e] += 1
             if keep_obs:
                 call.update(sub)
+            if keep_hidden:  # the value head's input: act's pooled hidden state, or the flow sample's prefix features
+                call["hidden"] = (out[3] if is_token else sample.hidden).float().cpu().numpy()
             if is_token:
                 call.update(tokens=tokens, old_log_probs=logp)
-                if keep_hidden:
-                    call["hidden"] = out[3].float().cpu().numpy()
             else:
                 call["noise"] = noise
                 if keep_x0:
                     call["x0"] = sample.x0.float().cpu().numpy()
-                if keep_hidden:
-                    call["hidden"] = sample.hidden.float().cpu().numpy()
                 if keep_chain:
                     if sample.sde_step is None:
                         raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
@@ -371,21 +369,19 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         width = calls[0]["tokens"].shape[1] if calls else chunk * ACTION_DIM  # 0: a regression family (no tokens)
         batch.tokens = gather("tokens", (width,), np.int64)
         batch.old_log_probs = gather("old_log_probs", (width,), np.float32)
-        if keep_hidden and calls:
-            batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
     else:  # (chunk, 7), or a pi0 checkpoint's model space (horizon, 32) with its sample x0 in extras["x0"]
         shape = calls[0]["noise"].shape[1:] if calls else (chunk, ACTION_DIM)
         batch.noise = gather("noise", shape, np.float32)
         if keep_x0:
             batch.extras["x0"] = gather("x0", shape, np.float32)
-        if keep_hidden and calls:
-            batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
         if keep_chain and calls:
             chain_shape = calls[0]["x_t"].shape[1:]
             batch.extras["sde_step"] = gather("sde_step", (), np.int64)
             batch.extras["x_t"] = gather("x_t", chain_shape, np.float32)
             batch.extras["x_next"] = gather("x_next", chain_shape, np.float32)
             batch.old_log_probs = gather("old_log_probs", (1,), np.float32)
+    if keep_hidden and calls:
+        batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
     return batch
 
 

@@ -22,6 +22,7 @@ import yaml
 from envs import EnvConfig
 from envs import libero
 from envs.libero import LiberoEnv, load_libero_demos, make_libero_vector_env
+from tests.scripts import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
@@ -428,20 +429,15 @@ def test_evaluate_tiny_policy_on_a_pro_language_suite(tmp_path):
 def test_rollout_benchmarks_print_their_tables():
     """benchmarks/libero_bench.py (1 and 2 workers, chunked, and the independent-process ceiling) and
     benchmarks/rollout_pipeline.py (sequential vs pipelined) run end to end and print a positive rate in every row."""
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, "benchmarks/libero_bench.py", "--sizes", "32", "--fast", "1", "--workers",
-                          "2", "--steps", "8", "--chunk", "8", "--render-threads", "1"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_script("benchmarks/libero_bench.py", ["--sizes", "32", "--fast", "1", "--workers", "2", "--steps", "8",
+                                                    "--chunk", "8", "--render-threads", "1"], timeout=600)
     rows = {r.split("|")[3].strip(): float(r.split("|")[4]) for r in out.stdout.splitlines() if r.startswith("| 32 ")}
     assert set(rows) == {"1", "2 async", "1 worker, chunks of 8", "2 async, chunks of 8",
                          "1 process alone, chunks of 8", "2 independent processes, chunks of 8"}, out.stdout
     assert all(v > 0 for v in rows.values()), rows
     assert "llvmpipe threads 1" in out.stdout
-    out = subprocess.run([sys.executable, "benchmarks/rollout_pipeline.py", "--workers", "2", "--latency-ms", "0", "50",
-                          "--size", "32", "--max-steps", "16", "--repeats", "1"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
+    out = run_script("benchmarks/rollout_pipeline.py", ["--workers", "2", "--latency-ms", "0", "50", "--size", "32",
+                                                        "--max-steps", "16", "--repeats", "1"], timeout=600)
     rows = [r.split("|") for r in out.stdout.splitlines() if r.startswith("| 2 ")]
     assert [r[2].strip() for r in rows] == ["0", "50"], out.stdout
     assert all(float(r[3]) > 0 and float(r[4]) > 0 for r in rows), out.stdout
