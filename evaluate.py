@@ -148,7 +148,7 @@ def write_episode_gif(batch, path: str, per_kind: int = 2, scale: int = 2, fps: 
     gap = np.full((length, tiles[0].shape[1], 4, 3), 255, dtype=np.uint8)
     row = np.concatenate([x for t in tiles for x in (t, gap)][:-1], axis=2)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    imageio.mimsave(path, list(row), duration=1.0 / fps, loop=0)
+    imageio.mimsave(path, list(row), duration=1000.0 / fps, loop=0)  # imageio >= 2.28 (pillow): milliseconds per frame
     return path
 
 

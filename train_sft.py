@@ -11,6 +11,7 @@ the best policy (by greedy success on held-out trials) to `sft.output_path` for 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import shutil
@@ -369,10 +370,12 @@ def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: D
     optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
 
     def lr_lambda(step: int) -> float:
+        # a Python float (math.cos, not np.cos): the optimizer's lr goes into checkpoints, and torch.load's
+        # weights_only reader refuses numpy scalars (a resume after the warm-up failed that way)
         if step < cfg.sft.warmup_steps:
             return (step + 1) / cfg.sft.warmup_steps
         frac = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
-        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + np.cos(np.pi * min(1.0, frac)))
+        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
 

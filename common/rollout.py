@@ -243,7 +243,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         for j in range(k):
             names[ep[j]] = str(info["task_name"][j])
             instructions[ep[j]] = desc_list[j]
-        block_frames = [[obs["agentview"][j][None]] for j in range(k)] if keep_frames else []  # per env: steps
+        block_frames = [[obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames else []  # copies: `obs` is
+        # overwritten in place by every chunk (`finish`), so a view would show the last observation as frame 0
         block_steps = np.zeros(k, dtype=np.int64)
         running = np.zeros(n_env, dtype=bool)
         running[:k] = True  # spare envs never run
@@ -302,7 +303,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
             for j, i in enumerate(idx):
                 if keep_frames:
-                    block_frames[i].append(res["frames"][j])
+                    block_frames[i].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
                 if not ended[j]:
                     continue
                 running[i] = False

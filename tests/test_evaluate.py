@@ -38,6 +38,10 @@ def test_evaluate_subprocess_writes_table_json_png_gif(tmp_path):
     assert (out / "success.png").stat().st_size > 5_000
     frames = imageio.mimread(out / "episodes.gif")
     assert frames[0].shape[0] == 128 and len(frames) > 1  # 64 px upscaled x2, an animation of failures
+    from PIL import Image
+
+    with Image.open(out / "episodes.gif") as gif:  # 10 fps: 100 ms per frame (imageio 2.38 reads `duration` as ms)
+        assert gif.info["duration"] == 100
 
 
 def test_load_policy_finds_the_policy_in_every_layout(tmp_path):

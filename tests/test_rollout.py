@@ -238,3 +238,36 @@ def test_sampling_rows_draw_from_their_own_generators():
     assert torch.equal(noise[2], torch.randn(8, 7, generator=torch.Generator().manual_seed(3)))
     with pytest.raises(ValueError, match="one generator per row"):
         sample_categorical(logits, gens()[:2])
+
+
+def _assert_frames_are_the_observations(batch, chunk):
+    """Frame 0 of every recorded video is its reset observation, frame k the observation after env step k: the frame
+    at each policy call t is the observation that call saw (t * chunk steps in), the last frame is `last_obs`."""
+    for b, video in enumerate(batch.frames):
+        assert len(video) == batch.finish_step[b] + 1
+        for t in range(batch.valid_steps[b]):
+            np.testing.assert_array_equal(video[t * chunk], batch.obs["agentview"][b, t])
+        np.testing.assert_array_equal(video[-1], batch.last_obs["agentview"][b])
+
+
+@pytest.mark.parametrize("family", ["token", "flow"])
+@pytest.mark.parametrize("pipeline,overlap", [(False, False), (True, False), (True, True)])
+def test_recorded_first_frame_is_the_reset_observation(family, pipeline, overlap):
+    """Regression (e447356 .. 948d52e): frame 0 was a view into the observation buffer that every chunk overwrites,
+    so each video started with its last frame (SRPO's world-model reward and evaluate.py's GIFs read them)."""
+    torch.manual_seed(0)
+    if family == "token":
+        policy, kwargs = TokenPolicy(TokenPolicyConfig(action_chunk=4)).eval(), {"temperature": 1.0}
+    else:
+        from models import FlowPolicy, FlowPolicyConfig
+
+        policy, kwargs = FlowPolicy(FlowPolicyConfig(action_chunk=4)).eval(), {"flow_steps": 2}
+    env = make_vector_env(EnvConfig(num_envs=3, max_steps=13, action_chunk=4), seed=0)
+    batch = collect_rollouts(env, policy, [0, 4], [3, 5], n_samples=2, keep_frames=True, progress=False,
+                             pipeline=pipeline, overlap=overlap, **kwargs)
+    reset_env = make_vector_env(EnvConfig(num_envs=4, max_steps=13, action_chunk=4), seed=0)
+    first, _ = reset_env.reset(options={"task_ids": [0, 0, 4, 4], "trial_ids": [3, 3, 5, 5]})
+    for b in range(4):
+        np.testing.assert_array_equal(batch.frames[b][0], first["agentview"][b])
+    assert not np.array_equal(batch.frames[0][0], batch.frames[0][-1])  # the gripper moved
+    _assert_frames_are_the_observations(batch, 4)
