@@ -21,6 +21,11 @@ except ImportError:  # pragma: no cover
     pass
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: longer than ~20 s (learning, multi-process, real-LIBERO runs): left out of "
+                                       "the fast tier `python test_all.py`, run by `python test_all.py --all` (CI)")
+
+
 @pytest.fixture(scope="session")
 def drq_sft(tmp_path_factory):
     """The SRPO learning test's start (tests/scripts.py SFT_STARTS["drq"]): 40-55% greedy success on the held-out
