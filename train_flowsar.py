@@ -92,8 +92,9 @@ from common import fsdp
 from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
 from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps
-from common.run import initial_policy, minibatches, start_run
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step,
+from common.init import initial_policy
+from common.run import start_run
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts)
 from models import ACTION_DIM
 

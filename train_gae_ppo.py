@@ -117,9 +117,11 @@ import torch
 from common.advantages import compute_gae
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
-from common.fsdp import grad_norm as plain_norm, shard_policy
-from common.run import average_gradients, initial_policy, minibatches, start_run
-from common.train import adamw_with_warmup, mean_stats, micro_batches, rollout_metrics, sample_prompts
+from common.fsdp import full_tensor, shard_policy
+from common.init import initial_policy
+from common.run import start_run
+from common.train import (adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches, minibatches,
+                          rollout_metrics, sample_prompts)
 from models import ACTION_DIM, ValueHead
 from models.policy import action_kind
 
@@ -211,8 +213,7 @@ def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], tr
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = list(value_head.parameters()) if value_head is not None else []
     actor, actor_sched = adamw_with_warmup(actor_params, train.actor_lr, train.weight_decay, train.lr_warmup_steps)
-    critic = torch.optim.AdamW(critic_params, lr=train.critic_lr, weight_decay=train.weight_decay) \
-        if critic_params else None
+    critic = adamw(critic_params, train.critic_lr, train.weight_decay) if critic_params else None
     return actor_params, critic_params, actor, critic, actor_sched
 
 
@@ -350,7 +351,7 @@ if __name__ == "__main__":
                     stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
                         critic_params, cfg.train.critic_max_grad_norm))
                     critic_opt.step()
-                actor_norm = plain_norm(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
+                actor_norm = full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
                 if move_actor:
                     if use_gae:
                         stats["grad_norm"].append(actor_norm)

@@ -112,9 +112,11 @@ from common.demos import rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.run import initial_policy, minibatches, start_run
+from common.init import initial_policy
+from common.run import start_run
 from common.srpo import filter_groups, filter_metrics
-from common.train import adamw_with_warmup, mean_stats, micro_batches, optimizer_step, rollout_metrics, sample_prompts
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step, rollout_metrics,
+                          sample_prompts)
 from models import ACTION_DIM
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",

@@ -13,20 +13,14 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-import random
 import shutil
-import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import envs
-from common.config import (ConfigError, EnvConfig, LogConfig, create_run_dir, default_run_prefix, exit_on_bad_config,
-                           parse_cli, remove_if_empty, resolve_run_dir, save_config)
+from common.config import ConfigError, EnvConfig, LogConfig, exit_on_bad_config, parse_cli, save_config
 from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
-
-
-INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (as the RL scripts')
 
 
 @dataclass
@@ -94,6 +88,9 @@ def check_config(cfg: Config) -> None:
                           f"policy as the best one)")
     if sft.batch_size < 1 or sft.log_every < 1:
         raise ConfigError(f"sft.batch_size={sft.batch_size} and sft.log_every={sft.log_every} must be >= 1")
+    if sft.eval_every % sft.log_every:
+        raise ConfigError(f"sft.eval_every={sft.eval_every}: evaluations happen at the end of a logged block of "
+                          f"sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
     if sft.eval_every < 0 or sft.eval_trials < 1 or sft.warmup_steps < 0 or sft.augment_shift < 0:
         raise ConfigError(f"sft.eval_every={sft.eval_every} (>= 0, 0 = only at the end), sft.eval_trials="
                           f"{sft.eval_trials} (>= 1), sft.warmup_steps={sft.warmup_steps} (>= 0), sft.augment_shift="
@@ -130,30 +127,17 @@ def parse(argv: Optional[List[str]] = None) -> Config:
 if __name__ == "__main__":
     cfg = parse()
 
-from types import SimpleNamespace
-
 import numpy as np
 import torch
-from tqdm import tqdm
 
-from common import fsdp
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_saved_policy,
-                               read_rng_state, read_rng_states)
+from common.checkpoint import load_saved_policy
 from common.demos import demos_to_samples, generate_expert_demos
-from common.evaluation import evaluate_policy
-from common.logging import Logger, format_line
-from common.run import close_process_group, make_accelerator, resume_command
-from common.train import optimizer_step
+from common.fsdp import shard_policy
+from common.run import Schedule, start_run
+from common.train import adamw, optimizer_step
 from models.action_tokenizer import ActionTokenizer
 from models.policy import policy_class
 from models.saved import TRAIN_CONFIG
-
-
-def sft_loss(policy: torch.nn.Module, obs: Dict[str, np.ndarray], instructions: List[str], actions: np.ndarray):
-    """(loss, info) of the policy's family: flow matching (a flow family, models/policy.py) or token cross-entropy."""
-    if callable(getattr(policy, "flow_matching_loss", None)):
-        return policy.flow_matching_loss(obs, instructions, actions)
-    return policy.sft_loss(obs, instructions, actions)
 
 
 def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator, batch: Optional[int] = None,
@@ -201,329 +185,163 @@ def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
     return policy_class(cfg.policy.type)(family_cfg, tokenizer)
 
 
-def copy_policy(src: str, dst: str, cfg: Optional[Config] = None) -> None:
+def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None) -> None:
     """Copy a saved policy folder to `dst` (replacing it; written beside it first, then moved into place); with `cfg`,
-    the run's config and suite version go beside the weights (the exported policy)."""
+    the run's config (marked with `run_dir`, the run that exported it) and suite version go beside the weights."""
     tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     if cfg is not None:
-        save_config(cfg, os.path.join(tmp, TRAIN_CONFIG))
+        save_config(cfg, os.path.join(tmp, TRAIN_CONFIG), script="train_sft")
+        with open(os.path.join(tmp, EXPORTED_BY), "w") as f:
+            f.write(os.path.realpath(run_dir or "") + "\n")
         envs.write_suite_version(tmp, cfg.env.suite)
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)
 
 
+EXPORTED_BY = "exported_by.txt"  # in an exported policy: the train_sft.py run folder that wrote it
+
+
+def check_output_path(path: Optional[str], run_dir: Optional[str]) -> None:
+    """sft.output_path is written at the end, replacing what is there: refuse (one line) a folder that is not empty
+    unless this run exported it (a resumed run), so nothing of the user's is ever deleted."""
+    if not path or not os.path.exists(path):
+        return
+    if os.path.isdir(path) and not os.listdir(path):
+        return
+    try:
+        with open(os.path.join(path, EXPORTED_BY)) as f:
+            mine = run_dir is not None and f.read().strip() == os.path.realpath(run_dir)
+    except OSError:
+        mine = False
+    if not mine:
+        raise ConfigError(f"sft.output_path={path} already exists and is not empty: the exported policy would replace "
+                          f"it; choose another sft.output_path (or remove that folder yourself)")
+
+
+def schedule(cfg: Config, eval_trials: List[int]) -> Schedule:
+    """The run's Schedule: an iteration is a block of sft.log_every steps (one metrics row and console line); the
+    evaluation and checkpoint every sft.eval_every steps, and after the last (which is also the only one with
+    sft.eval_every=0)."""
+    iterations = math.ceil(cfg.sft.steps / cfg.sft.log_every)
+    every = cfg.sft.eval_every // cfg.sft.log_every if cfg.sft.eval_every > 0 else iterations
+    return Schedule(iterations, eval_every=0, checkpoint_every=every, eval_trials=eval_trials, eval_at_start=False,
+                    steps_per_iteration=cfg.sft.log_every, total_steps=cfg.sft.steps)
+
+
 def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict[str, float]:
-    """Parse (unless `cfg` is given), check, train; bad input is one line (`error: ...`), Ctrl-C / SIGTERM save the
-    last completed step and exit 130 with the command that resumes it, a failed checkpoint write is one line with the
-    same command. Several processes (`accelerate launch`) split each batch and stop together on a signal."""
+    """Parse (unless `cfg` is given), check, train on the run plumbing every script shares (common/run.py: run folder,
+    resume, one interrupt protocol, checkpoints, console lines with ETA). Several processes (`accelerate launch`)
+    draw the same batch of sft.batch_size samples each step and run their slice of it; the gradients are averaged
+    (common/train.py `optimizer_step`, ddp and fsdp alike), so the run is the one-process run at the same batch up
+    to float rounding. Returns the last evaluation and the best one."""
     cfg = parse(argv) if cfg is None else cfg
     if cfg.sft.output_path == "auto":
         cfg.sft.output_path = os.path.join("checkpoints",
                                            f"sft_{cfg.env.suite}_task{'-'.join(str(t) for t in cfg.env.task_ids)}")
-    try:
-        accelerator = make_accelerator()
-    except ConfigError as e:
-        raise SystemExit(f"error: {e}") from None
-    is_main, world = accelerator.is_main_process, accelerator.num_processes
-    if cfg.sft.batch_size % world:
-        close_process_group(False)
-        raise SystemExit(f"error: sft.batch_size={cfg.sft.batch_size} is the batch of each step, split over the "
-                         f"{world} processes: make it a multiple of {world}")
-    prefix = default_run_prefix("train_sft", cfg.env.suite, cfg.env.task_ids, cfg.seed)
-    error, named = None, ("", "")
-    try:
-        if cfg.resume:
-            named = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
-        elif is_main:  # a new run gets a folder of its own, created exclusively; the other processes take its name
-            named = create_run_dir(cfg.log, prefix)
-    except ConfigError as e:
-        error = f"error: {e}"
-    if world > 1:
-        from accelerate.utils import broadcast_object_list
-
-        error, named = broadcast_object_list([error, named], from_process=0)
-    if error:
-        close_process_group(False)
-        raise SystemExit(error)
-    run_name, run_dir = named
-
-    # Ctrl-C / SIGTERM: one process stops at once, except while an update or a save is under way; several processes
-    # (`lockstep`, from the first step on) only note it, and all stop together after the step (`train`)
-    state = {"defer": False, "pending": False, "stopping": False, "lockstep": False}
-
-    def on_signal(signum, frame):
-        if state["defer"] or state["stopping"] or state["lockstep"]:  # a second signal never cuts a save short
-            state["pending"] = not state["stopping"]
-            return
-        state["stopping"] = True
-        raise KeyboardInterrupt
-
-    old = {}
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            old[sig] = signal.signal(sig, on_signal)
-        except ValueError:  # not the main thread: Ctrl-C is the caller's
-            pass
-    progress: Dict[str, Any] = {}  # the last completed step and its RNG states; filled by train()
-    ok = False
-    try:
-        out = train(cfg, accelerator, run_name, run_dir, state, progress)
-        ok = True
-        return out
-    except KeyboardInterrupt:
-        for sig in old:
-            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the save short
-        code = interrupted(run_dir, progress, is_main, world)
-        raise SystemExit(code) from None
-    except CheckpointError as e:
-        raise SystemExit(f"error: {e}; free the space (or fix the folder) and continue with: "
-                         f"{resume_command('train_sft.py', run_dir, world)}") from None
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-        close_process_group(ok)
-        if is_main and not cfg.resume:
-            remove_if_empty(run_dir, os.path.join(cfg.log.plots_dir, run_name))  # a start that wrote nothing
-
-
-def interrupted(run_dir: str, progress: Dict[str, Any], is_main: bool, world: int) -> int:
-    """Save the last completed step (unless its checkpoint exists; under fsdp every process writes its shards), say
-    how to resume; the exit code (130)."""
-    step = progress.get("step", 0)
-    if step > progress.get("saved", 0):
-        try:
-            progress["save"](step, progress["rng"])
-        except CheckpointError as e:
-            if is_main:
-                print(f"\n[sft] interrupted; could not save step {step} ({e})", flush=True)
-    if not is_main:
-        return INTERRUPTED
-    if progress.get("saved", 0) > 0:
-        print(f"\n[sft] interrupted: steps 1..{progress['saved']} are saved in {run_dir}/checkpoints; continue with: "
-              f"{resume_command('train_sft.py', run_dir, world)}", flush=True)
-    else:
-        print("\n[sft] interrupted before the first step finished: nothing to save", flush=True)
-    return INTERRUPTED
-
-
-def train(cfg: Config, accelerator: Any, run_name: str, run_dir: str, signals: Dict[str, bool],
-          progress: Dict[str, Any]) -> Dict[str, float]:
-    """The SFT run; `progress` always holds the last completed step, for the interrupt path to save.
-
-    Several processes: every process draws the same batch of sft.batch_size samples (and augmentation offsets), runs
-    its own slice of it, and the gradients are averaged by the RL scripts' `optimizer_step` (common/train.py:
-    `average_gradients` under ddp and fsdp alike), so the run is the one-process run at the same batch up to float
-    rounding. Process 0 evaluates and logs; every process takes part in a checkpoint (its RNG states, and under fsdp
-    its shards)."""
-    is_main, rank, world = accelerator.is_main_process, accelerator.process_index, accelerator.num_processes
-    for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
-        section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
-
-    # seeding: the same initial weights on every process, then each its own torch stream (flow matching's noise)
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-
-    # demos -> (observation, instruction, action chunk) samples
-    t0 = time.time()
-    with accelerator.main_process_first():  # process 0 records (and caches) the expert demos, the others read them
-        demos = load_demos(cfg)
-    policy = build_policy(cfg, np.concatenate([d["actions"] for d in demos]))
-    if rank:
-        torch.manual_seed(cfg.seed + rank)
-    chunk = policy.action_chunk
-    samples = demos_to_samples(demos, chunk)
-    num_samples = len(samples["actions"])
-    if is_main:
-        print(f"[sft] {len(demos)} demos, {num_samples} samples (chunk {chunk}) in {time.time() - t0:.1f}s; "
-              f"run {run_dir}" + (f"; {world} processes, train.strategy={cfg.train.strategy}" if world > 1 else ""))
-
-    # evaluation trials: by default the last `eval_trials` of the suite (held out when num_demos leaves them unused)
+    # evaluation trials: by default the last `eval_trials` of the suite (held out: demos come from demo starts)
     n_trials = envs.num_trials(cfg.env)
     first = max(0, n_trials - cfg.sft.eval_trials) if cfg.sft.eval_trial_start is None else cfg.sft.eval_trial_start
     eval_trials = list(range(first, min(n_trials, first + cfg.sft.eval_trials)))
-    overlap = sorted({int(d["trial_id"]) for d in demos if not d.get("demo_start")} & set(eval_trials))
-    if overlap and is_main:
-        print(f"[sft] note: {len(overlap)} evaluation trials also have demos (not held out)")
+    try:  # before the run folder is made (a resumed run: cfg.resume is its folder)
+        check_output_path(cfg.sft.output_path, cfg.resume)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    with start_run(cfg, "train_sft", schedule(cfg, eval_trials)) as run:
+        if cfg.sft.batch_size % run.world:
+            raise ConfigError(f"sft.batch_size={cfg.sft.batch_size} is the batch of each step, split over the "
+                              f"{run.world} processes: make it a multiple of {run.world}")
+        for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
+            section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
 
-    # resume: the weights first (plain), then sharding (train.strategy), the optimizer on the shards, its state
-    ckpt = None
-    if cfg.resume:
-        ckpt = latest_checkpoint(run_dir)
-        if ckpt is None:
-            raise SystemExit(f"error: --resume: {run_dir} has no complete checkpoint to continue from; start a new run "
-                             f"without --resume")
-        saved_world = len(read_rng_states(ckpt))
-        if saved_world != world:
-            raise SystemExit(f"error: --resume: the run had {saved_world} process(es) and this launch has {world}: "
-                             f"resume with `{resume_command('train_sft.py', run_dir, saved_world)}`")
-        policy.load_state_dict(load_saved_policy(ckpt).state_dict())
-    # what shard_policy and optimizer_step read of an RL script's Run
-    dist = SimpleNamespace(cfg=cfg, accelerator=accelerator, device=accelerator.device, world=world)
-    policy = fsdp.shard_policy(dist, policy.to(accelerator.device))
+        # demos -> (observation, instruction, action chunk) samples
+        t0 = time.time()
+        with run.accelerator.main_process_first():  # process 0 records (and caches) the expert demos
+            demos = load_demos(cfg)
+        torch.manual_seed(cfg.seed)  # the same initial weights on every process, then each its own torch stream
+        policy = build_policy(cfg, np.concatenate([d["actions"] for d in demos]))
+        torch.manual_seed(cfg.seed + run.rank)
+        if run.resume_path is not None:  # the weights first (plain), then sharding, the optimizer on the shards
+            policy.load_state_dict(load_saved_policy(run.resume_path).state_dict())
+        samples = demos_to_samples(demos, policy.action_chunk)
+        num_samples = len(samples["actions"])
+        if run.is_main:
+            print(f"[sft] {len(demos)} demos, {num_samples} samples (chunk {policy.action_chunk}) in "
+                  f"{time.time() - t0:.1f}s" + (f"; {run.world} processes, train.strategy={cfg.train.strategy}"
+                                                if run.world > 1 else ""), flush=True)
+        overlap = sorted({int(d["trial_id"]) for d in demos if not d.get("demo_start")} & set(eval_trials))
+        if overlap and run.is_main:
+            print(f"[sft] note: {len(overlap)} evaluation trials also have demos (not held out)", flush=True)
 
-    # optimizer, cosine schedule with warm-up
-    params = [p for p in policy.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
+        policy = shard_policy(run, policy.to(run.device))  # train.strategy
+        params = [p for p in policy.parameters() if p.requires_grad]
+        optimizer = adamw(params, lr=cfg.sft.lr, weight_decay=cfg.sft.weight_decay)
 
-    def lr_lambda(step: int) -> float:
-        # a Python float (math.cos, not np.cos): the optimizer's lr goes into checkpoints, and torch.load's
-        # weights_only reader refuses numpy scalars (a resume after the warm-up failed that way)
-        if step < cfg.sft.warmup_steps:
-            return (step + 1) / cfg.sft.warmup_steps
-        frac = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
-        return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
+        def lr_factor(step: int) -> float:
+            """Linear warm-up, then cosine decay to min_lr_ratio. A Python float (math.cos, not np.cos): the lr goes
+            into checkpoints, and torch.load's weights_only reader refuses numpy scalars (a resume after the
+            warm-up failed that way)."""
+            if step < cfg.sft.warmup_steps:
+                return (step + 1) / cfg.sft.warmup_steps
+            frac = (step - cfg.sft.warmup_steps) / max(1, cfg.sft.steps - cfg.sft.warmup_steps)
+            return cfg.sft.min_lr_ratio + (1 - cfg.sft.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, frac)))
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+        rng = run.rngs["sft"] = np.random.default_rng([cfg.seed, 0, 0])  # the batch sampler: the same everywhere
+        run.state.setdefault("best", {"success": -1.0, "step": -1})  # the best evaluation so far (checkpointed)
+        pairs = len(eval_trials) * len(cfg.env.task_ids)
+        run.make_envs(max(1, min(cfg.env.num_envs, math.ceil(pairs / run.world))))  # each process: its share
+        run.attach(policy, {"policy": optimizer}, {"policy": scheduler})
+        policy.train()
 
-    # resume: optimizer, schedule, every random stream (a one-thread resume is bitwise the uninterrupted run)
-    start_step, best = 0, {"success": -1.0, "step": -1}
-    rng = np.random.default_rng([cfg.seed, 0, start_step])  # the batch sampler: the same on every process
-    if ckpt is not None:
-        try:
-            start_step, extra = fsdp.load_checkpoint(ckpt, policy, {"policy": optimizer}, {"policy": scheduler},
-                                                     rank=rank)
-        except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
-        best = extra.get("best", best)
-        saved_rng = read_rng_state(ckpt, rank)
-        if "sft" in saved_rng:
-            rng.bit_generator.state = saved_rng["sft"]
-        else:  # a checkpoint from before the sampler's state was saved
-            rng = np.random.default_rng([cfg.seed, 0, start_step])
-        if is_main:
-            print(f"[sft] resumed from {ckpt} at step {start_step}")
-    fsdp.register(policy, [optimizer])  # fsdp: gathers the weights to compute with (collective)
-    policy.train()
-    logger = Logger(run_dir, run_name, cfg, cfg.log, resume_iteration=start_step if cfg.resume else None) \
-        if is_main else None
-    if is_main and not cfg.resume:  # a resumed run keeps the config it was started with
-        save_config(cfg, os.path.join(run_dir, "config.yaml"), script="train_sft", exclusive=True)
-    eval_env = envs.make_vector_env(cfg.env, min(cfg.env.num_envs, len(eval_trials) * len(cfg.env.task_ids))) \
-        if eval_trials and is_main else None
+        b, s = cfg.sft.batch_size, run.schedule
+        mine = slice(run.rank * (b // run.world), (run.rank + 1) * (b // run.world))  # this process's rows
+        metrics: Dict[str, float] = {}
+        for iteration in run.iterations():  # a block of sft.log_every steps
+            metrics = run.begin_iteration(iteration)
+            window: Dict[str, List[float]] = {}
+            t0 = time.perf_counter()
+            for step in range(iteration * s.steps_per_iteration, s.steps(iteration + 1)):
+                idx = rng.integers(0, num_samples, b)[mine]
+                obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
+                for k in ("agentview", "wrist"):
+                    obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng, b, mine)
+                loss, info = policy.sft_loss(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm)
+                for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": scheduler.get_last_lr()[0]}.items():
+                    window.setdefault(k, []).append(float(v))
 
-    def rng_state() -> Dict[str, Any]:
-        return {**capture_rng_state(), "sft": rng.bit_generator.state}
+            # the block's row: its statistics averaged over the steps and the processes (their slices are equal)
+            means = run.gather([{k: float(np.mean(v)) for k, v in window.items()}])
+            metrics.update({k: float(np.mean([m[k] for m in means])) for k in means[0]})
+            steps_done = s.steps(iteration + 1)
+            metrics["charts/step"] = steps_done
+            metrics["charts/samples_per_s"] = len(window["train/lr"]) * b / (time.perf_counter() - t0)
+            evaluating = (iteration + 1) % s.checkpoint_every == 0 or iteration + 1 == s.iterations
+            if evaluating:  # greedy success on the held-out trials: picks the best policy (ties: the later one)
+                metrics.update(run.evaluate(iteration + 1))
+                improved = metrics["val/success_rate"] >= run.state["best"]["success"]
+                if improved:
+                    run.state["best"] = {"success": metrics["val/success_rate"], "step": steps_done}
+            run.end_iteration(iteration, metrics, ["charts/step", "charts/samples_per_s", "sft/loss", "sft/flow_mse",
+                                                   "sft/token_accuracy", "train/grad_norm", "val/success_rate"])
+            if evaluating and run.is_main:  # the checkpoint just written: its policy as last/ (and best/)
+                with run.uninterrupted():
+                    saved = os.path.join(run.run_dir, "checkpoints", f"iter_{iteration + 1:06d}", "policy")
+                    copy_policy(saved, os.path.join(run.run_dir, "last"))
+                    if improved:
+                        copy_policy(saved, os.path.join(run.run_dir, "best"))
 
-    def gather(items: List) -> List:
-        if world == 1:
-            return list(items)
-        from accelerate.utils import gather_object
-
-        return gather_object(list(items))
-
-    def save(step: int, rng_now: Dict[str, Any]) -> str:
-        """The checkpoint of `step` (every process calls it: each adds its RNG states, under fsdp its shards)."""
-        path = fsdp.save_checkpoint(run_dir, step, policy, {"policy": optimizer}, {"policy": scheduler}, rank=rank,
-                                    gather=gather, config=cfg, extra={"best": best},
-                                    keep_last=cfg.log.keep_checkpoints, rng_states=gather([rng_now]))
-        progress["saved"] = step
-        return path
-
-    progress.update(step=start_step, saved=start_step, rng=rng_state(), save=save)
-
-    def deferred_signals(fn, *args):
-        """fn(*args) with Ctrl-C / SIGTERM held back until it returns (an update or a save is never cut in half)."""
-        signals["defer"] = True
-        try:
-            return fn(*args)
-        finally:
-            signals["defer"] = False
-            if signals["pending"] and not signals["lockstep"]:
-                signals["pending"], signals["stopping"] = False, True
-                raise KeyboardInterrupt
-
-    def save_policies(step: int, success: float) -> None:
-        """The checkpoint, then its policy/ as last/ (and best/ when it is the best so far) on process 0."""
-        improved = success >= best["success"]  # ties go to the later (longer trained) policy
-        if improved:
-            best.update(success=success, step=step)
-        path = save(step, rng_state())
-        if is_main:
-            copy_policy(os.path.join(path, "policy"), os.path.join(run_dir, "last"))
-            if improved:
-                copy_policy(os.path.join(path, "policy"), os.path.join(run_dir, "best"))
-
-    def evaluate_and_save(step: int) -> Dict[str, float]:
-        """Greedy success on the evaluation trials (process 0); keep best/ and last/, write a training checkpoint."""
-        out: Dict[str, float] = {}
-        if eval_env is not None:
-            out.update(evaluate_policy(eval_env, policy, cfg.env.task_ids, eval_trials)[0])
-        deferred_signals(save_policies, step, out.get("val/success_rate", 0.0))
-        return out
-
-    def update(step: int) -> tuple:
-        """Gradients averaged over the processes, clipped; the optimizer and schedule step."""
-        norm = optimizer_step(dist, params, optimizer, scheduler, cfg.sft.max_grad_norm)
-        progress.update(step=step + 1, rng=rng_state())
-        return norm, scheduler.get_last_lr()[0]
-
-    def over_processes(info: Dict[str, float]) -> tuple:
-        """The step's statistics averaged over the processes (their slices are equal), and whether any process was
-        signalled, in one small all-reduce: then every process stops after this step, together."""
-        keys = sorted(info)
-        flags = torch.tensor([float(signals["pending"])] + [float(info[k]) for k in keys], dtype=torch.float64,
-                             device=accelerator.device)
-        flags = accelerator.reduce(flags, reduction="sum").cpu()
-        return {k: float(v) / world for k, v in zip(keys, flags[1:])}, bool(flags[0] > 0)
-
-    # training loop
-    b = cfg.sft.batch_size
-    mine = slice(rank * (b // world), (rank + 1) * (b // world))  # this process's rows of each batch
-    bar = tqdm(range(start_step, cfg.sft.steps), initial=start_step, total=cfg.sft.steps, desc="sft",
-               disable=not is_main)
-    window: Dict[str, List[float]] = {}
-    t_window = time.time()
-    metrics: Dict[str, float] = {}
-    t_start = time.time()
-    signals["lockstep"] = world > 1
-    for step in bar:
-        idx = rng.integers(0, num_samples, b)[mine]
-        obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
-        for k in ("agentview", "wrist"):
-            obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng, b, mine)
-        loss, info = sft_loss(policy, obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm, lr = deferred_signals(update, step)
-        stop = False
-        if world > 1:
-            info, stop = over_processes(info)
-        for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": lr}.items():
-            window.setdefault(k, []).append(float(v))
-
-        done = step + 1
-        do_eval = done == cfg.sft.steps or (cfg.sft.eval_every > 0 and done % cfg.sft.eval_every == 0)
-        if done % cfg.sft.log_every == 0 or do_eval:
-            if is_main:
-                metrics = {k: float(np.mean(v)) for k, v in window.items()}
-                metrics["charts/samples_per_s"] = len(window["train/lr"]) * b / (time.time() - t_window)
-            evaluated = evaluate_and_save(done) if do_eval else {}
-            if is_main:
-                metrics.update(evaluated)
-                metrics["charts/elapsed_s"] = time.time() - t_start
-                logger.log(metrics, step=done)
-                bar.write(format_line(done, metrics, ["charts/samples_per_s", "sft/loss", "sft/flow_mse",
-                                                      "sft/token_accuracy", "train/grad_norm", "val/success_rate"],
-                                      total=cfg.sft.steps))
-            window, t_window = {}, time.time()
-            progress["rng"] = rng_state()  # evaluation may draw random numbers too
-        if stop:  # every process, after the same step: `interrupted` saves it (unless just saved) on every process
-            raise KeyboardInterrupt
-
-    if cfg.sft.steps <= start_step:  # nothing left to train: still leave best/ and last/
-        evaluate_and_save(start_step)
-    if is_main:
-        logger.close()
-        if eval_env is not None:
-            eval_env.close()
-        if cfg.sft.output_path:
-            deferred_signals(copy_policy, os.path.join(run_dir, "best"), cfg.sft.output_path, cfg)
+        best = run.state["best"]
+        if run.is_main and cfg.sft.output_path:
+            with run.uninterrupted():
+                copy_policy(os.path.join(run.run_dir, "best"), cfg.sft.output_path, cfg, run.run_dir)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
-                  f"{cfg.sft.output_path}")
+                  f"{cfg.sft.output_path}", flush=True)
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],
             "best_step": best["step"]}
 

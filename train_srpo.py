@@ -107,9 +107,10 @@ from common.advantages import compute_advantage, make_response_mask, masked_mean
 from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.run import initial_policy, minibatches, start_run
+from common.init import initial_policy
+from common.run import start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, optimizer_step,
+from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts)
 from envs import max_steps
 from models import ACTION_DIM, make_trajectory_encoder

@@ -26,12 +26,15 @@ a save is the weights' CPU copy for policy/, as under ddp.
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
 STRATEGIES = ("ddp", "fsdp")
-BLOCK_LISTS = ("layers", "blocks", "layer", "h")  # nn.ModuleList names holding decoder layers / vision blocks
+BLOCK_LISTS = ("layers", "blocks", "layer", "h")
+FRESH_OPTIMIZERS = "fresh_optimizers.json"  # in shards/: the optimizers that had not stepped yet (no state)  # nn.ModuleList names holding decoder layers / vision blocks
 
 
 def check_strategy(strategy: str, offload: bool) -> None:
@@ -196,8 +199,8 @@ def _average_bucket(accelerator: Any, params: Sequence[torch.nn.Parameter], owne
                                     p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
 
 
-def grad_norm(norm: torch.Tensor) -> torch.Tensor:
-    """clip_grad_norm_'s result as a plain tensor (a DTensor when the gradients are sharded)."""
+def full_tensor(norm: torch.Tensor) -> torch.Tensor:
+    """A plain tensor of `norm` (clip_grad_norm_ returns a DTensor when the gradients are sharded)."""
     from torch.distributed.tensor import DTensor
 
     return norm.full_tensor() if isinstance(norm, DTensor) else norm
@@ -323,12 +326,22 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
     saved = GatheredSave(policy, gathered_copy(policy)) if rank == 0 else None  # policy/
     sharded = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
     held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
+    # an optimizer that never stepped (no update yet: dynamic sampling kept no group) has no state to shard; torch's
+    # get_optimizer_state_dict would make some with a zero-lr step (whose post-hook gathers the weights mid-save)
+    # and its AdamW step count 1 would make the resumed run differ: it is recorded as fresh instead
+    fresh = sorted(k for k, o in sharded.items() if not o.state)
+
+    def write_shards(folder: str) -> None:
+        save_shards(policy, {k: o for k, o in sharded.items() if k not in fresh}, folder, held)
+        if rank == 0:
+            with open(os.path.join(folder, FRESH_OPTIMIZERS), "w") as f:
+                json.dump(fresh, f)
+
     reshard(policy)
     try:
         return write(run_dir, iteration, saved, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers,
-                     {k: m for k, m in (modules or {}).items() if k not in held},
-                     shards=lambda folder: save_shards(policy, sharded, folder, held), rank=rank, gather=gather,
-                     **kwargs)
+                     {k: m for k, m in (modules or {}).items() if k not in held}, shards=write_shards, rank=rank,
+                     gather=gather, **kwargs)
     finally:
         gather_weights(policy)  # collective: every process reaches it, after a failed write too
 
@@ -340,8 +353,6 @@ def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, to
     `rank`'s RNG states; under fsdp the optimizers that step shards and the modules that hold shards from shards/
     (collective; before `register`). The policy's weights themselves are the caller's (from `<path>/policy`, before
     sharding). Returns (iteration, extra); ValueError (one line) for an fsdp resume of a checkpoint without shards/."""
-    import os
-
     from common.checkpoint import load_training_state
 
     sharded = {k: o for k, o in optimizers.items() if is_sharded(policy) and holds_shards(policy, o)}
@@ -355,7 +366,9 @@ def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, to
             raise ValueError(f"--resume: checkpoint {path} has no shards/ (the weights and optimizer state that "
                              f"train.strategy=fsdp saves per process): it was written under train.strategy=ddp or by "
                              f"an older version; start a new run from its policy/ ({path}/policy)")
-        load_shards(policy, sharded, shards, held)
+        fresh_file = os.path.join(shards, FRESH_OPTIMIZERS)
+        fresh = json.load(open(fresh_file)) if os.path.isfile(fresh_file) else []  # never stepped: stay fresh
+        load_shards(policy, {k: o for k, o in sharded.items() if k not in fresh}, shards, held)
     return iteration, extra
 
 

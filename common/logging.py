@@ -211,8 +211,11 @@ class Logger:
         from matplotlib.ticker import EngFormatter
 
         steps = sorted(self.history)
-        by_env_steps = all("charts/env_steps" in self.history[s] for s in steps if s > 0)
-        x_of = {s: self.history[s].get("charts/env_steps", 0.0) if by_env_steps else s for s in steps}
+        # the x axis: cumulative env steps (RL), gradient steps (train_sft.py's rows carry charts/step), else rows
+        x_key, x_label = next(((k, label) for k, label in (("charts/env_steps", "env steps (cumulative)"),
+                                                             ("charts/step", "gradient steps"))
+                               if all(k in self.history[s] for s in steps if s > 0)), (None, "iteration"))
+        x_of = {s: self.history[s].get(x_key, 0.0) if x_key else s for s in steps}
         fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
         for ax, (title, chosen) in zip(axes[0], panels.items()):
             for label, xs, ys in panel_series(self.history, chosen):
@@ -220,7 +223,7 @@ class Logger:
                 ax.plot([x_of[s] for s in xs], ys, marker="o" if evaluated or len(xs) < 30 else None,
                         markersize=4 if evaluated else 3, label=label)
             ax.set_title(title)
-            ax.set_xlabel("env steps (cumulative)" if by_env_steps else "iteration")
+            ax.set_xlabel(x_label)
             ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 50k, 100k, 1M: full numbers overlap
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)

@@ -62,7 +62,8 @@ from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditi
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import FlowPolicyConfig
-from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, load_pi0_folder
+from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, is_pi0_folder, load_pi0_folder
+from models.policy import PolicyFamily, read_config_json
 from models.text_tokenizer import load_text_tokenizer
 from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
 
@@ -166,8 +167,37 @@ def _fresh_cache(cache):
     return out
 
 
-class FlowPolicy(nn.Module):
+class FlowPolicy(nn.Module, PolicyFamily):
     """prefix / velocity / sample / flow_matching_loss / save / load / reference around PI0ForConditionalGeneration."""
+
+    config_class = FlowPolicyConfig
+    kind = "flow"
+
+    @classmethod
+    def detect(cls, folder: str) -> bool:
+        """A flow policy this project saved, or a pi0 checkpoint folder (openpi / RLinf, LeRobot)."""
+        cfg = read_config_json(folder)
+        return is_pi0_folder(folder) or cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" \
+            or "expert_dim" in cfg
+
+    @classmethod
+    def start_from(cls, folder, policy_cfg, env_cfg, device, say):
+        """A pi0 checkpoint folder: its weights and statistics, run with the YAML's policy section (a checkpoint
+        carries no policy config of ours) at the env's image size and chunk; else a flow policy this project saved."""
+        if not is_pi0_folder(folder):
+            return super().start_from(folder, policy_cfg, env_cfg, device, say)
+        policy_cfg = dataclasses.replace(policy_cfg, pretrained_path=folder, image_size=env_cfg.image_size,
+                                         action_chunk=env_cfg.action_chunk)
+        return cls(policy_cfg).to(device)  # ValueError for pi0.5, a legacy layout, missing weights or tokenizer
+
+    @property
+    def model_space_samples(self) -> bool:
+        """A pi0 checkpoint's protocol (it has statistics): the rollout keeps the model-space sample x0."""
+        return self.stats is not None
+
+    def sft_loss(self, obs, instructions, actions):
+        """train_sft.py's objective for this family: the flow-matching loss."""
+        return self.flow_matching_loss(obs, instructions, actions)
 
     def __init__(self, cfg: Optional[FlowPolicyConfig] = None, action_tokenizer: Optional[ActionTokenizer] = None,
                  _saved: Optional[Tuple[PI0Config, str]] = None):

@@ -36,9 +36,11 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as IMAGE_SIZE, OpenVLAOFTConfig
-from models.saved import PolicyLoadError, no_rl_message
+from models.policy import PolicyFamily, read_config_json
+from models.saved import PolicyLoadError, is_l1_folder, no_rl_message
 
 N_BINS = 256
+LIBERO_RENDER_SIZE = 256  # the reference's LIBERO camera renders (the libero image pipeline crops/resizes to 224)
 ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744..31999 are the action tokens
 VOCAB_FOR_DECODING = 32000  # text_config.vocab_size (32064) - pad_to_multiple_of (64)
 BOS_ID, STOP_ID, SPACE_ID = 1, 2, 29871  # <s>, </s>, "▁" (appended to the prompt when not already last)
@@ -531,11 +533,57 @@ def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
 
 
 # ---------------------------------------------------------------- the policy
-class OpenVLAOFTPolicy(nn.Module):
+class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
     """act / log_prob / hidden / sft_loss / save / load / reference, as TokenPolicy (tokens are bin indices)."""
 
     config_class = OpenVLAOFTConfig
+    kind = "token"
+    published = True  # starts from a published checkpoint folder (or one this project saved from it)
     l1 = False  # the L1-regression subclass (models/openvla_oft_l1.py) reads folders with an action head
+
+    @classmethod
+    def detect(cls, folder: str) -> bool:
+        """A published OpenVLA-OFT folder (config.json model_type openvla; the discrete family has no action-head
+        file, the L1 one has) or one this project saved from it."""
+        cfg = read_config_json(folder)
+        return (cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft") and \
+            is_l1_folder(folder) == cls.l1
+
+    @classmethod
+    def resolve_for_suite(cls, policy_cfg: OpenVLAOFTConfig, suite: str) -> OpenVLAOFTConfig:
+        """On LIBERO: the suite's statistics key (`<suite>_no_noops`) unless one is set, and image_pipeline auto ->
+        libero (the reference's JPEG round trip + Lanczos + crop of a 256 px render); on the embedded suite auto ->
+        resize (and the only statistics key the folder has)."""
+        from envs import is_tabletop
+
+        embedded = is_tabletop(suite)
+        changes = {}
+        if policy_cfg.unnorm_key is None and not embedded:
+            changes["unnorm_key"] = suite
+        if policy_cfg.image_pipeline == "auto":
+            changes["image_pipeline"] = "resize" if embedded else "libero"
+            if not embedded:
+                changes["image_size"] = LIBERO_RENDER_SIZE
+        return dataclasses.replace(policy_cfg, **changes)
+
+    @classmethod
+    def start_from(cls, folder, policy_cfg, env_cfg, device, say):
+        """The published folder's architecture (config.json) with every key of the YAML's policy section as the
+        run's own (LoRA, precision, gradient checkpointing, image pipeline, statistics key), at the env's image size;
+        the folder's own LoRA (a checkpoint this project saved) is merged and fresh LoRA of policy.lora_rank goes
+        on top. ValueError (statistics key, wrong layout) as one line."""
+        resolved = cls.resolve_for_suite(policy_cfg, env_cfg.suite)
+        keys = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)
+                if f.name not in ("type", "init_path", "lora_rank", "lora_alpha", "lora_dropout", "action_chunk")}
+        keys["image_size"] = env_cfg.image_size  # the env renders it; the pipeline resizes to 224
+        policy = cls.load(folder, device=device, **keys)
+        policy.cfg = dataclasses.replace(policy.cfg, lora_alpha=policy_cfg.lora_alpha,
+                                         lora_dropout=policy_cfg.lora_dropout, init_path=folder)
+        policy.set_lora_rank(policy_cfg.lora_rank)
+        if env_cfg.action_chunk != policy.action_chunk:
+            say(f"env.action_chunk={env_cfg.action_chunk} -> {policy.action_chunk}: {folder} predicts "
+                f"{policy.action_chunk} actions per call")
+        return policy
 
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()

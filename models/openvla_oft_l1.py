@@ -127,6 +127,7 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     act / sft_loss (L1 on normalised demo actions) / hidden / save / load / reference; no log-probs."""
 
     config_class = OpenVLAOFTL1Config
+    kind = "regression"  # continuous deterministic actions: no log-probs, so no RL script trains it
     l1 = True
 
     def __init__(self, cfg: OpenVLAOFTL1Config, _load_weights: bool = True):

@@ -1,12 +1,21 @@
 """The policy interface the rollout, evaluation, SFT and RL scripts rely on, and the one table from a policy family to
 its class. A family is named by the config (`policy.type`: an RL script's `policy` section then takes the keys of
-that family's config class, common/config.py) or told by a saved folder (`family_of_folder`); `common.run.
-initial_policy` builds or loads it, so adding a family means a class that satisfies one of the protocols below, a
-config dataclass with a `type` field and a row in FAMILIES, both in models/configs.py (no script changes).
+that family's config class, common/config.py) or told by a saved folder (`family_of_folder`, which asks every
+family's `detect`). Everything family-specific lives in the family's module: its class inherits `PolicyFamily` and
+overrides what differs (its `kind` of actions, how to `detect` its folders, its defaults per suite in
+`resolve_for_suite`, its start from a folder in `start_from`), so a new family is one module plus one row in FAMILIES
+(models/configs.py) and no script changes (tests/test_policy_families.py adds a toy one).
 
 Every family:
+  kind                 'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression'
+                       (continuous, deterministic, no log-probs: evaluation and SFT only)
+  published            True: starts only from a published checkpoint folder (no scratch policy, no auto-SFT)
+  detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
+  resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
+  start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
                                                              `save` wrote (and, for openvla_oft, a published one)
+  sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/...": float})   train_sft.py's objective
   reference()          context manager: the frozen pre-LoRA model (ValueError without LoRA)
   set_lora_rank(r)     merge any LoRA, add fresh LoRA of rank r (0 = full fine-tuning)
   cfg.action_chunk, cfg.image_size, cfg.lora_rank, action_chunk, device
@@ -16,12 +25,13 @@ Token families (discrete actions; SRPO, GAE-PPO, LUFFY, SFT), also hidden_size (
       [, hidden (B, hidden_size)]; `generators` (None, or one torch.Generator per row): where row i draws its sample
   log_prob(obs, instructions, tokens, temperature, return_hidden) -> log-probs, entropies (B, chunk*7) with grads
   hidden(obs, instructions) -> (B, hidden_size) value-head input
-  sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/loss", "sft/token_accuracy"})
+  sft_loss: cross-entropy on action tokens ({"sft/loss", "sft/token_accuracy"})
   action_tokenizer: encode(actions) -> tokens, decode(tokens) -> actions, n_bins
 Regression families (continuous deterministic actions, no log-probs; evaluation and SFT, refused by RL): act as the
 token families with (B, 0) tokens and log-probs, sft_loss, hidden (models/openvla_oft_l1.py).
 Flow families (continuous actions; FlowSAR, GAE-PPO, SFT): sample(obs, instructions, num_steps, noise_level,
-generators) / velocity / flow_matching_loss / normalize_actions (see models/flow_policy.py), and for GAE-PPO:
+generators) / velocity / flow_matching_loss (= sft_loss) / normalize_actions (see models/flow_policy.py), and for
+GAE-PPO:
   sample(...) with flow-SDE noise (noise_method flow_sde, noise_level > 0) also returns the chain data of its one SDE
       step: sde_step (B,) the denoising step index, x_t / x_next (B, horizon, D) the model-space x before and after
       it, log_prob (B,) its Gaussian log-density, and hidden (B, hidden_size); evaluation samples at noise_level 0
@@ -31,20 +41,98 @@ generators) / velocity / flow_matching_loss / normalize_actions (see models/flow
       first action_chunk steps x 7 env dims: what the env ran; RLinf's chunk-level log-prob) [, hidden]
   hidden(obs, instructions) -> (B, hidden_size) value-head input: PaliGemma's output mean-pooled over the valid
       image and prompt tokens; hidden_size
+  model_space_samples  True when the rollout keeps the model-space sample x0 (a pi0 checkpoint's protocol)
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
-from typing import Any, ContextManager, Dict, Optional, Protocol, Sequence, Tuple, runtime_checkable
+import json
+import os
+from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 import torch
 
 from models.configs import FAMILIES, _family, action_kind, config_class  # noqa: F401 - re-exported
-from models.saved import family_of_folder  # noqa: F401 - re-exported
+from models.saved import PolicyLoadError
+
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")  # an RL run's own keys, not the folder's
+
+
+def read_config_json(folder: str) -> Dict[str, Any]:
+    """The folder's config.json as a dict ({} when there is none or it is not a JSON object)."""
+    try:
+        with open(os.path.join(folder, "config.json")) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class PolicyFamily:
+    """What a policy family tells about itself, with the defaults of a family that saves its own folders (token,
+    flow); a family's class inherits it and overrides what differs (models/policy.py docstring)."""
+
+    kind: str = "token"
+    published: bool = False
+    model_space_samples: bool = False
+
+    @classmethod
+    def family(cls) -> str:
+        """The family's name: its config class's `type` default (the FAMILIES key)."""
+        return cls.config_class.__dataclass_fields__["type"].default
+
+    @classmethod
+    def detect(cls, folder: str) -> bool:
+        """A folder this family saved: config.json names it (`type`, or `policy_type` in older saves)."""
+        cfg = read_config_json(folder)
+        return cfg.get("type", cfg.get("policy_type")) == cls.family()
+
+    @classmethod
+    def resolve_for_suite(cls, policy_cfg: Any, suite: str) -> Any:
+        """The policy config with its suite-dependent defaults filled in (none by default)."""
+        return policy_cfg
+
+    @classmethod
+    def start_from(cls, folder: str, policy_cfg: Any, env_cfg: Any, device: str, say: Callable[[str], None]) -> Any:
+        """RL's start from `folder` (a policy this project saved): its architecture from the folder (one line via
+        `say` names the YAML keys it overrides), the run's own LoRA keys (LORA_KEYS) from `policy_cfg`; any saved
+        LoRA is merged into the base and fresh LoRA of policy_cfg.lora_rank goes on top, so the KL reference
+        (adapters off) is exactly the policy RL started from."""
+        policy = cls.load(folder, device=device)
+        differ = [f"policy.{k}" for k in policy_keys_from_checkpoint(policy_cfg, policy.cfg, LORA_KEYS)]
+        differ += [f"env.{k}" for k in ("image_size", "action_chunk") if getattr(env_cfg, k) != getattr(policy.cfg, k)]
+        if differ:
+            say(f"taken from the checkpoint {folder} (its architecture), not the config: {', '.join(differ)}")
+        policy.cfg = dataclasses.replace(policy.cfg, **{k: getattr(policy_cfg, k) for k in LORA_KEYS
+                                                        if hasattr(policy.cfg, k) and hasattr(policy_cfg, k)})
+        policy.set_lora_rank(policy_cfg.lora_rank)  # merge the SFT's LoRA, fresh adapters on top (or none: full FT)
+        return policy
+
+
+def policy_keys_from_checkpoint(yaml_policy: Any, loaded_policy: Any, kept: Sequence[str]) -> List[str]:
+    """Names of `policy.*` keys whose YAML value differs from the loaded checkpoint's (the checkpoint wins); keys in
+    `kept` (LoRA, precision) are the run's own and are not compared."""
+    return [f.name for f in dataclasses.fields(yaml_policy) if f.name not in kept
+            and getattr(yaml_policy, f.name) != getattr(loaded_policy, f.name, None)]
+
+
+def family_of_folder(folder: str) -> str:
+    """The family of a saved or published policy folder: the one whose `detect` recognises it (PolicyLoadError when
+    none does)."""
+    if not os.path.isdir(folder):
+        raise PolicyLoadError(f"{folder}: no such folder")
+    for family in FAMILIES:
+        if policy_class(family).detect(folder):
+            return family
+    raise PolicyLoadError(f"{folder} holds no policy of a known family ({', '.join(FAMILIES)}): expected a folder "
+                          f"written by train_sft.py or an RL run (config.json + model.safetensors), or a published "
+                          f"OpenVLA-OFT / pi0 checkpoint")
 
 
 @runtime_checkable
 class SavedPolicy(Protocol):
+    kind: str
     action_chunk: int
     cfg: Any
 
@@ -56,6 +144,8 @@ class SavedPolicy(Protocol):
     def reference(self) -> ContextManager: ...
 
     def set_lora_rank(self, lora_rank: int) -> None: ...
+
+    def sft_loss(self, obs: Dict, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]: ...
 
 
 @runtime_checkable
@@ -71,8 +161,6 @@ class TokenActionPolicy(SavedPolicy, Protocol):
                  temperature: float = 1.0, return_hidden: bool = False) -> Tuple: ...
 
     def hidden(self, obs: Dict, instructions: Optional[Sequence[str]] = None) -> torch.Tensor: ...
-
-    def sft_loss(self, obs: Dict, instructions: Optional[Sequence[str]], actions) -> Tuple[torch.Tensor, Dict]: ...
 
 
 @runtime_checkable
@@ -99,5 +187,5 @@ def policy_class(family: str):
     return getattr(importlib.import_module(module), cls)
 
 
-__all__ = ["SavedPolicy", "TokenActionPolicy", "FlowActionPolicy", "FAMILIES", "policy_class", "config_class",
-           "action_kind", "family_of_folder"]
+__all__ = ["SavedPolicy", "TokenActionPolicy", "FlowActionPolicy", "FAMILIES", "PolicyFamily", "policy_class",
+           "config_class", "action_kind", "family_of_folder", "policy_keys_from_checkpoint", "LORA_KEYS"]

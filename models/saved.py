@@ -1,9 +1,9 @@
-"""Saved policy folders (`config.json` + `model.safetensors`): which family a folder holds (from its files alone, no
-model code imported), and the one-line errors for a path that holds no loadable policy or one RL cannot train. Finding the policy under a run or checkpoint folder and loading it is
-`common.checkpoint.load_saved_policy`."""
+"""Saved policy folders (`config.json` + `model.safetensors`): the one-line errors for a path that holds no loadable
+policy or one RL cannot train, and file helpers shared by the families. Which family a folder holds is each
+family's own `detect` (models/policy.py `family_of_folder`); finding the policy under a run or checkpoint folder and
+loading it is `common.checkpoint.load_saved_policy`."""
 from __future__ import annotations
 
-import json
 import os
 from typing import List
 
@@ -21,32 +21,11 @@ def is_policy_dir(path: str) -> bool:
 
 
 def policy_type(policy_dir: str) -> str:
-    """The policy family ('token', 'flow', 'openvla_oft', 'openvla_oft_l1'; models/configs.py FAMILIES), from the
-    saved config."""
-    try:
-        return family_of_folder(policy_dir)
-    except (OSError, json.JSONDecodeError) as e:
-        raise PolicyLoadError(f"{policy_dir}/config.json is unreadable ({e}): not a saved policy") from None
-    except ValueError as e:
-        raise PolicyLoadError(str(e)) from None
+    """The policy family ('token', 'flow', 'openvla_oft', 'openvla_oft_l1', ...; models/configs.py FAMILIES) of a
+    saved or published folder; PolicyLoadError (one line) when no family recognises it."""
+    from models.policy import family_of_folder
 
-
-def family_of_folder(folder: str) -> str:
-    """The family of a saved or published policy folder, from its config.json (a pi0 checkpoint folder of openpi /
-    RLinf or LeRobot, which may have none, is 'flow')."""
-    from models.pi0_checkpoint import is_pi0_folder
-
-    if is_pi0_folder(folder):
-        return "flow"
-    with open(os.path.join(folder, "config.json")) as f:
-        cfg = json.load(f)
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{folder}/config.json is not a policy config")
-    if cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft":
-        return "openvla_oft_l1" if is_l1_folder(folder) else "openvla_oft"
-    if cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" or "expert_dim" in cfg:
-        return "flow"
-    return "token"
+    return family_of_folder(policy_dir)
 
 
 HEAD, PROPRIO = "action_head", "proprio_projector"

@@ -16,6 +16,7 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import TokenPolicyConfig
+from models.policy import PolicyFamily
 from models.vla_backbone import (Obs, PrefixEncoder, autocast, rebuild_policy, reference_context, replace_lora,
                                  save_policy_files, unwrap, wrap_lora)
 
@@ -47,8 +48,11 @@ class TokenCore(nn.Module):
         return self.action_head(hidden).float(), hidden
 
 
-class TokenPolicy(nn.Module):
+class TokenPolicy(nn.Module, PolicyFamily):
     """act / log_prob / hidden / sft_loss / save / load / reference, as the RL scripts call them."""
+
+    config_class = TokenPolicyConfig
+    kind = "token"
 
     def __init__(self, cfg: Optional[TokenPolicyConfig] = None, action_tokenizer: Optional[ActionTokenizer] = None,
                  _hf=(None, None, None)):

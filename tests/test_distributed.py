@@ -2,9 +2,10 @@
 import copy
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from common.run import initial_policy
+from common.init import initial_policy
 
 
 def test_scratch_init_gives_every_process_the_same_weights_but_its_own_sampling_noise():
@@ -567,25 +568,26 @@ def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwis
     stdout, stderr = proc.communicate(timeout=300)
     run_dir = the_run(cut / "runs")
     (saved,) = os.listdir(os.path.join(run_dir, "checkpoints"))
-    step = int(saved[len("iter_"):])
+    block = int(saved[len("iter_"):])  # an iteration is a block of sft.log_every=5 steps
+    step = 5 * block
     assert 10 <= step < 60, stderr[-3000:]
     checkpoint = os.path.join(run_dir, "checkpoints", saved)
     assert sorted(os.listdir(os.path.join(checkpoint, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert len(torch.load(os.path.join(checkpoint, "rng.pt"), weights_only=False)) == 2
-    said = f"[sft] interrupted: steps 1..{step} are saved in {run_dir}/checkpoints; continue with: accelerate launch " \
-           f"--multi_gpu --num_processes 2 "
+    said = f"[train_sft] interrupted: steps 1..{step} are saved in {run_dir}/checkpoints; continue with: accelerate " \
+           f"launch --multi_gpu --num_processes 2 "
     assert said in stdout and f"train_sft.py --resume {run_dir}" in stdout, stdout[-2000:]
     assert "Traceback" not in "".join(line for line in stderr.splitlines() if "[rank" in line)  # none from ours
     assert not os.path.exists(cut / "exported")  # nothing exported from a cut-short run
 
     out = _launch(["--resume", run_dir], cut, 29589, "train_sft.py", [])
-    assert f"resumed from {checkpoint} at step {step}" in out.stdout
+    assert f"resumed at step {step}" in out.stdout
     full, resumed = load_file(str(tmp_path / "full" / "exported" / "model.safetensors")), \
         load_file(str(cut / "exported" / "model.safetensors"))
     assert all(torch.equal(full[k], resumed[k]) for k in full)
     rows, expected = _sft_rows(run_dir), _sft_rows(the_run(tmp_path / "full" / "runs"))
-    assert [r["iteration"] for r in rows] == list(range(5, 65, 5))  # each logged step once
-    assert [r for r in rows if r["iteration"] <= step] == [r for r in expected if r["iteration"] <= step]
+    assert [r["charts/step"] for r in rows] == list(range(5, 65, 5))  # each logged block once
+    assert [r for r in rows if r["charts/step"] <= step] == [r for r in expected if r["charts/step"] <= step]
 
 
 def test_srpo_fsdp_signal_during_the_update_of_one_process_finishes_and_saves_that_iteration_then_resumes_bitwise(
@@ -618,3 +620,36 @@ def test_srpo_fsdp_signal_during_the_update_of_one_process_finishes_and_saves_th
     for k, v in _policy_weights(full, 3).items():
         assert torch.equal(_policy_weights(run_dir, 3)[k], v), k
     assert [deterministic(r) for r in rows(run_dir)] == [deterministic(r) for r in rows(full)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_fsdp_checkpoints_an_iteration_without_an_update_and_resumes_from_it(tmp_path, processes):
+    """#47: dynamic sampling from a scratch policy (every group fails) leaves iteration 1 without an optimizer step;
+    fsdp's checkpoint of it (an AdamW without state: torch's get_optimizer_state_dict raised KeyError: 0) is written
+    with the optimizer marked fresh, and --resume goes on from it to iteration 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.test_run_plumbing import ENV, FAST, ROOT, rows, the_run
+
+    args = [*FAST, "algorithm.filter_accuracy=true", "train.strategy=fsdp", "train.iterations=1", "eval.every=0"]
+    if processes == 1:
+        def launch(extra):
+            out = subprocess.run([sys.executable, os.path.join(ROOT, "train_srpo.py"), *extra], cwd=ROOT, env=ENV,
+                                 capture_output=True, text=True, timeout=600)
+            assert out.returncode == 0, out.stderr[-3000:]
+    else:
+        def launch(extra):
+            _launch(extra, tmp_path, 29591, fast=[])
+    launch([*args, f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"])
+    run_dir = the_run(tmp_path / "runs")
+    first = os.path.join(run_dir, "checkpoints", "iter_000001")
+    assert rows(run_dir)[-1]["train/skipped_update"] == 1.0
+    with open(os.path.join(first, "shards", "fresh_optimizers.json")) as f:
+        assert json.load(f) == ["actor"]
+    launch(["--resume", run_dir, "train.iterations=2"])
+    assert [r["iteration"] for r in rows(run_dir)] == [1, 2]
+    assert os.path.isdir(os.path.join(run_dir, "checkpoints", "iter_000002"))

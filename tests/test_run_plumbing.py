@@ -343,19 +343,21 @@ def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
     load_saved_policy(os.path.join(run_dir, "checkpoints", "iter_000001"))
 
 
-def test_an_interrupt_whose_save_fails_says_so_in_one_line(capsys):
-    from common.run import Run
+def test_the_advice_after_a_stop_names_a_resume_only_when_a_checkpoint_exists():
+    """#47: after a failed first checkpoint (full disk) the old line advised `--resume` to a run that had none (and
+    the resume was refused); the advice now names --resume only when something is saved, else a new run."""
+    from common.run import Run, Schedule
 
-    def save(iteration, rng):
-        raise RuntimeError("[enforce fail at inline_container.cc:595] unexpected pos")
-
-    fake = SimpleNamespace(is_main=True, _snapshot={"iteration": 3, "rng": []}, _saved_iteration=2, script="srpo",
-                           run_dir="runs/r", _restore_snapshot=lambda snap: None, save=save,
+    fake = SimpleNamespace(_saved_iteration=0, run_dir="runs/r", schedule=Schedule(10, 1, 1),
                            resume_command=lambda: "python train_srpo.py --resume runs/r")
-    Run._on_interrupt(fake)
-    out = capsys.readouterr().out.strip()
-    assert out == ("[srpo] interrupted; could not save iteration 3 ([enforce fail at inline_container.cc:595] "
-                   "unexpected pos); iterations 1..2 are saved; continue with: python train_srpo.py --resume runs/r")
+    assert Run._continue_advice(fake, "free the space and") == \
+        "nothing was saved; free the space and start the run again (without --resume)"
+    fake._saved_iteration = 2
+    assert Run._continue_advice(fake) == ("iterations 1..2 are saved in runs/r/checkpoints; continue with: "
+                                          "python train_srpo.py --resume runs/r")
+    fake.schedule = Schedule(3, 0, 1, steps_per_iteration=10, total_steps=25)  # train_sft.py: blocks of 10 steps
+    fake._saved_iteration = 3
+    assert Run._continue_advice(fake).startswith("steps 1..25 are saved")
 
 
 def saved_run(tmp_path, script="srpo", iterations=(1, 2), processes=1):

@@ -1,0 +1,68 @@
+"""The processes of a run: accelerate's Accelerator (CPU when there is no GPU, one share of the cores per process),
+gathering Python objects from every process, and a clean end of the process group.
+
+    accelerator = make_accelerator()      # refuses a launch that asked for N processes but started 1
+    rows = gather_objects(world, [...])   # the concatenation of every process's list (world 1: the list itself)
+    close_process_group(ok)               # before interpreter exit: no gloo thread left to abort the process
+"""
+from __future__ import annotations
+
+import os
+from typing import List
+
+import torch
+
+from envs.suites import ConfigError
+
+QUIET_LAUNCH = "--num_machines 1 --mixed_precision no --dynamo_backend no"  # accelerate warns when it picks these
+
+
+def launched_alone_for_several() -> bool:
+    """True when `accelerate launch` was asked for several processes but ran this one alone: its one-process launcher
+    (no multi-process config) marks the process with ACCELERATE_USE_CPU and, for --num_processes > 1, MASTER_PORT,
+    while a real multi-process launch gives every process its WORLD_SIZE."""
+    env = os.environ
+    return "ACCELERATE_USE_CPU" in env and "MASTER_PORT" in env and "WORLD_SIZE" not in env
+
+
+def make_accelerator():
+    """An Accelerator (CPU when no GPU), refusing in one line a launch that asked for several processes but started
+    one."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=not torch.cuda.is_available())
+    if accelerator.num_processes == 1 and launched_alone_for_several():
+        raise ConfigError("accelerate launch asked for several processes but started 1 (without a multi-process "
+                          "config it runs one): use `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml "
+                          f"...` (or 8gpu.yaml, ...), or `accelerate launch --multi_gpu --num_processes N {QUIET_LAUNCH} "
+                          "...` (works on CPU machines too)")
+    if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
+        world = accelerator.num_processes
+        omp = os.environ.get("OMP_NUM_THREADS", "")
+        torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else max(1, (os.cpu_count() or 1) // world))
+    return accelerator
+
+
+def gather_objects(world: int, items: List) -> List:
+    """accelerate's gather_object: the concatenation of every process's list (a collective when world > 1)."""
+    if world == 1:
+        return list(items)
+    from accelerate.utils import gather_object
+
+    return gather_object(list(items))
+
+
+def close_process_group(ok: bool) -> None:
+    """Tear the process group down before interpreter exit, after a barrier when the run ended normally (no process
+    closes its connections while another still has work in flight on them, e.g. fsdp's weight gather after the last
+    step): left to the finaliser, gloo's threads sometimes abort a process ("terminate called without an active
+    exception")."""
+    if torch.distributed.is_initialized():
+        if ok and torch.distributed.get_world_size() > 1:
+            torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def launch_command(world: int) -> str:
+    """How to start a script with `world` processes: `python`, or accelerate's multi-process launch."""
+    return f"accelerate launch --multi_gpu --num_processes {world} {QUIET_LAUNCH}" if world > 1 else "python"

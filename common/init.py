@@ -1,0 +1,180 @@
+"""Where an RL run starts from: `initial_policy(run, kind)` returns the policy on the run's device.
+
+    resumed run            its checkpoint's policy (the family its folder holds)
+    init.mode=scratch      a fresh policy of `policy.type` (not for families that start from a published checkpoint)
+    init.mode=checkpoint   the folder at init.path (default checkpoints/sft_<suite>_task<ids>), started as its family
+                           says (`start_from`, models/policy.py): a policy this project saved keeps its architecture
+                           and gets the run's LoRA; a published OpenVLA-OFT or pi0 folder runs with the YAML's keys
+    init.mode=auto_sft     the same, after running train_sft.py to make that folder when it is missing (and
+                           continuing an interrupted one)
+
+Everything family-specific is the family's own (models/policy.py PolicyFamily); here only what every family shares:
+the kind of actions the script trains, the folder's family against `policy.type`, the auto-SFT subprocess, and
+`cfg.policy` / `cfg.env.image_size|action_chunk` set to what runs, so the saved config is what ran.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, List, Optional
+
+import torch
+import yaml
+
+from common.config import ROOT, ConfigError
+from common.run_folder import run_order
+
+INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
+               "flow": "train_flowsar.py or train_gae_ppo.py"}
+
+
+def default_sft_path(family: str, suite: str, task_ids: List[int]) -> str:
+    """Where init.mode=auto_sft writes (and init.path defaults to) the SFT start of this family, suite and tasks."""
+    tasks = "-".join(str(t) for t in task_ids)
+    return os.path.join("checkpoints", f"{'sft' if family == 'token' else 'sft_' + family}_{suite}_task{tasks}")
+
+
+def sft_command(cfg: Any, path: str, policy_type: str) -> List[str]:
+    """The train_sft.py command line that makes the SFT start `path` for this config (init.sft_args appended)."""
+    ids = [str(t) for t in cfg.env.task_ids]
+    return [sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-ids", *ids, f"policy.type={policy_type}",
+            f"env.suite={cfg.env.suite}", f"env.image_size={cfg.env.image_size}",
+            f"env.action_chunk={cfg.env.action_chunk}", f"sft.output_path={path}", f"log.output_dir={cfg.log.output_dir}",
+            f"log.plots_dir={cfg.log.plots_dir}", f"log.wandb={str(cfg.log.wandb).lower()}", *cfg.init.sft_args]
+
+
+def unfinished_sft_run(output_dir: str, path: str) -> Optional[str]:
+    """The newest train_sft.py run folder in `output_dir` that writes `path` (sft.output_path) and holds a
+    checkpoint: an auto-SFT stopped by Ctrl-C before it exported `path`. Rerunning the RL command continues it."""
+    if not os.path.isdir(output_dir):
+        return None
+    for name in sorted((d for d in os.listdir(output_dir) if d.startswith("train_sft__")), key=run_order,
+                       reverse=True):
+        run_dir = os.path.join(output_dir, name)
+        try:
+            with open(os.path.join(run_dir, "config.yaml")) as f:
+                saved = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError):
+            continue
+        done = os.path.join(run_dir, "checkpoints")
+        if (saved.get("sft") or {}).get("output_path") == path and os.path.isdir(done) and \
+                any(d.startswith("iter_") for d in os.listdir(done)):
+            return run_dir
+    return None
+
+
+def run_auto_sft(cfg: Any, path: str, family: str) -> None:
+    """init.mode=auto_sft: train_sft.py in a subprocess (continuing an interrupted one) to write `path`; Ctrl-C and
+    SIGTERM are passed on to it (it saves and says how to resume), then KeyboardInterrupt."""
+    cmd = sft_command(cfg, path, family)
+    shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
+    unfinished = unfinished_sft_run(cfg.log.output_dir, path)
+    if unfinished:  # an earlier auto-SFT was interrupted: continue it instead of starting over
+        cmd, shown = cmd + ["--resume", unfinished], f"{shown} --resume {unfinished}"
+        print(f"[init] no SFT checkpoint at {path}; continuing the interrupted SFT run: {shown}", flush=True)
+    else:
+        print(f"[init] no SFT checkpoint at {path}; running: {shown}", flush=True)
+    # its own session: a Ctrl-C in the terminal reaches this process only, which passes exactly one SIGINT on per
+    # Ctrl-C (the first stops the SFT at its next safe point, saved; a second at once), also for a SIGTERM sent to
+    # this process alone (a cluster's scheduler)
+    proc = subprocess.Popen(cmd, start_new_session=True)
+    interrupted = False
+    while True:
+        try:
+            code = proc.wait()
+            break
+        except KeyboardInterrupt:
+            interrupted = True
+            proc.send_signal(signal.SIGINT)
+    if interrupted or code == INTERRUPTED:
+        raise KeyboardInterrupt
+    if code != 0:
+        raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
+
+
+def initial_policy(run: Any, kind: str):
+    """The policy RL starts from (module docstring), on the run's device; `kind` is what the script trains: 'token'
+    (discrete actions with log-probs) or 'flow'. A policy that reads the wrist camera needs it rendered."""
+    from models.policy import FAMILIES, action_kind, family_of_folder, policy_class
+    from models.saved import PolicyLoadError, no_rl_message
+
+    cfg = run.cfg
+    family = cfg.policy.type
+    if action_kind(family) == "regression":  # an L1-regression head: no log-probs, so no RL script can train it
+        raise ConfigError(no_rl_message(cfg.init.path or f"policy.type={family}"))
+    if action_kind(family) != kind:
+        fits = "|".join(f for f in FAMILIES if action_kind(f) == kind)
+        raise ConfigError(f"this script trains policies with {kind} actions (policy.type: {fits}); {family} policies "
+                          f"have {action_kind(family)} actions: train them with {SCRIPTS_FOR[action_kind(family)]}")
+    if run.resume_path is not None:
+        saved = os.path.join(run.resume_path, "policy")
+        return policy_class(family_of_folder(saved)).load(saved, device=str(run.device))
+    cls = policy_class(family)
+    if cfg.init.mode == "scratch":
+        if cls.published:
+            raise ConfigError(f"policy.type={family} starts from a published checkpoint, not from scratch: set "
+                              f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
+                              f"checkpoints)")
+        cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
+        torch.manual_seed(cfg.seed)  # the same initial weights on every process ...
+        policy = cls(cfg.policy).to(run.device)
+        if run.rank:  # ... then each its own sampling noise (process 0 keeps the one-process stream)
+            torch.manual_seed(cfg.seed + run.rank)
+        return _checked(run, policy)
+    path = cfg.init.path or default_sft_path(family, cfg.env.suite, cfg.env.task_ids)
+    if not os.path.isdir(path):
+        if cls.published:
+            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
+                              f"papers' checkpoints) and set init.path to its folder")
+        if cfg.init.mode != "auto_sft":
+            cmd = sft_command(cfg, path, family)
+            shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
+            raise ConfigError(f"no SFT checkpoint at {path}: RL starts from a supervised policy; make it with `{shown}`, "
+                              f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one")
+        if run.is_main:
+            run_auto_sft(cfg, path, family)
+    run.accelerator.wait_for_everyone()
+    try:
+        found = family_of_folder(path)
+    except PolicyLoadError as e:
+        raise ConfigError(f"init.path {path}: not a saved policy ({e}); point init.path at a train_sft.py output") \
+            from None
+    if action_kind(found) == "regression":
+        raise ConfigError(no_rl_message(path))
+    if found != family:
+        if action_kind(found) != kind:
+            raise ConfigError(f"init.path {path} holds a policy of family {found} ({action_kind(found)} actions): "
+                              f"train it with {SCRIPTS_FOR[action_kind(found)]}; this script needs a {family} "
+                              f"policy there (train_sft.py policy.type={family} makes one)")
+        raise ConfigError(f"init.path {path} holds a policy of family {found} but policy.type={family}: set "
+                          f"policy.type={found} (and that family's policy keys, as configs/*_libero.yaml do)")
+    import envs
+
+    stale = envs.stale_suite_message(path, cfg.env.suite)
+    if stale and run.is_main:
+        print(f"[init] warning: {stale}", flush=True)
+    say = (lambda line: print(f"[init] {line}", flush=True)) if run.is_main else (lambda line: None)
+    try:
+        policy = cls.start_from(path, cfg.policy, cfg.env, str(run.device), say)
+    except ValueError as e:  # a statistics key, a wrong layout, a pi0.5 checkpoint, a truncated shard: one line
+        raise ConfigError(f"init.path {path}: {' '.join(str(e).split())}") from None
+    cfg.policy = policy.cfg
+    cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.action_chunk
+    return _checked(run, policy.to(run.device))
+
+
+def _checked(run: Any, policy: Any) -> Any:
+    """The policy, refused in one line when it reads a camera the env does not render."""
+    import envs
+
+    env = run.cfg.env
+    if not env.wrist_camera and getattr(policy.cfg, "use_wrist", False) and not envs.is_tabletop(env.suite):
+        raise ConfigError("env.wrist_camera=false but the policy reads the wrist camera (policy.use_wrist=true): "
+                          "set env.wrist_camera=true, or train a policy without it")
+    return policy
+
+
+__all__ = ["initial_policy", "sft_command", "default_sft_path", "unfinished_sft_run", "INTERRUPTED", "SCRIPTS_FOR"]

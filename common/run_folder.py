@@ -1,0 +1,136 @@
+"""Run folders: `<log.output_dir>/<run name>/` and `<log.plots_dir>/<run name>/`. A new run's folder is created
+exclusively (two runs started in the same second get `-2`, ...; an existing `log.run_name` is refused), checked
+writable, and removed again when its start fails before writing anything; `--resume` finds the run to continue (a
+bare `--resume`: the newest run of the same script, suite, tasks and seed that holds a checkpoint)."""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any, Optional, Sequence, Tuple
+
+from envs.suites import ConfigError
+
+
+def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: int) -> str:
+    return f"{script}__{suite}__t{'-'.join(str(t) for t in task_ids)}__s{seed}"
+
+
+def resolve_run_dir(log: Any, prefix: str, resume: Optional[str], must_exist: bool = False) -> Tuple[str, str]:
+    """(run_name, run_dir): the run to continue when `resume` is "auto" or a folder (`must_exist`: ConfigError when
+    there is none to continue), else the name a new run would get (`create_run_dir` makes it exclusively)."""
+    if resume not in (None, "", "auto"):
+        run_dir = resume.rstrip("/")
+        if os.path.basename(run_dir).startswith("iter_"):  # a checkpoint folder was given: use its run
+            run_dir = _run_of_checkpoint(run_dir, resume)
+        if not os.path.isdir(run_dir):
+            raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/<run name>/; "
+                              f"a bare --resume picks the latest one)")
+        return os.path.basename(run_dir), run_dir
+    if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
+        return log.run_name, os.path.join(log.output_dir, log.run_name)
+    if resume == "auto" and os.path.isdir(log.output_dir):
+        from common.checkpoint import latest_checkpoint
+
+        previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=run_order)
+        # the newest that can be continued: a run stopped before its first checkpoint holds nothing to resume
+        resumable = [d for d in previous if latest_checkpoint(os.path.join(log.output_dir, d), check_hashes=False)]
+        if resumable:
+            return resumable[-1], os.path.join(log.output_dir, resumable[-1])
+        if previous and must_exist:
+            raise ConfigError(f"--resume: no run {prefix}__* in {log.output_dir}/ holds a checkpoint ({previous[-1]} "
+                              f"stopped before its first one); drop --resume to start a new run")
+    if must_exist:
+        raise ConfigError(f"--resume: no run {prefix}__* in {log.output_dir}/ to continue; give the run folder, "
+                          f"or drop --resume to start a new run")
+    name = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
+    return name, os.path.join(log.output_dir, name)
+
+
+def run_order(name: str) -> Tuple[str, int]:
+    """Sort key of run folder names: the timestamp, then the collision suffix (-2, -3, ...) as a number."""
+    stem, _, suffix = name.rpartition("-")
+    return (stem, int(suffix)) if suffix.isdigit() and len(suffix) < 4 else (name, 0)
+
+
+def _run_of_checkpoint(path: str, given: str) -> str:
+    """The run folder of `<run>/checkpoints/iter_XXXXXX`, which must be the run's newest complete checkpoint (a resume
+    continues from there; an older or pruned one is refused, naming those that exist)."""
+    from common.checkpoint import _iteration_dirs, latest_checkpoint
+
+    run_dir = os.path.dirname(os.path.dirname(path))
+    existing = [os.path.basename(d) for d in _iteration_dirs(run_dir)]
+    if not os.path.isdir(path):
+        raise ConfigError(f"--resume {given}: that checkpoint does not exist (pruned?); {run_dir} has "
+                          f"{', '.join(existing) or 'no checkpoints'}: resume with --resume {run_dir} (its newest)")
+    newest = latest_checkpoint(run_dir, check_hashes=False)
+    if newest is None or os.path.realpath(newest) != os.path.realpath(path):
+        raise ConfigError(f"--resume {given}: a run continues from its newest complete checkpoint "
+                          f"({os.path.basename(newest) if newest else 'none'} of {', '.join(existing)}), not an "
+                          f"earlier one: resume with --resume {run_dir}, or evaluate that checkpoint with evaluate.py")
+    return run_dir
+
+
+def check_writable(folder: str, what: str) -> None:
+    """ConfigError unless a file can be created in `folder` (checked by writing and removing a probe file)."""
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_probe_"):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
+
+
+def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
+    """Create a new run's folder exclusively (os.mkdir, race-free across processes) and check that it and
+    `<plots_dir>/<run_name>` are writable; returns (run_name, run_dir). A timestamped name taken by a run started in
+    the same second gets a suffix (-2, -3, ...); an explicit `log.run_name` that exists is refused (--resume continues
+    it). Every failure is a one-line ConfigError."""
+    try:
+        os.makedirs(log.output_dir, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"log.output_dir={log.output_dir}: cannot create it ({e.strerror or e}); choose a writable "
+                          f"folder") from None
+    if log.run_name:
+        names = [log.run_name]
+    else:
+        stamp = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
+        names = [stamp] + [f"{stamp}-{k}" for k in range(2, 1000)]
+    for name in names:
+        run_dir = os.path.join(log.output_dir, name)
+        try:
+            os.mkdir(run_dir)
+        except FileExistsError:
+            if log.run_name:
+                raise ConfigError(f"log.run_name={log.run_name}: {run_dir} already exists; continue that run with "
+                                  f"--resume {run_dir}, or choose another name (a new run never writes into an "
+                                  f"existing folder)") from None
+            continue
+        except OSError as e:
+            raise ConfigError(f"log.output_dir={log.output_dir}: cannot create the run folder {run_dir} "
+                              f"({e.strerror or e}); choose a writable folder") from None
+        break
+    else:
+        raise ConfigError(f"log.output_dir={log.output_dir}: 999 runs named {stamp}* exist; wait a second")
+    check_writable(run_dir, f"log.output_dir={log.output_dir}")
+    plots = os.path.join(log.plots_dir, name)
+    try:
+        os.makedirs(plots, exist_ok=True)
+    except OSError as e:
+        os.rmdir(run_dir)
+        raise ConfigError(f"log.plots_dir={log.plots_dir}: cannot create {plots} ({e.strerror or e}); choose a "
+                          f"writable folder") from None
+    try:
+        check_writable(plots, f"log.plots_dir={log.plots_dir}")
+    except ConfigError:
+        os.rmdir(run_dir)
+        raise
+    return name, run_dir
+
+
+def remove_if_empty(*folders: str) -> None:
+    """Remove the folders of a new run that a failed start left empty, so a bare --resume does not pick them."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass
