@@ -51,14 +51,16 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditionalGeneration,
                           SiglipVisionConfig)
+from transformers.models.pi0.modeling_pi0 import PI0TimestepEmbeddings
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import FlowPolicyConfig
@@ -134,6 +136,75 @@ def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
                       head_dim=h // heads, max_position_embeddings=1024)
     return PI0Config(vlm_config=vlm.to_dict(), dit_config=dit.to_dict(), chunk_size=cfg.action_chunk,
                      max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, num_inference_steps=cfg.num_steps)
+
+
+class OpenpiTimestepEmbeddings(PI0TimestepEmbeddings):
+    """PI0's time sinusoid as openpi computes it (`create_sinusoidal_pos_embedding` in openpi's pi0_pytorch.py):
+    periods, frequencies and the products freq * t in float64 (float32 on MPS, which has no float64), sin / cos, then
+    cast to the time's dtype. transformers' own module does all of it in float32, where freq * t (freq up to
+    2 pi / 4e-3 = 1571) is rounded to ~1e-4 before the sine: the velocity then differs from openpi's by ~1e-4.
+    FlowPolicy puts this module in place of `embed_action_time.sinusoid_embeds` (`use_openpi_time_embedding`); it has
+    no weights (the float32 frequency buffer it inherits is non-persistent and unused)."""
+
+    def forward(self, time: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float32 if time.device.type == "mps" else torch.float64
+        with torch.autocast(time.device.type, enabled=False):
+            fraction = torch.linspace(0.0, 1.0, self.config.dit_config.hidden_size // 2, dtype=dtype,
+                                      device=time.device)
+            period = self.config.min_period * (self.config.max_period / self.config.min_period) ** fraction
+            angle = (1.0 / period * 2 * math.pi)[None, :] * time[:, None]
+            return torch.cat([angle.sin(), angle.cos()], dim=1).to(time.dtype)
+
+
+def use_openpi_time_embedding(model: PI0ForConditionalGeneration) -> None:
+    """Swap PI0's float32 time sinusoid for openpi's float64 one (OpenpiTimestepEmbeddings), in place; the one place
+    where this repo changes a transformers PI0 module. Every PI0 forward (velocity, sampling, the training loss) then
+    embeds t as openpi does."""
+    old = model.embed_action_time.sinusoid_embeds
+    if not isinstance(old, OpenpiTimestepEmbeddings):
+        model.embed_action_time.sinusoid_embeds = OpenpiTimestepEmbeddings(model.config).to(old.sinusoid_freq.device)
+
+
+def openpi_time_grid(num_steps: int) -> List[float]:
+    """The times of openpi's Euler sampler (pi0_pytorch.py `sample_actions`): t = 1, then `t += dt` in float32 with
+    dt = float32(-1 / num_steps), while t >= -dt / 2 -> num_steps Python floats (each exactly a float32 value; e.g.
+    N = 10: 1, 0.9, 0.8, 0.70000005, 0.6000001, ...; the exact grid 1 - i / N differs by up to ~1e-7)."""
+    dt = np.float32(-1.0 / num_steps)
+    t, times = np.float32(1.0), []
+    while t >= -dt / np.float32(2):
+        times.append(float(t))
+        t = np.float32(t + dt)
+    if len(times) != num_steps:  # float32 drift of half a step: never for any num_steps in use (tested to 1000)
+        raise ValueError(f"openpi's float32 time grid has {len(times)} steps for num_steps={num_steps}")
+    return times
+
+
+def openpi_resize_with_pad(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (B, H, W, 3) -> (B, size, size, 3) as openpi's client resizes LIBERO frames before sending them
+    (openpi_client.image_tools.resize_with_pad, PIL bilinear on the uint8 image): returned as-is at size x size; else
+    ratio = max(W, H) / size, the image resized with PIL BILINEAR to int(W / ratio) x int(H / ratio) and pasted on a
+    black size x size canvas at offset int((size - side) / 2) (no padding for square frames)."""
+    b, h, w, _ = images.shape
+    if (h, w) == (size, size):
+        return images
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    top, left = max(0, int((size - rh) / 2)), max(0, int((size - rw) / 2))
+    out = np.zeros((b, size, size, images.shape[-1]), np.uint8)
+    for i, img in enumerate(images):
+        resized = Image.fromarray(img).resize((rw, rh), Image.Resampling.BILINEAR)
+        out[i, top:top + rh, left:left + rw] = np.asarray(resized)
+    return out
+
+
+def openpi_pixels(images: Union[np.ndarray, torch.Tensor], size: int, device: torch.device) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> (B, 3, size, size) float32 as openpi feeds pi0: `openpi_resize_with_pad` to size, then
+    x / 255 * 2 - 1 in float32 (openpi's Observation.from_dict)."""
+    arr = images.cpu().numpy() if torch.is_tensor(images) else np.asarray(images)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"a pi0 checkpoint's protocol takes uint8 camera images, got {arr.dtype}")
+    x = torch.from_numpy(np.ascontiguousarray(openpi_resize_with_pad(arr, size))).to(device)
+    return x.to(torch.float32).permute(0, 3, 1, 2) / 255.0 * 2.0 - 1.0
 
 
 def flow_sde_coefficients(t: float, dt: float, noise_level: float, num_steps: int) -> Tuple[float, float, float]:
@@ -221,6 +292,7 @@ class FlowPolicy(nn.Module):
             raise ValueError(f"horizon={horizon} < action_chunk={cfg.action_chunk}: a call cannot execute more actions "
                              f"than the model predicts")
         model.config.chunk_size = horizon  # the expert's suffix is [state, horizon actions]
+        use_openpi_time_embedding(model)  # openpi's float64 time sinusoid (before LoRA copies the module)
         # model space: PI0's max_action_dim with the checkpoint's protocol, else the 7 env dims (padding stays 0)
         self.model_dim = model.config.max_action_dim if self.stats is not None else ACTION_DIM
         self._check_model(model.config)
@@ -286,16 +358,17 @@ class FlowPolicy(nn.Module):
         agent, wrist, state, instructions = check_obs(obs, instructions, self.cfg.image_size, self.cfg.use_wrist)
         dev, b = self.device, agent.shape[0]
         views = [agent, wrist] if self.cfg.use_wrist else [agent]
-        pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
-        if self.vision_size != self.cfg.image_size:
-            pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size), mode="bilinear",
-                                   align_corners=False, antialias=True).clamp_(-1, 1).unflatten(0, (b, len(views)))
+        if self.stats is not None and self.stats.source == "openpi":  # openpi's uint8 PIL resize, then /255*2-1
+            pixels = torch.stack([openpi_pixels(v, self.vision_size, dev) for v in views], dim=1)
+        else:
+            pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
+            if self.vision_size != self.cfg.image_size:
+                pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size),
+                                       mode="bilinear", align_corners=False, antialias=True
+                                       ).clamp_(-1, 1).unflatten(0, (b, len(views)))
         if self.stats is not None:  # openpi's tokenizer cleans the prompt and pads it to max_token_len
             instructions = [s.strip().replace("_", " ").replace("\n", " ") for s in instructions]
-        ids, mask = self.text_tokenizer([s + "\n" for s in instructions])  # BOS + text + "\n" (PI0Processor)
-        if self.stats is not None and ids.shape[1] < self.cfg.max_text_len:
-            ids = F.pad(ids, (0, self.cfg.max_text_len - ids.shape[1]))  # padding is masked out: its id is moot
-            mask = F.pad(mask, (0, self.cfg.max_text_len - mask.shape[1]))
+        ids, mask = self._prompt_tokens(instructions, pad_to=self.cfg.max_text_len if self.stats is not None else 0)
         image_id = self.pi0_config.vlm_config.image_token_id
         if bool((ids == image_id).any()):
             raise ValueError(f"an instruction tokenised to the image token id {image_id}")
@@ -308,6 +381,22 @@ class FlowPolicy(nn.Module):
         return {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixels,
                 "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st,
                 "raw_state": raw}
+
+    def _prompt_tokens(self, texts: Sequence[str], pad_to: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """openpi's prompt tokens: BOS + encode(text) + encode("\\n") (the newline encoded on its own, openpi's
+        "start of answer" token; one encode of text + "\\n" could merge across it), cut to max_text_len, right-padded
+        with id 0 and mask 0 to the longest row or `pad_to` -> (ids, mask) (B, L) long."""
+        ids, mask = self.text_tokenizer(list(texts))  # BOS + text, cut to max_text_len
+        empty, newline = (row[m.bool()] for row, m in zip(*self.text_tokenizer(["", "\n"])))
+        if not torch.equal(newline[:len(empty)], empty):
+            raise ValueError("the instruction tokenizer's encoding of '\\n' does not start with its encoding of ''")
+        rows = [torch.cat([r[m.bool()], newline[len(empty):]])[:self.cfg.max_text_len] for r, m in zip(ids, mask)]
+        width = max(pad_to, max(len(r) for r in rows))
+        out_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        out_mask = torch.zeros_like(out_ids)
+        for i, r in enumerate(rows):
+            out_ids[i, :len(r)], out_mask[i, :len(r)] = r, 1
+        return out_ids, out_mask
 
     def _pad_actions(self, x: torch.Tensor) -> torch.Tensor:
         return F.pad(x, (0, self.pi0_config.max_action_dim - x.shape[-1]))
@@ -364,7 +453,8 @@ class FlowPolicy(nn.Module):
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
                reuse_prefix: bool = True, generators: Optional[Sequence[torch.Generator]] = None) -> FlowSample:
         """Euler from t = 1 (noise) to t = 0 in `num_steps` (default cfg.num_steps) steps -> FlowSample(actions,
-        x0, noise). noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
+        x0, noise): x <- x - v / N at openpi's float32 times (`openpi_time_grid`), as openpi's sample_actions.
+        noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
         recomputes the prefix at every step (only to measure the cache).
         `generators` (B CPU generators): row i's noise comes from generators[i] instead of the global RNG."""
         num_steps = self.cfg.num_steps if num_steps is None else num_steps
@@ -381,9 +471,8 @@ class FlowPolicy(nn.Module):
         # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
         sde_step = int(torch.randint(num_steps, ())) if sde else -1
         chain = {}
-        for i in range(num_steps):
+        for i, t in enumerate(openpi_time_grid(num_steps)):  # openpi's float32 times; the step stays dt = 1 / N
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
-            t = 1.0 - i * dt
             v = self.velocity(None, None, x, t, step_prefix)
             if i == sde_step:
                 mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
@@ -418,7 +507,8 @@ class FlowPolicy(nn.Module):
         steps = torch.as_tensor(sde_step, dtype=torch.long).reshape(-1).tolist()
         if len(steps) != b or not all(0 <= i < num_steps for i in steps):
             raise ValueError(f"sde_step must hold {b} step indices in [0, {num_steps}), got {steps}")
-        t = [1.0 - i * dt for i in steps]
+        grid = openpi_time_grid(num_steps)  # the times sample() used
+        t = [grid[i] for i in steps]
         w0, w1, std = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
                        for c in zip(*(flow_sde_coefficients(ti, dt, noise_level, num_steps) for ti in t)))
         x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
