@@ -4,12 +4,16 @@ action expert) that speaks this repo's observation dicts, instruction lists and 
 Convention (spec section 4, and PI0's own): t = 0 clean, t = 1 noise, x_t = (1 - t) a + t eps, target u = eps - a.
 Actions live in the ActionTokenizer's normalised space ([-1, 1] per dim). Sampling integrates Euler from t = 1 to 0:
 x <- x - v / N, plus, with noise_level s > 0, s * sqrt(1/N) * z after every step but the last (exploration).
+Numerics as openpi's PyTorch pi0 (docs/pi0.md): the time sinusoid in float64 (`OpenpiTimestepEmbeddings`, put in
+place of PI0's float32 one), the sampler's times t = 1, t += float32(-1/N) in float32 (`openpi_time_grid`).
 
 Mapping onto PI0:
   cameras      agentview (+ wrist with use_wrist) -> pixel_values (B, V, 3, S, S) in [-1, 1] (PI0Processor's
-               normalisation), resized to the vision tower's size S when it differs from cfg.image_size.
-  instruction  PI0Processor's prompt "<image> x n_img_tokens x V, BOS, text, newline", right-padded; the byte tokenizer
-               (tiny) or the checkpoint's own tokenizer.
+               normalisation), resized to the vision tower's size S when it differs from cfg.image_size (an openpi
+               checkpoint: openpi's uint8 PIL bilinear resize_with_pad, then /255*2-1; else torch antialiased
+               bilinear on the floats).
+  instruction  "<image> x n_img_tokens x V" then openpi's BOS + encode(text) + encode(newline), right-padded with id
+               0; the byte tokenizer (tiny) or the checkpoint's own tokenizer.
   state        (B, 8) raw, zero-padded to max_state_dim (PI0's state token lives in the expert's suffix).
   actions      (B, chunk, 7) normalised, zero-padded to max_action_dim: the padded dims of x_t are always 0 (training
                and sampling alike) and only the first 7 output dims are used; PI0's chunk_size is set to action_chunk.
@@ -29,8 +33,9 @@ z-scored with the checkpoint's statistics before the zero padding; the model spa
 e.g. 50, x max_action_dim 32, noise in every dim); env actions = un-normalised model output, made absolute (first
 delta_dims + state) where the checkpoint was trained on relative actions, first 7 dims, first action_chunk steps
 (openpi's replan_steps); the prompt is openpi's cleaned text (underscores and newlines -> spaces) + newline, padded
-to max_text_len. Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims,
-horizon = action_chunk).
+to max_text_len; an openpi checkpoint's statistics apply in float64 as openpi's numpy transforms (Pi0Stats).
+Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims, horizon =
+action_chunk).
 Recipe switches (RLinf's pi0 RL): train_expert_only (PaliGemma frozen; the expert and the action/state/time
 projections train in full), bf16_weights (the frozen weights in bf16 with openpi's fp32 exceptions, the trainable
 ones fp32 as AdamW's master weights; run under bf16 autocast),
@@ -168,7 +173,7 @@ def use_openpi_time_embedding(model: PI0ForConditionalGeneration) -> None:
 def openpi_time_grid(num_steps: int) -> List[float]:
     """The times of openpi's Euler sampler (pi0_pytorch.py `sample_actions`): t = 1, then `t += dt` in float32 with
     dt = float32(-1 / num_steps), while t >= -dt / 2 -> num_steps Python floats (each exactly a float32 value; e.g.
-    N = 10: 1, 0.9, 0.8, 0.70000005, 0.6000001, ...; the exact grid 1 - i / N differs by up to ~1e-7)."""
+    N = 10: 1, 0.9, 0.79999995, 0.6999999, 0.5999999, ..., 0.09999993, where float32(1 - i / N) ends at 0.1)."""
     dt = np.float32(-1.0 / num_steps)
     t, times = np.float32(1.0), []
     while t >= -dt / np.float32(2):
@@ -526,7 +531,7 @@ class FlowPolicy(nn.Module):
         action_chunk steps; without them the ActionTokenizer's un-normalisation (clip, gripper binarisation)."""
         if self.stats is None:
             return self.action_tokenizer.unnormalize(x0[:, :self.action_chunk])
-        a = self.stats.unnormalize_actions(x0.float())
+        a = self.stats.unnormalize_actions(x0.to(self.stats.math_dtype(x0)))  # openpi: float64 until the env
         if self.stats.delta_dims:
             if raw_state is None:
                 raise ValueError("relative actions need the raw state (pass the Prefix's raw_state)")
