@@ -179,7 +179,7 @@ def openpi_time_grid(num_steps: int) -> List[float]:
     while t >= -dt / np.float32(2):
         times.append(float(t))
         t = np.float32(t + dt)
-    if len(times) != num_steps:  # float32 drift of half a step: never for any num_steps in use (tested to 1000)
+    if len(times) != num_steps:  # float32 drift of half a step: never for num_steps 1..1000 (checked)
         raise ValueError(f"openpi's float32 time grid has {len(times)} steps for num_steps={num_steps}")
     return times
 
