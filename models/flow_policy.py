@@ -4,12 +4,16 @@ action expert) that speaks this repo's observation dicts, instruction lists and 
 Convention (spec section 4, and PI0's own): t = 0 clean, t = 1 noise, x_t = (1 - t) a + t eps, target u = eps - a.
 Actions live in the ActionTokenizer's normalised space ([-1, 1] per dim). Sampling integrates Euler from t = 1 to 0:
 x <- x - v / N, plus, with noise_level s > 0, s * sqrt(1/N) * z after every step but the last (exploration).
+Numerics as openpi's PyTorch pi0 (docs/pi0.md): the time sinusoid in float64 (`OpenpiTimestepEmbeddings`, put in
+place of PI0's float32 one), the sampler's times t = 1, t += float32(-1/N) in float32 (`openpi_time_grid`).
 
 Mapping onto PI0:
   cameras      agentview (+ wrist with use_wrist) -> pixel_values (B, V, 3, S, S) in [-1, 1] (PI0Processor's
-               normalisation), resized to the vision tower's size S when it differs from cfg.image_size.
-  instruction  PI0Processor's prompt "<image> x n_img_tokens x V, BOS, text, newline", right-padded; the byte tokenizer
-               (tiny) or the checkpoint's own tokenizer.
+               normalisation), resized to the vision tower's size S when it differs from cfg.image_size (an openpi
+               checkpoint: openpi's uint8 PIL bilinear resize_with_pad, then /255*2-1; else torch antialiased
+               bilinear on the floats).
+  instruction  "<image> x n_img_tokens x V" then openpi's BOS + encode(text) + encode(newline), right-padded with id
+               0; the byte tokenizer (tiny) or the checkpoint's own tokenizer.
   state        (B, 8) raw, zero-padded to max_state_dim (PI0's state token lives in the expert's suffix).
   actions      (B, chunk, 7) normalised, zero-padded to max_action_dim: the padded dims of x_t are always 0 (training
                and sampling alike) and only the first 7 output dims are used; PI0's chunk_size is set to action_chunk.
@@ -29,8 +33,9 @@ z-scored with the checkpoint's statistics before the zero padding; the model spa
 e.g. 50, x max_action_dim 32, noise in every dim); env actions = un-normalised model output, made absolute (first
 delta_dims + state) where the checkpoint was trained on relative actions, first 7 dims, first action_chunk steps
 (openpi's replan_steps); the prompt is openpi's cleaned text (underscores and newlines -> spaces) + newline, padded
-to max_text_len. Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims,
-horizon = action_chunk).
+to max_text_len; an openpi checkpoint's statistics apply in float64 as openpi's numpy transforms (Pi0Stats).
+Without statistics everything stays as above (actions in the ActionTokenizer's space, 7 dims, horizon =
+action_chunk).
 Recipe switches (RLinf's pi0 RL): train_expert_only (PaliGemma frozen; the expert and the action/state/time
 projections train in full), bf16_weights (the frozen weights in bf16 with openpi's fp32 exceptions, the trainable
 ones fp32 as AdamW's master weights; run under bf16 autocast),
@@ -51,14 +56,16 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 from torch import nn
 from transformers import (GemmaConfig, PaliGemmaConfig, PI0Config, PI0ForConditionalGeneration,
                           SiglipVisionConfig)
+from transformers.models.pi0.modeling_pi0 import PI0TimestepEmbeddings
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import FlowPolicyConfig
@@ -135,6 +142,75 @@ def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
                       head_dim=h // heads, max_position_embeddings=1024)
     return PI0Config(vlm_config=vlm.to_dict(), dit_config=dit.to_dict(), chunk_size=cfg.action_chunk,
                      max_state_dim=STATE_DIM, max_action_dim=ACTION_DIM, num_inference_steps=cfg.num_steps)
+
+
+class OpenpiTimestepEmbeddings(PI0TimestepEmbeddings):
+    """PI0's time sinusoid as openpi computes it (`create_sinusoidal_pos_embedding` in openpi's pi0_pytorch.py):
+    periods, frequencies and the products freq * t in float64 (float32 on MPS, which has no float64), sin / cos, then
+    cast to the time's dtype. transformers' own module does all of it in float32, where freq * t (freq up to
+    2 pi / 4e-3 = 1571) is rounded to ~1e-4 before the sine: the velocity then differs from openpi's by ~1e-4.
+    FlowPolicy puts this module in place of `embed_action_time.sinusoid_embeds` (`use_openpi_time_embedding`); it has
+    no weights (the float32 frequency buffer it inherits is non-persistent and unused)."""
+
+    def forward(self, time: torch.Tensor) -> torch.Tensor:
+        dtype = torch.float32 if time.device.type == "mps" else torch.float64
+        with torch.autocast(time.device.type, enabled=False):
+            fraction = torch.linspace(0.0, 1.0, self.config.dit_config.hidden_size // 2, dtype=dtype,
+                                      device=time.device)
+            period = self.config.min_period * (self.config.max_period / self.config.min_period) ** fraction
+            angle = (1.0 / period * 2 * math.pi)[None, :] * time[:, None]
+            return torch.cat([angle.sin(), angle.cos()], dim=1).to(time.dtype)
+
+
+def use_openpi_time_embedding(model: PI0ForConditionalGeneration) -> None:
+    """Swap PI0's float32 time sinusoid for openpi's float64 one (OpenpiTimestepEmbeddings), in place; the one place
+    where this repo changes a transformers PI0 module. Every PI0 forward (velocity, sampling, the training loss) then
+    embeds t as openpi does."""
+    old = model.embed_action_time.sinusoid_embeds
+    if not isinstance(old, OpenpiTimestepEmbeddings):
+        model.embed_action_time.sinusoid_embeds = OpenpiTimestepEmbeddings(model.config).to(old.sinusoid_freq.device)
+
+
+def openpi_time_grid(num_steps: int) -> List[float]:
+    """The times of openpi's Euler sampler (pi0_pytorch.py `sample_actions`): t = 1, then `t += dt` in float32 with
+    dt = float32(-1 / num_steps), while t >= -dt / 2 -> num_steps Python floats (each exactly a float32 value; e.g.
+    N = 10: 1, 0.9, 0.79999995, 0.6999999, 0.5999999, ..., 0.09999993, where float32(1 - i / N) ends at 0.1)."""
+    dt = np.float32(-1.0 / num_steps)
+    t, times = np.float32(1.0), []
+    while t >= -dt / np.float32(2):
+        times.append(float(t))
+        t = np.float32(t + dt)
+    if len(times) != num_steps:  # float32 drift of half a step: never for num_steps 1..1000 (checked)
+        raise ValueError(f"openpi's float32 time grid has {len(times)} steps for num_steps={num_steps}")
+    return times
+
+
+def openpi_resize_with_pad(images: np.ndarray, size: int) -> np.ndarray:
+    """uint8 (B, H, W, 3) -> (B, size, size, 3) as openpi's client resizes LIBERO frames before sending them
+    (openpi_client.image_tools.resize_with_pad, PIL bilinear on the uint8 image): returned as-is at size x size; else
+    ratio = max(W, H) / size, the image resized with PIL BILINEAR to int(W / ratio) x int(H / ratio) and pasted on a
+    black size x size canvas at offset int((size - side) / 2) (no padding for square frames)."""
+    b, h, w, _ = images.shape
+    if (h, w) == (size, size):
+        return images
+    ratio = max(w / size, h / size)
+    rh, rw = int(h / ratio), int(w / ratio)
+    top, left = max(0, int((size - rh) / 2)), max(0, int((size - rw) / 2))
+    out = np.zeros((b, size, size, images.shape[-1]), np.uint8)
+    for i, img in enumerate(images):
+        resized = Image.fromarray(img).resize((rw, rh), Image.Resampling.BILINEAR)
+        out[i, top:top + rh, left:left + rw] = np.asarray(resized)
+    return out
+
+
+def openpi_pixels(images: Union[np.ndarray, torch.Tensor], size: int, device: torch.device) -> torch.Tensor:
+    """uint8 (B, H, W, 3) -> (B, 3, size, size) float32 as openpi feeds pi0: `openpi_resize_with_pad` to size, then
+    x / 255 * 2 - 1 in float32 (openpi's Observation.from_dict)."""
+    arr = images.cpu().numpy() if torch.is_tensor(images) else np.asarray(images)
+    if arr.dtype != np.uint8:
+        raise ValueError(f"a pi0 checkpoint's protocol takes uint8 camera images, got {arr.dtype}")
+    x = torch.from_numpy(np.ascontiguousarray(openpi_resize_with_pad(arr, size))).to(device)
+    return x.to(torch.float32).permute(0, 3, 1, 2) / 255.0 * 2.0 - 1.0
 
 
 def flow_sde_coefficients(t: float, dt: float, noise_level: float, num_steps: int) -> Tuple[float, float, float]:
@@ -251,6 +327,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
             raise ValueError(f"horizon={horizon} < action_chunk={cfg.action_chunk}: a call cannot execute more actions "
                              f"than the model predicts")
         model.config.chunk_size = horizon  # the expert's suffix is [state, horizon actions]
+        use_openpi_time_embedding(model)  # openpi's float64 time sinusoid (before LoRA copies the module)
         # model space: PI0's max_action_dim with the checkpoint's protocol, else the 7 env dims (padding stays 0)
         self.model_dim = model.config.max_action_dim if self.stats is not None else ACTION_DIM
         self._check_model(model.config)
@@ -316,16 +393,17 @@ class FlowPolicy(nn.Module, PolicyFamily):
         agent, wrist, state, instructions = check_obs(obs, instructions, self.cfg.image_size, self.cfg.use_wrist)
         dev, b = self.device, agent.shape[0]
         views = [agent, wrist] if self.cfg.use_wrist else [agent]
-        pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
-        if self.vision_size != self.cfg.image_size:
-            pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size), mode="bilinear",
-                                   align_corners=False, antialias=True).clamp_(-1, 1).unflatten(0, (b, len(views)))
+        if self.stats is not None and self.stats.source == "openpi":  # openpi's uint8 PIL resize, then /255*2-1
+            pixels = torch.stack([openpi_pixels(v, self.vision_size, dev) for v in views], dim=1)
+        else:
+            pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
+            if self.vision_size != self.cfg.image_size:
+                pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size),
+                                       mode="bilinear", align_corners=False, antialias=True
+                                       ).clamp_(-1, 1).unflatten(0, (b, len(views)))
         if self.stats is not None:  # openpi's tokenizer cleans the prompt and pads it to max_token_len
             instructions = [s.strip().replace("_", " ").replace("\n", " ") for s in instructions]
-        ids, mask = self.text_tokenizer([s + "\n" for s in instructions])  # BOS + text + "\n" (PI0Processor)
-        if self.stats is not None and ids.shape[1] < self.cfg.max_text_len:
-            ids = F.pad(ids, (0, self.cfg.max_text_len - ids.shape[1]))  # padding is masked out: its id is moot
-            mask = F.pad(mask, (0, self.cfg.max_text_len - mask.shape[1]))
+        ids, mask = self._prompt_tokens(instructions, pad_to=self.cfg.max_text_len if self.stats is not None else 0)
         image_id = self.pi0_config.vlm_config.image_token_id
         if bool((ids == image_id).any()):
             raise ValueError(f"an instruction tokenised to the image token id {image_id}")
@@ -338,6 +416,22 @@ class FlowPolicy(nn.Module, PolicyFamily):
         return {"input_ids": input_ids, "attention_mask": attention_mask, "pixel_values": pixels,
                 "pixel_attention_mask": torch.ones(b, len(views), dtype=torch.bool, device=dev), "state": st,
                 "raw_state": raw}
+
+    def _prompt_tokens(self, texts: Sequence[str], pad_to: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+        """openpi's prompt tokens: BOS + encode(text) + encode("\\n") (the newline encoded on its own, openpi's
+        "start of answer" token; one encode of text + "\\n" could merge across it), cut to max_text_len, right-padded
+        with id 0 and mask 0 to the longest row or `pad_to` -> (ids, mask) (B, L) long."""
+        ids, mask = self.text_tokenizer(list(texts))  # BOS + text, cut to max_text_len
+        empty, newline = (row[m.bool()] for row, m in zip(*self.text_tokenizer(["", "\n"])))
+        if not torch.equal(newline[:len(empty)], empty):
+            raise ValueError("the instruction tokenizer's encoding of '\\n' does not start with its encoding of ''")
+        rows = [torch.cat([r[m.bool()], newline[len(empty):]])[:self.cfg.max_text_len] for r, m in zip(ids, mask)]
+        width = max(pad_to, max(len(r) for r in rows))
+        out_ids = torch.zeros(len(rows), width, dtype=torch.long)
+        out_mask = torch.zeros_like(out_ids)
+        for i, r in enumerate(rows):
+            out_ids[i, :len(r)], out_mask[i, :len(r)] = r, 1
+        return out_ids, out_mask
 
     def _pad_actions(self, x: torch.Tensor) -> torch.Tensor:
         return F.pad(x, (0, self.pi0_config.max_action_dim - x.shape[-1]))
@@ -394,7 +488,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
                reuse_prefix: bool = True, generators: Optional[Sequence[torch.Generator]] = None) -> FlowSample:
         """Euler from t = 1 (noise) to t = 0 in `num_steps` (default cfg.num_steps) steps -> FlowSample(actions,
-        x0, noise). noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
+        x0, noise): x <- x - v / N at openpi's float32 times (`openpi_time_grid`), as openpi's sample_actions.
+        noise_level > 0 explores (cfg.noise_method); 0 is the deterministic ODE. `reuse_prefix=False`
         recomputes the prefix at every step (only to measure the cache).
         `generators` (B CPU generators): row i's noise comes from generators[i] instead of the global RNG."""
         num_steps = self.cfg.num_steps if num_steps is None else num_steps
@@ -411,9 +506,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
         # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
         sde_step = int(torch.randint(num_steps, ())) if sde else -1
         chain = {}
-        for i in range(num_steps):
+        for i, t in enumerate(openpi_time_grid(num_steps)):  # openpi's float32 times; the step stays dt = 1 / N
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
-            t = 1.0 - i * dt
             v = self.velocity(None, None, x, t, step_prefix)
             if i == sde_step:
                 mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
@@ -448,7 +542,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
         steps = torch.as_tensor(sde_step, dtype=torch.long).reshape(-1).tolist()
         if len(steps) != b or not all(0 <= i < num_steps for i in steps):
             raise ValueError(f"sde_step must hold {b} step indices in [0, {num_steps}), got {steps}")
-        t = [1.0 - i * dt for i in steps]
+        grid = openpi_time_grid(num_steps)  # the times sample() used
+        t = [grid[i] for i in steps]
         w0, w1, std = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
                        for c in zip(*(flow_sde_coefficients(ti, dt, noise_level, num_steps) for ti in t)))
         x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
@@ -466,7 +561,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
         action_chunk steps; without them the ActionTokenizer's un-normalisation (clip, gripper binarisation)."""
         if self.stats is None:
             return self.action_tokenizer.unnormalize(x0[:, :self.action_chunk])
-        a = self.stats.unnormalize_actions(x0.float())
+        a = self.stats.unnormalize_actions(x0.to(self.stats.math_dtype(x0)))  # openpi: float64 until the env
         if self.stats.delta_dims:
             if raw_state is None:
                 raise ValueError("relative actions need the raw state (pass the Prefix's raw_state)")

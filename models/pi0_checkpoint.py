@@ -54,28 +54,38 @@ class Pi0Stats:
     delta_dims: int = 0
     source: str = "openpi"  # openpi | lerobot
 
-    @staticmethod
-    def _fit(values: List[float], dim: int, fill: float) -> torch.Tensor:
-        v = torch.as_tensor(values, dtype=torch.float32)[:dim]
-        return torch.cat([v, torch.full((dim - len(v),), fill)])
+    def math_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """openpi's transforms run in numpy on the float64 statistics of norm_stats.json (a float32 state comes out
+        float64, then PI0 casts it to float32): the same here for openpi checkpoints (float32 on MPS, which has no
+        float64); LeRobot's normaliser runs in float32."""
+        return torch.float64 if self.source == "openpi" and x.device.type != "mps" else torch.float32
+
+    def _stats(self, mean: List[float], std: List[float], x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The statistics cut or padded to x's last dimension, in float64 as openpi's JSON values are (float32 for
+        lerobot), on x's device and in `math_dtype`."""
+        d, dtype = x.shape[-1], self.math_dtype(x)
+        m = torch.as_tensor(mean, dtype=torch.float64)[:d]
+        s = torch.as_tensor(std, dtype=torch.float64)[:d]
+        m = torch.cat([m, torch.zeros(d - len(m), dtype=torch.float64)])
+        s = torch.cat([s, torch.ones(d - len(s), dtype=torch.float64)])
+        if self.source != "openpi":
+            m, s = m.float(), s.float()
+        return m.to(x.device, dtype), s.to(x.device, dtype)
 
     def normalize_state(self, state: torch.Tensor) -> torch.Tensor:
-        """(B, d) raw state -> z-scored with the first d statistics."""
-        d = state.shape[-1]
-        mean, std = self._fit(self.state_mean, d, 0.0), self._fit(self.state_std, d, 1.0)
-        return (state - mean.to(state)) / (std.to(state) + self.eps)
+        """(B, d) raw state -> z-scored with the first d statistics (in `math_dtype`, returned in state's dtype)."""
+        mean, std = self._stats(self.state_mean, self.state_std, state)
+        return ((state.to(mean.dtype) - mean) / (std + self.eps)).to(state.dtype)
 
     def normalize_actions(self, actions: torch.Tensor) -> torch.Tensor:
         """(..., D) model-space actions (relative where delta_dims says) -> z-scored."""
-        d = actions.shape[-1]
-        mean, std = self._fit(self.action_mean, d, 0.0), self._fit(self.action_std, d, 1.0)
-        return (actions - mean.to(actions)) / (std.to(actions) + self.eps)
+        mean, std = self._stats(self.action_mean, self.action_std, actions)
+        return ((actions.to(mean.dtype) - mean) / (std + self.eps)).to(actions.dtype)
 
     def unnormalize_actions(self, x: torch.Tensor) -> torch.Tensor:
         """(..., D) z-scored -> model-space actions."""
-        d = x.shape[-1]
-        mean, std = self._fit(self.action_mean, d, 0.0), self._fit(self.action_std, d, 1.0)
-        return x * (std.to(x) + self.unnorm_eps) + mean.to(x)
+        mean, std = self._stats(self.action_mean, self.action_std, x)
+        return (x.to(mean.dtype) * (std + self.unnorm_eps) + mean).to(x.dtype)
 
     def to_absolute(self, actions: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """(B, H, D) actions + (B, d) raw state -> the first delta_dims dims plus state[:, :delta_dims]."""

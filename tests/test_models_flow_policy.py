@@ -1,7 +1,7 @@
 """Flow policy (a wrapper around transformers' PI0ForConditionalGeneration): exact Euler integration on an analytic
 velocity field, a short run trained to a constant action, prefix caching (and agreement with PI0's own sample_actions
 and loss), the flow-matching loss by hand, LoRA reference, save/load, loading a pi0 checkpoint through
-`pretrained_path`, and input validation."""
+`pretrained_path`, openpi's time numerics (float64 sinusoid, float32 time grid) and prompt, and input validation."""
 import json
 
 import numpy as np
@@ -9,9 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import PI0ForConditionalGeneration
+from transformers.models.pi0.modeling_pi0 import PI0TimestepEmbeddings
 
 from models.action_tokenizer import ActionTokenizer
-from models.flow_policy import FlowPolicy, FlowPolicyConfig, tiny_pi0_config
+from models.flow_policy import FlowPolicy, FlowPolicyConfig, OpenpiTimestepEmbeddings, openpi_time_grid, tiny_pi0_config
 from models.text_tokenizer import ByteTokenizer
 from tests.test_models_token_policy import INSTR, make_obs
 
@@ -142,6 +143,84 @@ def test_flow_matching_loss_by_hand():
     # default times follow pi0's Beta(1.5, 1) scaled to [0.001, 1]
     times = policy.sample_time(4000)
     assert times.min() >= 0.001 and times.max() <= 1.0 and abs(times.mean().item() - (0.999 * 0.6 + 0.001)) < 0.02
+
+
+def test_time_embedding_and_time_grid_are_openpis():
+    """openpi's pi0_pytorch.py: the time sinusoid in float64 (periods 4e-3 * 1000^f, f = linspace(0, 1, D / 2), angle
+    2 pi / period * t, [sin, cos]) cast to float32; the sampler's times t = 1, t += float32(-1 / N) in float32 while
+    t >= -dt / 2. Both by hand in numpy; transformers' float32 sinusoid is ~1e-4 off (angles up to 1571 t)."""
+    torch.manual_seed(0)
+    policy = FlowPolicy(FlowPolicyConfig(**SMALL)).eval()  # expert_dim 32: 16 frequencies
+    module = policy.core.embed_action_time.sinusoid_embeds
+    assert isinstance(module, OpenpiTimestepEmbeddings)
+    t = np.float32([0.6999999, 0.123456, 1.0])
+    frac = np.linspace(0.0, 1.0, 16)
+    angle = (1.0 / (4e-3 * (4.0 / 4e-3) ** frac) * 2 * np.pi)[None] * t.astype(np.float64)[:, None]
+    want = np.concatenate([np.sin(angle), np.cos(angle)], 1).astype(np.float32)
+    got = module(torch.from_numpy(t))
+    assert got.dtype == torch.float32
+    np.testing.assert_allclose(got.numpy(), want, atol=1e-7, rtol=0)
+    float32_module = PI0TimestepEmbeddings(policy.pi0_config)
+    assert np.abs(float32_module(torch.from_numpy(t)).numpy() - want).max() > 1e-5
+    # the grid, by hand: float32 accumulation of -0.1 drifts below 1 - i / 10; N = 4 is exact
+    assert openpi_time_grid(10) == [float(np.float32(x)) for x in (1.0, 0.9, 0.79999995, 0.6999999, 0.5999999,
+                                                                   0.4999999, 0.39999992, 0.29999992, 0.19999993,
+                                                                   0.09999993)]
+    assert openpi_time_grid(4) == [1.0, 0.75, 0.5, 0.25]
+    assert all(len(openpi_time_grid(n)) == n for n in range(1, 301))
+    # sample() asks for the velocity exactly at those times and steps x - v / N
+    seen = []
+
+    def field(obs, instructions, x, t, prefix=None):
+        seen.append(torch.as_tensor(t, dtype=torch.float32).item())
+        return torch.ones_like(x)
+
+    real = policy.velocity
+    policy.velocity = field
+    out = policy.sample(make_obs(1, 32), INSTR[:1], num_steps=10, noise=torch.zeros(1, 2, 7))
+    assert seen == openpi_time_grid(10)
+    torch.testing.assert_close(out.x0, torch.full((1, 2, 7), -10 * np.float32(0.1)), atol=1e-6, rtol=0)
+    # the float64 module survives LoRA (peft copies the time embedding into modules_to_save) and save / load
+    policy.velocity = real
+    policy.set_lora_rank(2)
+    kinds = {type(m) for m in policy.net.modules() if isinstance(m, PI0TimestepEmbeddings)}
+    assert kinds == {OpenpiTimestepEmbeddings}
+
+
+def test_prompt_is_bos_text_then_the_newline_on_its_own():
+    """openpi's prompt: BOS + encode(text) + encode("\\n"), cut to max_text_len, padded with 0. One encode of
+    text + "\\n" (PI0Processor's) differs where the tokenizer merges across the newline (here "l\\n" -> 300); with
+    the byte tokenizer of the tests the two are the same ids."""
+    policy = FlowPolicy(FlowPolicyConfig(**SMALL)).eval()
+    text = ["pick up the bowl", "x" * 60]
+    ids, mask = policy._prompt_tokens(text)
+    one_call, one_mask = ByteTokenizer(48)([s + "\n" for s in text])
+    assert ids[0, :18].tolist() == [257] + list(b"pick up the bowl\n") and mask[0].tolist() == [1] * 18 + [0] * 30
+    assert ids[1].tolist() == [257] + [ord("x")] * 47  # BOS + 47 bytes: the newline is cut, as openpi's
+    assert torch.equal(ids[mask.bool()], one_call[one_mask.bool()]) and torch.equal(mask, one_mask)
+
+    class Merging(ByteTokenizer):
+        """Bytes, but "l" followed by a newline is one token (300)."""
+
+        def __call__(self, texts):
+            rows = []
+            for t in texts:
+                row = [self.bos_token_id]
+                for x in t.encode():
+                    if x == 10 and row[-1] == 108:
+                        row[-1] = 300
+                    else:
+                        row.append(x)
+                rows.append(row)
+            width = max(map(len, rows))
+            ids = torch.tensor([r + [self.pad_token_id] * (width - len(r)) for r in rows])
+            return ids, torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+
+    merging = Merging(48)
+    assert merging(["bowl\n"])[0].tolist() == [[257, 98, 111, 119, 300]]  # one call merges
+    policy.text_tokenizer = merging
+    ids, mask = policy._prompt_tokens(["bowl"], pad_to=8)
+    assert ids.tolist() == [[257, 98, 111, 119, 108, 10, 0, 0]] and mask.tolist() == [[1] * 6 + [0, 0]]
 
 
 def test_lora_reference_and_save_load(tmp_path):

@@ -1,7 +1,10 @@
 """pi0 checkpoints in the openpi / RLinf and LeRobot layouts (tiny PI0 written here in each layout with its
 statistics): they load with no missing key and the written weights; pi0.5, LeRobot's legacy layout and a missing
 weight stop with one line; the checkpoint's protocol by hand (z-scored state, un-normalised and delta-to-absolute
-actions, the first 5 of 50 executed, openpi's prompt); RLinf's flow-SDE step; train_expert_only; bf16 weights."""
+actions, the first 5 of 50 executed, openpi's prompt); RLinf's flow-SDE step; train_expert_only; bf16 weights; and
+openpi's own PyTorch pi0 on a tiny openpi-layout checkpoint (golden numbers, tests/fixtures/tiny_pi0_openpi_golden.md):
+prompt tokens, state, image resize, velocity, 10-step sampled actions and the training loss."""
+import hashlib
 import json
 import os
 
@@ -11,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PI0ForConditionalGeneration
 
-from models.flow_policy import FlowPolicy, FlowPolicyConfig, flow_sde_step, tiny_pi0_config
+from models.flow_policy import FlowPolicy, FlowPolicyConfig, flow_sde_step, openpi_resize_with_pad, tiny_pi0_config
 from models.pi0_checkpoint import Pi0CheckpointError, Pi0Stats, load_pi0_stats, pi0_layout
 from common.checkpoint import load_saved_policy
 from models.saved import policy_type
@@ -289,3 +292,62 @@ def test_train_expert_only_and_bf16_weights(tmp_path, tok_dir):
     with torch.no_grad():
         v32, v16 = fp32.velocity(obs, INSTR[:2], x_t, 0.5), bf16.velocity(obs, INSTR[:2], x_t, 0.5)
     assert v16.dtype == torch.float32 and (v16 - v32).abs().max() < 0.1 * v32.abs().max()
+
+
+# ---------------------------------------------------------------- openpi's own numbers (golden)
+FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
+OPENPI_DIR = os.path.join(FIXTURES, "tiny_pi0_openpi")  # openpi's PI0Pytorch, random weights, as openpi saves it
+OPENPI_GOLDEN = os.path.join(FIXTURES, "tiny_pi0_openpi_golden.npz")  # how it was made: tiny_pi0_openpi_golden.md
+
+
+@pytest.fixture(scope="module")
+def openpi_case(tok_dir):
+    """The golden inputs (row 0: a real LIBERO libero_object render at 256 px, row 1: its mirror image) and our
+    policy loaded from the same folder with openpi's LIBERO protocol (256 px in, 10 steps, first 5 of 50 executed)."""
+    gold = dict(np.load(OPENPI_GOLDEN))
+    policy = FlowPolicy(FlowPolicyConfig(pretrained_path=OPENPI_DIR, tokenizer_path=tok_dir, image_size=256,
+                                         action_chunk=5, num_steps=10)).eval()
+    obs = {"agentview": np.stack([gold["agentview"], gold["agentview"][:, ::-1]]),
+           "wrist": np.stack([gold["wrist"], gold["wrist"][:, ::-1]]), "state": gold["state"]}
+    return policy, obs, [str(p) for p in gold["prompts"]], gold
+
+
+def test_openpi_golden_prompt_state_and_image_resize(openpi_case):
+    """openpi's transforms on the same request: the prompt tokens (openpi's PaligemmaTokenizer.tokenize with a
+    byte-level stand-in for the SentencePiece model: BOS + text, then the newline encoded on its own; row 0 is cut at
+    48 tokens, which drops the newline, row 1 is cleaned to "put the bowl on the plate"), the z-scored state (float64
+    in openpi, cast to float32 by PI0), and the 256 -> 224 resize (openpi_client's uint8 PIL resize_with_pad), bit for
+    bit."""
+    policy, obs, instr, gold = openpi_case
+    inputs = policy.model_inputs(obs, instr)
+    n_img = 2 * policy.image_tokens
+    ids, mask = inputs["input_ids"][:, n_img:].numpy(), inputs["attention_mask"][:, n_img:].numpy().astype(bool)
+    assert mask.sum(1).tolist() == [48, 27] and np.array_equal(mask, gold["openpi_token_mask"])
+    assert np.array_equal(ids[mask], gold["openpi_tokens"][mask])
+    assert ids[1, :27].tolist() == [257] + list(b"put the bowl on the plate\n")
+    np.testing.assert_array_equal(inputs["state"].numpy(), gold["openpi_state"].astype(np.float32))
+    for v, key in enumerate(("agentview", "wrist")):
+        resized = openpi_resize_with_pad(obs[key], 224)
+        assert [hashlib.sha256(r.tobytes()).hexdigest() for r in resized] == list(gold["openpi_image_sha256"][:, v])
+        pixels = torch.from_numpy(resized).permute(0, 3, 1, 2).float() / 255.0 * 2.0 - 1.0  # openpi's from_dict
+        assert torch.equal(inputs["pixel_values"][:, v], pixels)
+
+
+def test_openpi_golden_velocity_sampled_actions_and_loss(openpi_case):
+    """Our PI0 (transformers) equals openpi's PI0Pytorch (float32, CPU) on the same folder: the velocity at fixed
+    (x_t, t), the 10-step ODE sample from fixed noise (model space, and the env actions after un-normalising and
+    making the first 6 dims absolute), and the flow-matching loss of a demo chunk at fixed (noise, t). Measured on
+    the machine that made the goldens: 2.2e-6, 9.5e-7, 2.4e-7, 0 (docs/pi0.md); the bound 1e-5 fails with
+    transformers' float32 sinusoid (velocity 2.5e-5), the exact time grid (sample 2.1e-5) or the float resize (8e-4)."""
+    policy, obs, instr, gold = openpi_case
+    with torch.no_grad():
+        v = policy.velocity(obs, instr, torch.from_numpy(gold["x_t"]), torch.from_numpy(gold["t"]))
+        out = policy.sample(obs, instr, num_steps=10, noise=torch.from_numpy(gold["noise"]))
+        loss, _ = policy.flow_matching_loss(obs, instr, gold["train_actions"], t=torch.from_numpy(gold["train_time"]),
+                                            noise=torch.from_numpy(gold["train_noise"]))
+    assert np.abs(gold["openpi_velocity"]).max() > 1.0  # the numbers compared are O(1)
+    assert np.abs(v.numpy() - gold["openpi_velocity"]).max() < 1e-5
+    assert np.abs(out.x0.numpy() - gold["openpi_x0"]).max() < 1e-5
+    assert out.actions.shape == (2, 5, 7)
+    assert np.abs(out.actions - gold["openpi_actions"][:, :5]).max() < 1e-5
+    assert loss.item() == pytest.approx(float(gold["openpi_loss"]), rel=1e-6, abs=0)
