@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import envs
-from common.config import ConfigError, EnvConfig, LogConfig, exit_on_bad_config, parse_cli, save_config
+from common.config import ConfigError, EnvConfig, LogConfig, check_ranges, exit_on_bad_config, parse_cli, save_config
 from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
 
 
@@ -76,29 +76,20 @@ class Config:
 
 
 def check_config(cfg: Config) -> None:
-    """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run."""
+    """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run: every key's
+    range (common/config.py RANGES), then what depends on several keys."""
+    check_ranges(cfg)
     try:
         envs.check_training_suite(cfg.env.suite)  # robustness variants (tabletop_lan, ...) are never demoed or trained on
         envs.check_task_ids(cfg.env)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     sft = cfg.sft
-    if sft.steps < 1:
-        raise ConfigError(f"sft.steps={sft.steps}: needs at least 1 gradient step (0 would export the untrained "
-                          f"policy as the best one)")
-    if sft.batch_size < 1 or sft.log_every < 1:
-        raise ConfigError(f"sft.batch_size={sft.batch_size} and sft.log_every={sft.log_every} must be >= 1")
     if sft.eval_every % sft.log_every:
         raise ConfigError(f"sft.eval_every={sft.eval_every}: evaluations happen at the end of a logged block of "
                           f"sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
-    if sft.eval_every < 0 or sft.eval_trials < 1 or sft.warmup_steps < 0 or sft.augment_shift < 0:
-        raise ConfigError(f"sft.eval_every={sft.eval_every} (>= 0, 0 = only at the end), sft.eval_trials="
-                          f"{sft.eval_trials} (>= 1), sft.warmup_steps={sft.warmup_steps} (>= 0), sft.augment_shift="
-                          f"{sft.augment_shift} (>= 0)")
     if sft.num_demos < 1 and not sft.demo_paths:
         raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
-    if not sft.lr > 0:
-        raise ConfigError(f"sft.lr={sft.lr}: must be > 0")
     if cfg.policy.type not in ("token", "flow") and not cfg.policy.init_path:
         hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
                 if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
@@ -110,9 +101,9 @@ def check_config(cfg: Config) -> None:
             check_strategy(cfg.train.strategy, cfg.train.fsdp_offload)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    if cfg.env.num_envs < 1 or cfg.log.keep_checkpoints < 1:
-        raise ConfigError(f"env.num_envs={cfg.env.num_envs} and log.keep_checkpoints={cfg.log.keep_checkpoints} "
-                          f"must be >= 1")
+    if cfg.env.image_size % 16:
+        raise ConfigError(f"env.image_size={cfg.env.image_size}: the policies cut images into 16 px patches; use a "
+                          f"multiple of 16 (64, 128, 224, 256)")
 
 
 def parse(argv: Optional[List[str]] = None) -> Config:

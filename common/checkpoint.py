@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.saved import PolicyLoadError, is_policy_dir, policy_type, readable_files  # noqa: F401 - re-exported
+from models.saved import PolicyLoadError, is_policy_dir, load_errors, policy_type, readable_files  # noqa: F401 - re-exported
 
 MANIFEST = "MANIFEST.json"
 
@@ -318,13 +318,8 @@ def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] =
     mode; PolicyLoadError (one line) for a missing, truncated or garbage checkpoint."""
     policy_dir = resolve_policy_dir(path)
     kind = policy_type(policy_dir)
-    try:
-        from models.policy import policy_class
+    from models.policy import policy_class
 
+    with load_errors(policy_dir, kind):
         policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)
-    except PolicyLoadError:
-        raise
-    except Exception as e:  # noqa: BLE001 - safetensors, json, shape and key errors all mean "not a good checkpoint"
-        msg = " ".join(str(e).split())[:300]
-        raise PolicyLoadError(f"could not load the {kind} policy in {policy_dir}: {type(e).__name__}: {msg}") from None
     return policy.eval()

@@ -173,20 +173,72 @@ def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
     return default
 
 
+# The range of every numeric key, one table for every script: `check_ranges` checks each key a script's config has,
+# before anything loads. Intervals as in mathematics: [a, b] inclusive, (a, b) exclusive, inf unbounded; after
+# "; " why, when the range alone does not say it.
+RANGES: Dict[str, str] = {
+    "seed": "[0, inf)",
+    "env.num_envs": "[1, 4096]; each env holds its own observation buffers (LIBERO: a simulator process)",
+    "env.image_size": "[32, 1024]", "env.action_chunk": "[1, 64]",
+    "env.max_steps": "[1, inf)", "env.expert_noise": "[0, inf)", "env.num_steps_wait": "[0, inf)",
+    "eval.every": "[0, inf)", "eval.trials_per_task": "[1, inf)", "eval.trial_start": "[0, inf)",
+    "eval.samples_per_trial": "[0, inf)",
+    "log.checkpoint_every": "[1, inf)", "log.keep_checkpoints": "[1, inf)", "log.plot_every": "[0, inf)",
+    "policy.image_size": "[32, 1024]", "policy.lora_rank": "[0, inf)", "policy.lora_alpha": "(0, inf)",
+    "policy.lora_dropout": "[0, 1)", "policy.n_bins": "[2, inf)", "policy.num_steps": "[1, inf)",
+    "rollout.n": "[1, inf)", "rollout.n_off": "[0, inf)", "rollout.prompts_per_iteration": "[1, inf)",
+    "rollout.episodes_per_iteration": "[1, inf)", "rollout.temperature": "(0, inf)",
+    "rollout.flow_noise_level": "[0, inf)", "rollout.train_trials": "[1, inf)",
+    "reward.dbscan_eps": "(0, inf)", "reward.dbscan_min_samples": "[1, inf)", "reward.sigmoid_steepness": "(0, inf)",
+    "reward.max_failure_reward": "[0, 1]", "reward.encoder.num_frames": "[1, inf)",
+    "reward.encoder.batch_size": "[1, inf)",
+    "algorithm.clip_ratio_low": "[0, 1)", "algorithm.clip_ratio_high": "[0, inf)",
+    "algorithm.clip_ratio_c": "(1, inf); the dual clip bounds a negative advantage's ratio at c, above 1 + clip",
+    "algorithm.clip_ratio": "(0, 1)", "algorithm.clip_upper_bound": "[1, inf)",
+    "algorithm.accuracy_lower_bound": "[0, 1]", "algorithm.accuracy_upper_bound": "[0, 1]",
+    "algorithm.entropy_coeff": "[0, inf)", "algorithm.kl_loss_coef": "[0, inf)", "algorithm.sft_loss_coef": "[0, inf)",
+    "algorithm.gamma": "[0, 1]", "algorithm.gae_lambda": "[0, 1]", "algorithm.value_loss_coef": "[0, inf)",
+    "algorithm.flow_sar_beta": "(0, 1]", "algorithm.flow_sar_temperature": "(0, inf)",
+    "algorithm.flow_sar_tau_mid": "(0, 1)", "algorithm.flow_sar_ema_beta": "[0, 1]",
+    "algorithm.flow_sar_ema_eta_rate": "[0, 1]", "algorithm.flow_sar_ema_eta_max": "[0, 1]",
+    "algorithm.flow_sar_kl_coeff": "[0, inf)", "algorithm.flow_sar_t_min": "(0, 1)", "algorithm.flow_sar_t_max": "(0, 1)",
+    "algorithm.flow_sar_w_min": "[0, 1]", "algorithm.flow_sar_w_max": "[0, 1]",
+    "train.iterations": "[1, inf)", "train.lr": "(0, inf)", "train.actor_lr": "(0, inf)", "train.critic_lr": "(0, inf)",
+    "train.weight_decay": "[0, inf)", "train.lr_warmup_steps": "[0, inf)", "train.grad_clip": "(0, inf)",
+    "train.actor_max_grad_norm": "(0, inf)", "train.critic_max_grad_norm": "(0, inf)",
+    "train.critic_warmup_iterations": "[0, inf)",
+    "sft.num_demos": "[0, inf)", "sft.demo_noise": "[0, inf)", "sft.batch_size": "[1, inf)",
+    "sft.steps": "[1, inf); 0 steps would export the untrained policy as the best one",
+    "sft.lr": "(0, inf)", "sft.weight_decay": "[0, inf)", "sft.warmup_steps": "[0, inf)", "sft.min_lr_ratio": "[0, 1]",
+    "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, inf)", "sft.log_every": "[1, inf)",
+    "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, inf)", "sft.eval_trial_start": "[0, inf)",
+    "value_head.dropout": "[0, 1)",
+}
+
+
+def _in_interval(value: float, interval: str) -> bool:
+    low, high = (x.strip() for x in interval.strip()[1:-1].split(","))
+    low_ok = value > float(low) if interval[0] == "(" else value >= float(low)
+    high_ok = value < float(high) if interval[-1] == ")" else value <= float(high)
+    return low_ok and high_ok
+
+
+def check_ranges(cfg: Any) -> None:
+    """ConfigError (one line) for the first numeric key of `cfg` outside its RANGES interval (None is a key's "unset"
+    and is not checked); a family's `policy.<family>.` section (train_sft.py) is checked as `policy.`."""
+    for key, value in _flatten(cfg).items():
+        rule = RANGES.get(key) or RANGES.get(re.sub(r"^policy\.\w+\.", "policy.", key))
+        if rule is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        interval, _, why = rule.partition("; ")
+        if not _in_interval(float(value), interval):
+            raise ConfigError(f"{key}={value}: must be in {interval}" + (f" ({why})" if why else ""))
+
+
 def check_run_config(cfg: Any) -> None:
-    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, and unknown task ids.
-    Reads the suites' static facts (envs/suites.py): no simulator is imported."""
-    if cfg.env.num_envs < 1:
-        raise ConfigError(f"env.num_envs={cfg.env.num_envs}: needs at least 1 environment")
-    if cfg.log.checkpoint_every < 1 or cfg.log.keep_checkpoints < 1:
-        raise ConfigError(f"log.checkpoint_every={cfg.log.checkpoint_every} and log.keep_checkpoints="
-                          f"{cfg.log.keep_checkpoints} must be >= 1 (the last iteration is always saved)")
-    if cfg.eval.every < 0 or cfg.eval.samples_per_trial < 0 or (cfg.eval.every > 0 and cfg.eval.trials_per_task < 1):
-        raise ConfigError(f"eval.every={cfg.eval.every}, eval.trials_per_task={cfg.eval.trials_per_task}, "
-                          f"eval.samples_per_trial={cfg.eval.samples_per_trial}: use every >= 0 (0 = never), "
-                          f"trials_per_task >= 1, samples_per_trial >= 0")
-    if cfg.train.iterations < 1:
-        raise ConfigError(f"train.iterations={cfg.train.iterations}: needs at least 1")
+    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, every key's range
+    (RANGES), and unknown task ids. Reads the suites' static facts (envs/suites.py): no simulator is imported."""
+    check_ranges(cfg)
     if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
         raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
                           f"first when init.path is missing) or scratch")
@@ -216,9 +268,18 @@ def check_run_config(cfg: Any) -> None:
                           f"{num_trials(cfg.env)} trials per task")
     practice, first = getattr(rollout, "train_trials", None), cfg.eval.trial_start
     if cfg.eval.every > 0 and practice is not None and first is not None and first < practice:
-        print(f"[config] warning: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} overlap the "
-              f"practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ success is not on "
-              f"held-out starts; set eval.trial_start>={practice} (or null) for a held-out evaluation", flush=True)
+        raise ConfigError(f"eval.trial_start={first}: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} "
+                          f"overlap the practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ "
+                          f"success would not be held out (evaluate.py refuses the same); set eval.trial_start>="
+                          f"{practice} (or null: right after the practice trials)")
+    if cfg.env.image_size % 16:
+        raise ConfigError(f"env.image_size={cfg.env.image_size}: the policies cut images into 16 px patches; use a "
+                          f"multiple of 16 (64, 128, 224, 256)")
+    policy = getattr(cfg, "policy", None)
+    if cfg.init.mode == "scratch" and hasattr(policy, "image_size") and policy.image_size != cfg.env.image_size and \
+            policy.image_size != type(policy)().image_size:
+        raise ConfigError(f"policy.image_size={policy.image_size} but env.image_size={cfg.env.image_size}: a new policy "
+                          f"sees what the env renders, so its size is env.image_size; set env.image_size instead")
 
 
 def config_to_yaml(cfg: Any) -> str:

@@ -99,7 +99,7 @@ def initial_policy(run: Any, kind: str):
     """The policy RL starts from (module docstring), on the run's device; `kind` is what the script trains: 'token'
     (discrete actions with log-probs) or 'flow'. A policy that reads the wrist camera needs it rendered."""
     from models.policy import FAMILIES, action_kind, family_of_folder, policy_class
-    from models.saved import PolicyLoadError, no_rl_message
+    from models.saved import PolicyLoadError, load_errors, no_rl_message
 
     cfg = run.cfg
     family = cfg.policy.type
@@ -157,9 +157,10 @@ def initial_policy(run: Any, kind: str):
     if stale and run.is_main:
         print(f"[init] warning: {stale}", flush=True)
     say = (lambda line: print(f"[init] {line}", flush=True)) if run.is_main else (lambda line: None)
-    try:
-        policy = cls.start_from(path, cfg.policy, cfg.env, str(run.device), say)
-    except ValueError as e:  # a statistics key, a wrong layout, a pi0.5 checkpoint, a truncated shard: one line
+    try:  # a statistics key, a wrong layout, a pi0.5 checkpoint, a truncated shard: one line
+        with load_errors(path, family):
+            policy = cls.start_from(path, cfg.policy, cfg.env, str(run.device), say)
+    except PolicyLoadError as e:
         raise ConfigError(f"init.path {path}: {' '.join(str(e).split())}") from None
     cfg.policy = policy.cfg
     cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.action_chunk

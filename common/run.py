@@ -53,6 +53,7 @@ from common.evaluation import eval_trials, evaluate_policy
 from common.logging import Logger, duration, format_line
 from common.rollout import RolloutBatch
 from common.run_folder import check_writable, create_run_dir, default_run_prefix, remove_if_empty, resolve_run_dir
+from models.saved import PolicyLoadError
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
 
@@ -377,8 +378,8 @@ class Run:
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
         if exc_type is KeyboardInterrupt:
             raise SystemExit(INTERRUPTED)
-        if exc_type is not None and issubclass(exc_type, ConfigError):  # a bad input found at start: one line
-            raise SystemExit(f"error: {exc}") from None
+        if exc_type is not None and issubclass(exc_type, (ConfigError, PolicyLoadError)):  # a bad input: one line
+            raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
         if exc_type is not None and issubclass(exc_type, CheckpointError):
             raise SystemExit(f"error: {exc}; {self._continue_advice('free the space (or fix the folder) and')}") \
                 from None

@@ -83,11 +83,15 @@ def max_steps(cfg: EnvConfig, task_id: int) -> int:
 
 
 def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None:
-    """ValueError naming the valid range when a task id is outside the suite."""
+    """ValueError naming the valid range when a task id is outside the suite, or a task is given twice."""
     n = num_tasks(cfg.suite)
-    for t in cfg.task_ids if task_ids is None else task_ids:
+    ids = list(cfg.task_ids if task_ids is None else task_ids)
+    for t in ids:
         if not 0 <= int(t) < n:
             raise ValueError(f"task id {t} is out of range: suite '{cfg.suite}' has task ids 0..{n - 1}")
+    twice = sorted({int(t) for t in ids if ids.count(t) > 1})
+    if twice:
+        raise ValueError(f"task ids {ids}: task {twice[0]} is given twice; name each task once")
 
 
 def check_env_config(cfg: EnvConfig) -> None:

@@ -418,8 +418,8 @@ def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
     elif os.path.isfile(os.path.join(folder, "model.safetensors")):
         shards = ["model.safetensors"]
     else:
-        raise PolicyLoadError(f"{folder} has no model.safetensors.index.json or model.safetensors; point "
-                              f"policy.init_path at the downloaded checkpoint folder")
+        raise PolicyLoadError(f"{folder} has no model.safetensors.index.json or model.safetensors: give the whole "
+                              f"downloaded checkpoint folder")
     state = {}
     for shard in shards:
         path = os.path.join(folder, shard)
@@ -513,8 +513,8 @@ def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
         with open(os.path.join(folder, "config.json")) as f:
             hf_config = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
-        raise PolicyLoadError(f"{folder}/config.json is unreadable ({e}); point policy.init_path at an OpenVLA-OFT "
-                              f"checkpoint folder") from None
+        raise PolicyLoadError(f"{folder}/config.json is unreadable ({e}): give an OpenVLA-OFT checkpoint "
+                              f"folder") from None
     if hf_config.get("model_type") != "openvla" or not hf_config.get("use_fused_vision_backbone", False):
         raise PolicyLoadError(f"{folder} is not a fused-backbone OpenVLA checkpoint (config.json model_type "
                               f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")

@@ -4,8 +4,9 @@ family's own `detect` (models/policy.py `family_of_folder`); finding the policy 
 loading it is `common.checkpoint.load_saved_policy`."""
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import List
+from typing import Iterator, List
 
 TRAIN_CONFIG = "train_config.yaml"  # the training run's resolved config, saved beside an exported policy
 
@@ -18,6 +19,22 @@ def is_policy_dir(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "config.json")) and (
         os.path.isfile(os.path.join(path, "model.safetensors")) or
         os.path.isfile(os.path.join(path, "model.safetensors.index.json")))  # sharded: a published OpenVLA-OFT
+
+
+@contextlib.contextmanager
+def load_errors(folder: str, family: str = "") -> Iterator[None]:
+    """The one place that turns any error while loading a policy folder into one line (PolicyLoadError): a
+    truncated safetensors shard, broken JSON, a missing tokenizer, shape and key mismatches all mean "not a good
+    checkpoint", for every family and every script (evaluate.py, train_sft.py policy.init_path, the RL scripts'
+    init.path)."""
+    try:
+        yield
+    except PolicyLoadError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors, json, tokenizer, shape and key errors alike
+        msg = " ".join(str(e).split())[:300]
+        raise PolicyLoadError(f"could not load the {family + ' ' if family else ''}policy in {folder}: "
+                              f"{type(e).__name__}: {msg}") from None
 
 
 def policy_type(policy_dir: str) -> str:

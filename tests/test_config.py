@@ -116,23 +116,24 @@ def test_resolve_run_dir_new_and_resume(tmp_path):
         resolve_run_dir(log, "x", str(tmp_path / "missing"))
 
 
-def test_run_config_warns_when_evaluation_trials_are_practised(capsys):
+def test_run_config_refuses_evaluation_trials_that_are_practised():
+    """#47: eval.trial_start=0 with rollout.train_trials=30 measured the "held-out" metric on practised trials (a
+    warning only); it is refused now, as evaluate.py refuses it."""
     import train_srpo
     cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["--task-id", "0"])
     check_run_config(cfg)  # the default: practice 0..29, evaluation 30..49
-    assert capsys.readouterr().out == ""
     cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["--task-id", "0", "rollout.train_trials=40"])
-    check_run_config(cfg)
-    out = capsys.readouterr().out
-    assert "evaluation trials 30..49 overlap the practice trials 0..39" in out and "eval.trial_start>=40" in out
+    with pytest.raises(ConfigError, match=r"eval.trial_start=30: evaluation trials 30..49 overlap the practice trials "
+                                          r"0..39 .*set eval.trial_start>=40"):
+        check_run_config(cfg)
 
 
 @pytest.mark.parametrize("override, message", [
     ("train.ppo_mini_batch_size=0", "train.ppo_epochs=1, train.ppo_mini_batch_size=0, train.ppo_micro_batch_size=16: "
                                     "each must be >= 1"),
-    ("env.max_steps=0", "env.max_steps=0: must be >= 1, or null for the suite's own limit"),
-    ("env.action_chunk=0", "env.action_chunk=0: must be >= 1"),
-    ("env.image_size=-1", "env.image_size=-1: must be >= 1"),
+    ("env.max_steps=0", "env.max_steps=0: must be in [1, inf)"),
+    ("env.action_chunk=0", "env.action_chunk=0: must be in [1, 64]"),
+    ("env.image_size=-1", "env.image_size=-1: must be in [32, 1024]"),
     ("env.task_ids=[10]", "task id 10 is out of range: suite 'libero_goal' has task ids 0..9"),
 ])
 def test_shared_checks_are_one_line_and_need_no_simulator(override, message, monkeypatch):

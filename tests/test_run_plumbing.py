@@ -207,18 +207,55 @@ def test_bad_command_lines_stop_with_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("log.checkpoint_every=0", "log.checkpoint_every=0 and log.keep_checkpoints=2 must be >= 1"),
-    ("rollout.temperature=0", "rollout.temperature=0.0: must be > 0"),
-    ("env.num_envs=0", "env.num_envs=0: needs at least 1 environment"),
-    ("rollout.prompts_per_iteration=0", "rollout.prompts_per_iteration=0: needs at least 1"),
+    ("log.checkpoint_every=0", "log.checkpoint_every=0: must be in [1, inf)"),
+    ("rollout.temperature=0", "rollout.temperature=0.0: must be in (0, inf)"),
+    ("env.num_envs=0", "env.num_envs=0: must be in [1, 4096]"),
+    ("rollout.prompts_per_iteration=0", "rollout.prompts_per_iteration=0: must be in [1, inf)"),
     ("algorithm.clip_ratio=0.2", "unknown key 'algorithm.clip_ratio'"),  # never read: gone (low/high are the keys)
 ])
 def test_bad_values_stop_before_any_work(override, message):
     from common.config import ConfigError, load_config
     from train_srpo import Config, check_config
 
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(".", r"\.").replace("*", r"\*")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         check_config(load_config(Config, os.path.join(ROOT, "configs", "srpo.yaml"), [override]))
+
+
+# #47's probes that ran into a traceback minutes in, or were accepted: each is one line before any model loads, in
+# every script that has the key
+PROBES = [
+    ("train.lr=-1", "train.lr=-1.0: must be in (0, inf)", ("srpo", "luffy", "flowsar")),
+    ("algorithm.clip_ratio_c=0.5", "algorithm.clip_ratio_c=0.5: must be in (1, inf)", ("srpo", "gae_ppo")),
+    ("algorithm.clip_ratio_low=-0.5", "algorithm.clip_ratio_low=-0.5: must be in [0, 1)", ("srpo", "gae_ppo")),
+    ("algorithm.clip_ratio=-1", "algorithm.clip_ratio=-1.0: must be in (0, 1)", ("luffy",)),
+    ("env.image_size=30", "env.image_size=30: must be in [32, 1024]", ("srpo", "gae_ppo", "luffy", "flowsar", "sft")),
+    ("env.image_size=72", "env.image_size=72: the policies cut images into 16 px patches",
+     ("srpo", "gae_ppo", "luffy", "flowsar", "sft")),
+    ("env.num_envs=100000000", "env.num_envs=100000000: must be in [1, 4096]",
+     ("srpo", "gae_ppo", "luffy", "flowsar", "sft")),
+    ("policy.image_size=48", "policy.image_size=48 but env.image_size=64: a new policy sees what the env renders",
+     ("srpo", "gae_ppo", "luffy", "flowsar")),
+    ("eval.trial_start=0", "eval.trial_start=0: evaluation trials 0..19 overlap the practice trials 0..",
+     ("srpo", "luffy")),
+    ("--task-ids 0 0", "task ids [0, 0]: task 0 is given twice", ("srpo", "gae_ppo", "luffy", "flowsar", "sft")),
+]
+
+
+@pytest.mark.parametrize("override, message, script", [(o, m, s) for o, m, scripts in PROBES for s in scripts])
+def test_a_bad_value_is_one_line_before_any_model_loads(override, message, script):
+    """The script's own command-line parse and value checks (what runs before the model is built), in-process."""
+    import importlib
+
+    from common.config import parse_cli
+
+    module = importlib.import_module(f"train_{script}")
+    default = os.path.join(ROOT, "configs", f"{script}.yaml")
+    args = override.split() if override.startswith("--") else ["--task-id", "0", override]
+    with pytest.raises(SystemExit) as e:
+        cfg = parse_cli(module.Config, default, argv=args + (["init.mode=scratch"] if "policy." in override else []))
+        exit_on_bad = importlib.import_module("common.config").exit_on_bad_config
+        exit_on_bad(module.check_config, cfg)
+    assert str(e.value).startswith("error: ") and "\n" not in str(e.value) and message in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("key", ["log.output_dir", "log.plots_dir"])
@@ -472,3 +509,57 @@ def test_minibatches_give_every_process_the_same_number_of_steps():
     assert sorted(i for b in steps[0][:3] for i in b) == list(range(10))
     assert [len(b) for b in steps[1][:3]] == [3, 0, 0]  # the small share runs out: empty (zero-gradient) steps
     assert np.array_equal(sorted(i for b in steps[1][3:] for i in b), [0, 1, 2])
+
+
+def _broken_oft(tmp_path, how):
+    """A copy of the tiny OpenVLA-OFT folder with one defect: a truncated safetensors shard, or no tokenizer.json."""
+    import shutil
+
+    folder = tmp_path / f"oft_{how}"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft"), folder)
+    if how == "truncated":
+        shard = folder / "model-00002-of-00002.safetensors"
+        shard.write_bytes(shard.read_bytes()[:1000])
+    else:
+        (folder / "tokenizer.json").unlink()
+    return str(folder)
+
+
+@pytest.mark.parametrize("how", ["truncated", "no_tokenizer"])
+def test_a_broken_checkpoint_is_one_line_for_rl_sft_and_evaluate(tmp_path, how):
+    """#47: a truncated shard under policy.type=openvla_oft printed a traceback in the RL scripts, and train_sft.py
+    did not catch PolicyLoadError at all; one place (models/saved.py load_errors) makes every load error one line."""
+    import evaluate
+    import train_sft
+    from common.config import ConfigError, load_config
+    from common.init import initial_policy
+    from train_srpo import Config
+
+    folder = _broken_oft(tmp_path, how)
+    cfg = load_config(Config, os.path.join(ROOT, "configs", "srpo_libero.yaml"),
+                      ["init.mode=checkpoint", f"init.path={folder}", "env.suite=tabletop", "env.image_size=64",
+                       "policy.unnorm_key=libero_10", "policy.bf16_weights=false"])
+    run = SimpleNamespace(cfg=cfg, resume_path=None, device=torch.device("cpu"), rank=0, is_main=True,
+                          accelerator=SimpleNamespace(wait_for_everyone=lambda: None))
+    with pytest.raises(ConfigError) as e:
+        initial_policy(run, "token")
+    assert str(e.value).startswith(f"init.path {folder}: ") and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        train_sft.main(["--task-id", "0", "--no-wandb", f"policy.init_path={folder}", f"log.output_dir={tmp_path}/runs",
+                        f"log.plots_dir={tmp_path}/plots", "sft.num_demos=1", "env.max_steps=8",
+                        f"sft.output_path={tmp_path}/out"])
+    assert str(e.value).startswith("error: ") and folder in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["--checkpoint", folder, "--trials", "1", "--out-dir", str(tmp_path / "eval")])
+    assert str(e.value).startswith("error: ") and folder in str(e.value) and "\n" not in str(e.value)
+
+
+def test_an_empty_folder_is_one_line_for_sft(tmp_path):
+    import train_sft
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as e:
+        train_sft.main(["--task-id", "0", "--no-wandb", f"policy.init_path={tmp_path}/empty",
+                        f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "sft.num_demos=1",
+                        "env.max_steps=8", f"sft.output_path={tmp_path}/out"])
+    assert str(e.value).startswith("error: ") and "empty" in str(e.value) and "\n" not in str(e.value)
