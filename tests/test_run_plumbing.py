@@ -327,7 +327,8 @@ def test_weight_files_are_readable_like_every_other_file(two_runs):
 
 
 def test_a_new_run_never_writes_into_an_existing_folder(tmp_path):
-    from common.config import ConfigError, LogConfig, create_run_dir, save_config
+    from common.config import ConfigError, LogConfig, save_config
+    from common.run_folder import create_run_dir
     from train_srpo import Config
 
     log = LogConfig(output_dir=str(tmp_path / "runs"), plots_dir=str(tmp_path / "plots"), run_name="mine")
