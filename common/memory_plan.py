@@ -105,6 +105,7 @@ class Model:
     stacks: List[Stack]
     hidden_size: int = 0
     notes: List[str] = field(default_factory=list)
+    unused: Tuple[str, ...] = ()  # names of parameters the forward never reads: no gradient, no AdamW state
 
 
 @dataclass
@@ -118,17 +119,21 @@ class Params:
     autocast_cache: int = 0  # trainable float32 Linear / Conv elements
     largest: int = 0  # largest trainable tensor (elements)
     dtypes: str = ""  # e.g. "float32" or "bfloat16 + float32"
+    idle_bytes: int = 0  # trainable parameters the forward never reads (`Model.unused`): no gradient, no state
 
 
-def count(module: Any) -> Params:
+def count(module: Any, unused: Sequence[str] = ()) -> Params:
+    """`unused`: parameter names the forward never reads (trainable or not, they get no gradient and no AdamW state)."""
     import torch
 
     out, dtypes = Params(), {}
-    for p in module.parameters():
+    for name, p in module.named_parameters():
         out.numel += p.numel()
         out.bytes += p.numel() * p.element_size()
         dtypes[str(p.dtype).replace("torch.", "")] = dtypes.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
-        if p.requires_grad:
+        if p.requires_grad and any(name.endswith(u) for u in unused):
+            out.idle_bytes += p.numel() * p.element_size()
+        elif p.requires_grad:
             out.trainable += p.numel()
             out.trainable_bytes += p.numel() * p.element_size()
             out.tensors += 1
@@ -348,7 +353,7 @@ def flow_model(cfg: Any, folder: Optional[str] = None) -> Model:
     stacks.append(expert)
     return Model(f"flow ({cfg.preset})", net, stacks, policy.hidden_size,
                  [f"PI0 from {source}; {prefix} prefix tokens ({cameras} camera(s)), expert {1 + horizon} tokens "
-                  f"(horizon {horizon})"])
+                  f"(horizon {horizon})"], unused=("model.dit.embed_tokens.weight",))  # PI0's expert: no token ids
 
 
 def policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
@@ -381,8 +386,8 @@ def policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
     folder = folder if folder and os.path.isdir(folder) else None
     model = token_model(cfg.policy, folder) if family == "token" else flow_model(cfg.policy, folder)
     if folder is None and cfg.init.mode != "scratch":
-        model.notes.append(f"no policy at init.path ({given or 'the auto-SFT default'}) yet: planned with the "
-                           f"config's policy architecture")
+        model.notes.append((f"init.path {given} holds no policy yet" if given else "no init.path given") +
+                           f": planned with the config's policy architecture (policy.preset={cfg.policy.preset})")
     return model, cfg.policy
 
 
@@ -572,7 +577,7 @@ def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1,
     bare forward / backward has none)."""
     cuda = device == "cuda"
     c = 2 if cuda and autocast else 4
-    p = count(model.net)
+    p = count(model.net, model.unused)
     n = world if strategy == "fsdp" else 1
     adam = (2 * p.trainable_bytes + 4 * p.tensors) if optimizer else 0
     act = activation_bytes(model.stacks, micro, c, cuda and autocast)
@@ -657,8 +662,8 @@ def run_extras(cfg: Any, script: str, model: Model, world: int, fsdp: bool, offl
         numel = value_head_numel(model.hidden_size, cfg.value_head.hidden_dims)
         extras.append(Extra("value head (+ gradients, AdamW)", numel * 16, note=f"{numel / 1e6:,.2f} M float32"))
     if script == "flowsar":
-        p = count(model.net)
-        ema = p.trainable_bytes // (world if fsdp else 1)
+        p = count(model.net, model.unused)
+        ema = (p.trainable_bytes + p.idle_bytes) // (world if fsdp else 1)
         micro, _ = micro_batch(cfg, script, world)
         extras.append(Extra("EMA reference (theta_old)", 0 if offload else ema,
                             ema + inference_bytes(model.stacks, micro, 2), "self-annotation",
