@@ -13,7 +13,8 @@ The model, per process and in bytes (W, T = all and trainable parameters, at the
   fsdp over N   weight shards W/N, moment shards 2 T/N, gradient shards T/N, plus the gathered compute weights (bf16
                 on CUDA: 2 bytes x every parameter) and their full-size bf16 gradients during the update, and the
                 reduction bucket (2 x 4 bytes x up to 16 M + the largest trainable tensor) in the step;
-                train.fsdp_offload=true moves the shards, moment shards and gradient shards to the host
+                train.fsdp_offload=true moves the shards, moment shards and gradient shards to the host; the
+                activations are those of bf16 weights (the gathered copy)
   autocast      bf16 autocast on CUDA caches a bf16 copy of every trainable float32 Linear / Conv weight for the whole
                 forward (2 bytes each); frozen float32 weights are cast per use, and without gradient checkpointing
                 their copies are saved for the backward (2 bytes each, where gradients flow)
@@ -37,7 +38,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -486,19 +486,21 @@ def layer_bytes(s: Stack, c: int) -> int:
 
 
 def activation_bytes(stacks: Sequence[Stack], micro: int, c: int, autocast: bool) -> int:
-    """Saved activations of one micro-batch (module docstring): the stacks where gradients flow."""
-    total, recompute = 0.0, 0.0
+    """Saved activations of one micro-batch (module docstring): the stacks where gradients flow; plus, without
+    checkpointing, the bf16 copies autocast makes of frozen float32 weights there (saved for the backward)."""
+    per_sample, recompute, weight_copies = 0.0, 0.0, 0
     for s in stacks:
         if not s.grad:
             continue
-        per_layer = s.tokens * layer_bytes(s, c) * KAPPA
+        layer = s.tokens * layer_bytes(s, c) * KAPPA
         keys = 2 * c * s.kv * s.extra_keys * s.layers  # the other stack's keys / values this one attends to
         if s.checkpointed:
-            total += s.layers * s.tokens * s.hidden * s.residual + keys
-            recompute = max(recompute, per_layer)
+            per_sample += s.layers * s.tokens * s.hidden * s.residual + keys
+            recompute = max(recompute, layer)
         else:
-            total += s.layers * per_layer + keys + (2 * s.frozen_fp32 / micro if autocast and c == 2 else 0)
-    return int(micro * (total + recompute))
+            per_sample += s.layers * layer + keys
+            weight_copies += 2 * s.frozen_fp32 if autocast and c == 2 else 0
+    return int(micro * (per_sample + recompute) + weight_copies)
 
 
 def inference_bytes(stacks: Sequence[Stack], batch: int, c: int) -> int:
@@ -580,8 +582,11 @@ def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1,
     p = count(model.net, model.unused)
     n = world if strategy == "fsdp" else 1
     adam = (2 * p.trainable_bytes + 4 * p.tensors) if optimizer else 0
-    act = activation_bytes(model.stacks, micro, c, cuda and autocast)
-    infer = inference_bytes(model.stacks, inference_batch, c)
+    stacks = model.stacks
+    if strategy == "fsdp" and cuda:  # the gathered weights are bf16: a bf16 residual stream, no float32 to cast
+        stacks = [dataclasses.replace(s, residual=2, cast_inputs=False, frozen_fp32=0) for s in stacks]
+    act = activation_bytes(stacks, micro, c, cuda and autocast)
+    infer = inference_bytes(stacks, inference_batch, c)
     rows: List[Tuple[str, float, str]] = []
     on_dev = 0 if offload else 1
     if strategy == "ddp":
@@ -589,7 +594,7 @@ def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1,
         cache = 2 * p.autocast_cache if cuda and autocast else 0
         step_extra = (2 * 4 * p.trainable if world > 1 else 0) + (0 if cuda else 2 * 4 * p.largest)
         rows += [(f"weights ({p.dtypes})", weights / GIB, f"{p.numel / 1e6:,.1f} M parameters"),
-                 (f"gradients", grads / GIB, f"{p.trainable / 1e6:,.1f} M trainable")]
+                 ("gradients", grads / GIB, f"{p.trainable / 1e6:,.1f} M trainable")]
         if optimizer:
             rows.append((f"AdamW moments ({'fused' if cuda else 'single-tensor'})", adam / GIB, ""))
         if cache:
@@ -611,7 +616,7 @@ def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1,
             rows.append((f"AdamW moment shards (1/{n})", on_dev * adam / GIB, "on the host" if offload else ""))
         base = on_dev * (shards + adam) + gathered
         fwd_grads, step_grads, kept = full_grads, full_grads + on_dev * grad_shards, on_dev * grad_shards
-    ckpt = any(s.checkpointed for s in model.stacks if s.grad)
+    ckpt = any(s.checkpointed for s in stacks if s.grad)
     rows.append(("activations", act / GIB, f"micro-batch {micro}" + (", gradient checkpointing" if ckpt else "")))
     resident = sum(e.resident for e in extras)
     for e in extras:
@@ -697,7 +702,9 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
     title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
              f"{micro} of {mini}")
-    return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload,
+    section = model_cfg(cfg, script)  # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights too)
+    autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
+    return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
                     grads_in_forward=script == "train_sft" or mini > micro, inference_batch=rollout,
                     extras=extras, title=title, capacity=capacity, device_name=device_name)
 

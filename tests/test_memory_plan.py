@@ -82,6 +82,7 @@ def test_a_run_that_cannot_fit_stops_in_one_line_naming_the_fixes(capsys):
         memory_plan.set_cli(False, None, None)
 
 
+@pytest.mark.slow
 def test_the_refusal_stops_the_script_before_anything_is_built(tmp_path):
     """train_srpo.py itself on a device planned too small: exit 1 with the one line, no run folder left behind."""
     out = run_script("train_srpo.py", ["--task-id", "0", "--no-wandb", "--device-memory-gib", "0.0001",
