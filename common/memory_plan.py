@@ -730,7 +730,7 @@ def fixes(cfg: Any, script: str, world: int, capacity: int, model: Model) -> Lis
         for n in counts:
             plan = fits(world=n, strategy="fsdp", offload=offload) if (ddp or offload) else None
             if plan:
-                launch = "" if world > 1 else f" over {n} GPUs (accelerate launch --num_processes {n})"
+                launch = "" if world > 1 else f" over {n} GPUs (accelerate launch --multi_gpu --num_processes {n})"
                 out.append(f"train.strategy=fsdp{' train.fsdp_offload=true' if offload else ''}{launch} "
                            f"({_gib(plan.peak_gib)} GiB)")
                 break
