@@ -106,6 +106,7 @@ class Model:
     hidden_size: int = 0
     notes: List[str] = field(default_factory=list)
     unused: Tuple[str, ...] = ()  # names of parameters the forward never reads: no gradient, no AdamW state
+    policy_cfg: Any = None  # the family config it was built from (LoRA rank, precision)
 
 
 @dataclass
@@ -197,15 +198,18 @@ def openvla_oft_model(folder: str, cfg: Any, l1: bool = False) -> Model:
     net = meta_network(hf_config, cfg)
     core = getattr(getattr(net, "base_model", None), "model", net)
     images = getattr(cfg, "num_images", 1) if l1 else 1
+    proprio = False
     if l1:
         import torch
 
-        from models.openvla_oft_l1 import L1ActionHead, ProprioProjector
         from models.openvla_oft import weights_dtype
+        from models.openvla_oft_l1 import L1ActionHead, ProprioProjector
+        from models.saved import PROPRIO, component_files
 
+        proprio = bool(component_files(folder, PROPRIO)) if cfg.use_proprio is None else bool(cfg.use_proprio)
         with torch.device("meta"):
             net.add_module("action_head", L1ActionHead(core.hidden_size).to(weights_dtype(cfg)))
-            if getattr(cfg, "use_proprio", False):
+            if proprio:
                 net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(weights_dtype(cfg)))
     patches = core.num_patches
     lm = core.language_model.config
@@ -221,7 +225,7 @@ def openvla_oft_model(folder: str, cfg: Any, l1: bool = False) -> Model:
     vdim = core.dino.dim + core.siglip.dim
     stacks.append(_tuned(net, Stack("projector", "mlp", 1, vdim, 4 * vdim + 2 * lm.hidden_size,
                                     tokens=patches * images), r"(^|\.)projector\.", bf16))
-    tokens = 1 + patches * images + int(l1 and getattr(cfg, "use_proprio", False)) + PROMPT_TOKENS + NUM_SLOTS + 1
+    tokens = 1 + patches * images + int(proprio) + PROMPT_TOKENS + NUM_SLOTS + 1
     stacks.append(_tuned(net, Stack("Llama", "decoder", lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
                                     lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
                                     checkpointed=cfg.gradient_checkpointing), r"language_model\.model\.layers\.", bf16))
@@ -357,6 +361,13 @@ def flow_model(cfg: Any, folder: Optional[str] = None) -> Model:
 
 
 def policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
+    """(the run's policy on the meta device, its family config): `_policy_model`, the config kept on the model."""
+    model, section = _policy_model(cfg, script)
+    model.policy_cfg = section
+    return model, section
+
+
+def _policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
     """(the run's policy on the meta device, its family config) for a script's config, as the script builds it:
     RL scripts from init.path (a published OpenVLA-OFT folder, a pi0 checkpoint, a saved policy) with the config's
     LoRA and precision keys, else from the config's architecture; train_sft.py from policy.init_path or its
@@ -695,14 +706,14 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
     micro = override.get("micro", micro)
     extras = run_extras(cfg, script, model, world, strategy == "fsdp", offload)
     rollout = cfg.env.num_envs // (2 if getattr(cfg.env, "pipeline", False) else 1)
-    variant = "full fine-tuning" if not getattr(model_cfg(cfg, script), "lora_rank", 0) else \
-        f"LoRA r={model_cfg(cfg, script).lora_rank}"
-    if getattr(model_cfg(cfg, script), "train_expert_only", False):
+    section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
+    variant = f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else "full fine-tuning"
+    if getattr(section, "train_expert_only", False):
         variant = "action expert only" + ("" if variant == "full fine-tuning" else f" + {variant}")
     title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
              f"{micro} of {mini}")
-    section = model_cfg(cfg, script)  # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights too)
+    # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights imply it)
     autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
     return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
                     grads_in_forward=script == "train_sft" or mini > micro, inference_batch=rollout,
