@@ -9,7 +9,7 @@ peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
 The model, per process and in bytes (W, T = all and trainable parameters, at the dtypes the policy keeps them in):
   ddp           weights W; gradients T (their dtype); AdamW moments 2 T (+ a 4-byte step per tensor): the fused
                 kernel on CUDA (common/train.py `adamw`) adds nothing while it steps; with several processes the flat
-                all-reduce (common/run.py average_gradients) holds two more fp32 copies of the gradients in the step
+                all-reduce (common/train.py average_gradients) holds two more fp32 copies of the gradients in the step
   fsdp over N   weight shards W/N, moment shards 2 T/N, gradient shards T/N, plus the gathered compute weights (bf16
                 on CUDA: 2 bytes x every parameter) and their full-size bf16 gradients during the update, and the
                 reduction bucket (2 x 4 bytes x up to 16 M + the largest trainable tensor) in the step;
