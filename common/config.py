@@ -20,6 +20,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from common.run_folder import default_run_prefix, resolve_run_dir
 from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
+from common import memory_plan
 from models.configs import FAMILIES, config_class
 
 T = TypeVar("T")
@@ -382,6 +383,7 @@ def build_arg_parser(description: str, default_config: str,
     for name, spec in (flags or {}).items():
         spec = {k: v for k, v in spec.items() if k != "key"}
         p.add_argument(name, default=None, **spec)
+    memory_plan.add_arguments(p)  # --dry-run, --device-memory-gib, --processes (common/memory_plan.py)
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. algorithm.clip_ratio_high=0.28")
     return p
 
@@ -426,9 +428,11 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
     YAML is the run's saved config.yaml and only `resumable` keys may change; `cfg.resume` is then the run folder.
     Every mistake exits with one line (`error: ...`) naming the fix."""
     try:
-        return _parse_cli(schema, default_config, description, argv, script, flags, resumable)
+        cfg = _parse_cli(schema, default_config, description, argv, script, flags, resumable)
     except ConfigError as e:  # one line, no traceback: the message already says what to change
         raise SystemExit(f"error: {e}") from None
+    memory_plan.on_parsed(cfg, script)  # --dry-run: print the memory plan and exit 0
+    return cfg
 
 
 def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
@@ -455,6 +459,7 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
                                [a for a, o in zip(argv, is_override) if o])
     parser = build_arg_parser(description.split("\n\n")[0], default_config, flags, defaults, shown)
     args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
+    memory_plan.set_cli(args.dry_run, args.device_memory_gib, args.processes)
     overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:
         raise ConfigError("command line: give --task-id or --task-ids, not both")

@@ -45,7 +45,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from common import fsdp
+from common import fsdp, memory_plan
 from common.checkpoint import CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
@@ -113,6 +113,7 @@ class Run:
         acc = self.accelerator
         self.is_main, self.rank, self.world, self.device = (acc.is_main_process, acc.process_index,
                                                             acc.num_processes, acc.device)
+        memory_plan.check(cfg, script, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
         random.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
         torch.manual_seed(cfg.seed + self.rank)

@@ -599,7 +599,7 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
         self.text_tokenizer = _load_text_tokenizer(folder)
-        with _building(torch.bfloat16 if cfg.bf16_weights else torch.float32, skip_init=_load_weights):
+        with _building(weights_dtype(cfg), skip_init=_load_weights):
             core = OFTCore(self.hf_config)
         if _load_weights:
             load_published_weights(core, folder)
@@ -755,6 +755,21 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         self.train(self.training)
 
 
+def weights_dtype(cfg: OpenVLAOFTConfig) -> torch.dtype:
+    """The dtype the weights are built and kept in: bf16 with policy.bf16_weights, else float32."""
+    return torch.bfloat16 if cfg.bf16_weights else torch.float32
+
+
+def meta_network(hf_config: Dict, cfg: OpenVLAOFTConfig) -> nn.Module:
+    """The network `OpenVLAOFTPolicy` builds from a folder's config.json (OFTCore, wrapped with LoRA when
+    cfg.lora_rank > 0), on the meta device: every parameter's shape, dtype and trainable flag, no weights, tokenizer or
+    statistics read and no memory taken (common/memory_plan.py plans a run from it)."""
+    with torch.device("meta"):
+        with _building(weights_dtype(cfg), skip_init=True):
+            core = OFTCore(hf_config)
+        return wrap_lora(core, cfg) if cfg.lora_rank > 0 else core  # adapters in float32, as the policy's
+
+
 @contextlib.contextmanager
 def _building(dtype: torch.dtype, skip_init: bool):
     """Build modules directly in `dtype` and, when the weights are loaded right after, without random init (a 7B
@@ -809,5 +824,6 @@ def _check_obs(obs, instructions):
 
 
 __all__ = ["OpenVLAOFTConfig", "OpenVLAOFTPolicy", "OFTActionTokenizer", "OFTCore", "pixel_values", "prompt_text",
+           "meta_network", "weights_dtype",
            "libero_image",
            "unnorm_stats", "write_published", "load_published_weights", "VIT_ARCHS"]

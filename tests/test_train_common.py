@@ -46,3 +46,23 @@ def test_optimizer_step_averages_gradients_over_processes():
 def test_mean_stats_reads_tensors_once_and_skips_empty_lists():
     stats = {"pg_loss": [torch.tensor(1.0), torch.tensor(2.0)], "grad_norm": [0.5, 1.5], "kl_loss": []}
     assert mean_stats(stats) == {"train/pg_loss": 1.5, "train/grad_norm": 1.0}
+
+
+def test_adamw_off_cuda_is_torchs_cpu_default_bitwise():
+    """common.train.adamw (every script's AdamW; fused on CUDA): off CUDA the single-tensor loop (foreach=False), torch's
+    CPU default, so CPU runs are bitwise what they were with a plain AdamW."""
+    from common.train import adamw
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+    b.load_state_dict(a.state_dict())
+    opt_a = adamw(a.parameters(), 1e-2, 0.1)
+    opt_b = torch.optim.AdamW(b.parameters(), lr=1e-2, weight_decay=0.1)
+    assert opt_a.param_groups[0]["foreach"] is False and not opt_a.param_groups[0]["fused"]
+    x = torch.randn(8, 4)
+    for _ in range(3):
+        for m, o in ((a, opt_a), (b, opt_b)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))

@@ -1,0 +1,832 @@
+"""The memory plan: what a training run holds on each GPU, computed before anything loads, from the script's config and
+the checkpoint's config.json alone (the policy is built on the meta device: shapes, dtypes and trainable flags, no
+weights read, no memory taken). Every script prints it at its start (`check`, main process) and stops in one line
+naming the fixes when it exceeds the device; `--dry-run` prints it and exits (`on_parsed`, from common/config.py's
+parse_cli), on a machine without a GPU too (`--device-memory-gib 80` checks against that size, `--processes 8` plans
+for 8 processes). docs/scale.md lists the plans of the shipped recipes and checks this model against the measured
+peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
+
+The model, per process and in bytes (W, T = all and trainable parameters, at the dtypes the policy keeps them in):
+  ddp           weights W; gradients T (their dtype); AdamW moments 2 T (+ a 4-byte step per tensor): the fused
+                kernel on CUDA (common/train.py `adamw`) adds nothing while it steps; with several processes the flat
+                all-reduce (common/train.py average_gradients) holds two more fp32 copies of the gradients in the step
+  fsdp over N   weight shards W/N, moment shards 2 T/N, gradient shards T/N, plus the gathered compute weights (bf16
+                on CUDA: 2 bytes x every parameter) and their full-size bf16 gradients during the update, and the
+                reduction bucket (2 x 4 bytes x up to 16 M + the largest trainable tensor) in the step;
+                train.fsdp_offload=true moves the shards, moment shards and gradient shards to the host; the
+                activations are those of bf16 weights (the gathered copy)
+  autocast      bf16 autocast on CUDA caches a bf16 copy of every trainable float32 Linear / Conv weight for the whole
+                forward (2 bytes each); frozen float32 weights are cast per use, and without gradient checkpointing
+                their copies are saved for the backward (2 bytes each, where gradients flow)
+  activations   per sample, per transformer stack (vision towers, language model, action expert), saved for the
+                backward where a trainable parameter lies in or upstream of the stack: tokens x layers x bytes per
+                token and layer (`layer_bytes`: the norms' float32 inputs, the linears' bf16 inputs, q / k / v /
+                attention output and the MLP's intermediate tensors, LoRA's own input copies), times KAPPA (fitted to
+                the measured peaks); with gradient checkpointing only each layer's input is kept (residual dtype) plus
+                one layer's activations while it is recomputed
+  phases        the peak is the largest of: the update's forward (weights, moments, autocast copies, activations, and
+                the gradients when a mini-batch accumulates several micro-batches or, train_sft.py, when they are
+                freed after the forward), the optimizer step, the rollout / evaluation forward (the gradients of the
+                last update are still allocated then), SRPO's reward encoder while it embeds, FlowSAR's annotation
+                (EMA swapped in, a copy of the trainable weights kept)
+  extra models  SRPO's V-JEPA 2 reward encoder (float32 weights + its forward), GAE-PPO's value head (weights,
+                gradients and AdamW state of its own), FlowSAR's EMA copy of the trainable weights (1/N under fsdp)
+A plan fits when its peak is at most MARGIN of the device's memory (the CUDA context and the allocator's slack are
+not in torch's max_memory_allocated, which is what the peaks here model).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from envs.suites import ConfigError
+
+GIB = 2 ** 30
+MARGIN = 0.95  # a plan fits when its peak is at most this fraction of the device's memory
+KAPPA = 0.8  # the counted per-layer activations times this: fitted to docs/gpu.md (docs/scale.md, Memory plan)
+PROMPT_TOKENS = 32  # OpenVLA-OFT's prompt in Llama tokens: BOS, "In: What action should the robot take to ...?" + a
+                    # LIBERO instruction (8-15 words), "Out:" and the appended space
+BUCKET = 1 << 24  # common/fsdp.py's reduction bucket (elements)
+SCRIPTS = {"srpo": "train_srpo.py", "gae_ppo": "train_gae_ppo.py", "luffy": "train_luffy.py",
+           "flowsar": "train_flowsar.py", "train_sft": "train_sft.py"}
+CLI: Dict[str, Any] = {"dry_run": False, "device_memory_gib": None, "processes": None}  # common/config.py sets it
+
+
+def add_arguments(parser: Any) -> None:
+    """The plan's flags on every script's command line (common/config.py build_arg_parser)."""
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the memory plan (GPU memory per process) and exit, loading nothing")
+    parser.add_argument("--device-memory-gib", type=float, default=None,
+                        help="check the plan against a device of this many GiB (default: the GPU's own; none on a CPU)")
+    parser.add_argument("--processes", type=int, default=None,
+                        help="with --dry-run: plan for N processes (default: this launch's)")
+
+
+def set_cli(dry_run: bool, device_memory_gib: Optional[float], processes: Optional[int]) -> None:
+    """What the command line asked of the plan (parse_cli): --dry-run, --device-memory-gib, --processes."""
+    if processes is not None and not dry_run:
+        raise ConfigError("--processes only plans (with --dry-run): a run has as many processes as its launch "
+                          "(accelerate launch --num_processes N)")
+    if processes is not None and processes < 1 or device_memory_gib is not None and not device_memory_gib > 0:
+        raise ConfigError(f"--processes {processes} / --device-memory-gib {device_memory_gib}: must be positive")
+    CLI.update(dry_run=dry_run, device_memory_gib=device_memory_gib, processes=processes)
+
+
+# ---------------------------------------------------------------- the policy on the meta device
+@dataclass
+class Stack:
+    """A run of identical transformer layers (or one MLP) and what one sample pushes through it."""
+    name: str
+    kind: str  # decoder (RMSNorm, gated MLP) | vit (LayerNorm, GELU MLP) | mlp (one projector: hidden -> inter...)
+    layers: int
+    hidden: int
+    inter: int  # MLP width (mlp: the summed widths of its hidden layers)
+    attn: int = 0  # query / attention-output width (heads x head_dim)
+    kv: int = 0  # key / value width (kv heads x head_dim)
+    tokens: int = 0  # per sample
+    grad: bool = True  # a trainable parameter in or upstream: its activations are saved for the backward
+    lora_inputs: int = 0  # summed input widths of one layer's LoRA linears (LoRA keeps its own bf16 input copies)
+    residual: int = 2  # bytes per element of the residual stream (float32 weights: 4)
+    cast_inputs: bool = False  # the norm output is float32 under autocast: every linear makes its own bf16 copy
+    frozen_fp32: int = 0  # frozen float32 Linear / Conv elements (autocast casts them per use)
+    extra_keys: int = 0  # tokens of another stack this one attends to (pi0's expert: the prefix's keys / values)
+    checkpointed: bool = False
+
+
+@dataclass
+class Model:
+    """A policy (or other network) on the meta device, what the plan reads of it."""
+    label: str
+    net: Any
+    stacks: List[Stack]
+    hidden_size: int = 0
+    notes: List[str] = field(default_factory=list)
+    unused: Tuple[str, ...] = ()  # names of parameters the forward never reads: no gradient, no AdamW state
+    policy_cfg: Any = None  # the family config it was built from (LoRA rank, precision)
+
+
+@dataclass
+class Params:
+    """Sizes of a module's parameters (exact: sums of numel x element size)."""
+    numel: int = 0
+    trainable: int = 0
+    bytes: int = 0
+    trainable_bytes: int = 0
+    tensors: int = 0  # trainable parameter tensors
+    autocast_cache: int = 0  # trainable float32 Linear / Conv elements
+    largest: int = 0  # largest trainable tensor (elements)
+    dtypes: str = ""  # e.g. "float32" or "bfloat16 + float32"
+    idle_bytes: int = 0  # trainable parameters the forward never reads (`Model.unused`): no gradient, no state
+
+
+def count(module: Any, unused: Sequence[str] = ()) -> Params:
+    """`unused`: parameter names the forward never reads (trainable or not, they get no gradient and no AdamW state)."""
+    import torch
+
+    out, dtypes = Params(), {}
+    for name, p in module.named_parameters():
+        out.numel += p.numel()
+        out.bytes += p.numel() * p.element_size()
+        dtypes[str(p.dtype).replace("torch.", "")] = dtypes.get(str(p.dtype).replace("torch.", ""), 0) + p.numel()
+        if p.requires_grad and any(name.endswith(u) for u in unused):
+            out.idle_bytes += p.numel() * p.element_size()
+        elif p.requires_grad:
+            out.trainable += p.numel()
+            out.trainable_bytes += p.numel() * p.element_size()
+            out.tensors += 1
+            out.largest = max(out.largest, p.numel())
+    for m in module.modules():
+        if isinstance(m, (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)):
+            out.autocast_cache += sum(p.numel() for p in m.parameters(recurse=False)
+                                      if p.requires_grad and p.dtype == torch.float32)
+    out.dtypes = " + ".join(k for k, _ in sorted(dtypes.items(), key=lambda kv: -kv[1]))
+    return out
+
+
+def _under(net: Any, pattern: str) -> List[Tuple[str, Any]]:
+    return [(n, p) for n, p in net.named_parameters() if re.search(pattern, n)]
+
+
+def _trainable(net: Any, pattern: str) -> bool:
+    return any(p.requires_grad for _, p in _under(net, pattern))
+
+
+def _frozen_fp32(net: Any, pattern: str) -> int:
+    import torch
+
+    total = 0
+    for name, m in net.named_modules():
+        if re.search(pattern, name + ".") and isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
+            total += sum(p.numel() for p in m.parameters(recurse=False)
+                         if not p.requires_grad and p.dtype == torch.float32)
+    return total
+
+
+def _lora_inputs(net: Any, pattern: str, layers: int) -> int:
+    """Summed input widths of the LoRA A matrices under `pattern`, per layer."""
+    total = sum(p.shape[1] for n, p in _under(net, pattern) if ".lora_A." in n and n.endswith(".weight"))
+    return total // max(1, layers)
+
+
+def _tuned(net: Any, stack: Stack, pattern: str, bf16_weights: bool) -> Stack:
+    """Fill a stack's LoRA, residual and frozen-weight fields from the meta model."""
+    stack.lora_inputs = _lora_inputs(net, pattern, stack.layers)
+    stack.residual = 2 if bf16_weights else 4
+    stack.cast_inputs = not bf16_weights
+    stack.frozen_fp32 = _frozen_fp32(net, pattern)
+    return stack
+
+
+def openvla_oft_model(folder: str, cfg: Any, l1: bool = False) -> Model:
+    """OpenVLA-OFT from `folder`'s config.json (models/openvla_oft.py meta_network) with the run's LoRA, precision and
+    checkpointing keys (`cfg`, an OpenVLAOFTConfig); `l1` adds the L1 head (+ proprio projector) of that variant."""
+    from models.openvla_oft import NUM_SLOTS, VIT_ARCHS, meta_network
+
+    path = os.path.join(folder, "config.json")
+    try:
+        with open(path) as f:
+            hf_config = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"memory plan: {path} is unreadable ({e}); point init.path at an OpenVLA-OFT folder "
+                          f"(its config.json is enough to plan)") from None
+    if hf_config.get("model_type") != "openvla":
+        raise ConfigError(f"memory plan: {path} is not an OpenVLA config (model_type {hf_config.get('model_type')!r})")
+    net = meta_network(hf_config, cfg)
+    core = getattr(getattr(net, "base_model", None), "model", net)
+    images = getattr(cfg, "num_images", 1) if l1 else 1
+    proprio = False
+    if l1:
+        import torch
+
+        from models.openvla_oft import weights_dtype
+        from models.openvla_oft_l1 import L1ActionHead, ProprioProjector
+        from models.saved import PROPRIO, component_files
+
+        proprio = bool(component_files(folder, PROPRIO)) if cfg.use_proprio is None else bool(cfg.use_proprio)
+        with torch.device("meta"):
+            net.add_module("action_head", L1ActionHead(core.hidden_size).to(weights_dtype(cfg)))
+            if proprio:
+                net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(weights_dtype(cfg)))
+    patches = core.num_patches
+    lm = core.language_model.config
+    head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
+    bf16 = bool(cfg.bf16_weights)
+    stacks = []
+    for name, tower, prefix in (("DINOv2", core.dino, 5), ("SigLIP", core.siglip, 0)):
+        arch = VIT_ARCHS[next(k for k in VIT_ARCHS if VIT_ARCHS[k]["dim"] == tower.dim and VIT_ARCHS[k]["kind"] ==
+                              tower.kind)]
+        stacks.append(_tuned(net, Stack(name, "vit", len(tower.blocks), tower.dim, arch["mlp"], tower.dim, tower.dim,
+                                        (patches + prefix) * images, checkpointed=cfg.gradient_checkpointing),
+                             rf"(^|\.){'dino' if tower.kind == 'dinov2' else 'siglip'}\.blocks\.", bf16))
+    vdim = core.dino.dim + core.siglip.dim
+    stacks.append(_tuned(net, Stack("projector", "mlp", 1, vdim, 4 * vdim + 2 * lm.hidden_size,
+                                    tokens=patches * images), r"(^|\.)projector\.", bf16))
+    tokens = 1 + patches * images + int(proprio) + PROMPT_TOKENS + NUM_SLOTS + 1
+    stacks.append(_tuned(net, Stack("Llama", "decoder", lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
+                                    lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
+                                    checkpointed=cfg.gradient_checkpointing), r"language_model\.model\.layers\.", bf16))
+    if not any(p.requires_grad for p in net.parameters()):
+        for s in stacks:
+            s.grad = False
+    label = f"openvla_oft{'_l1' if l1 else ''} ({os.path.basename(os.path.normpath(folder))})"
+    return Model(label, net, stacks, core.hidden_size,
+                 [f"{tokens} Llama tokens per sample ({PROMPT_TOKENS} for the prompt)"])
+
+
+def token_model(cfg: Any, folder: Optional[str] = None) -> Model:
+    """The token policy (models/token_policy.py) of `cfg` (a TokenPolicyConfig), with the architecture of the saved
+    policy in `folder` when there is one (its config.json + hf_configs.json), or of backbone_path / vision_path's
+    config.json."""
+    import torch
+
+    from models.token_policy import TokenPolicy
+
+    lm_cfg = vis_cfg = None
+    if folder and os.path.isfile(os.path.join(folder, "hf_configs.json")):
+        from models.vla_backbone import read_checkpoint
+
+        saved, lm_cfg, vis_cfg, _ = read_checkpoint(folder)
+        keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")}
+        cfg = dataclasses.replace(type(cfg)(**saved), **keep)
+    else:
+        if cfg.backbone_path:
+            from transformers import AutoConfig
+
+            lm_cfg = AutoConfig.from_pretrained(cfg.backbone_path)
+        if cfg.vision_path:
+            from transformers import SiglipVisionConfig
+
+            vis_cfg = SiglipVisionConfig.from_pretrained(cfg.vision_path, vision_use_head=False)
+    built = dataclasses.replace(cfg, backbone_path=None, vision_path=None)  # architecture from the configs only
+    with torch.device("meta"):
+        policy = TokenPolicy(built, _hf=(lm_cfg, vis_cfg, None))
+    net, enc = policy.net, policy.core.encoder
+    lm = enc.backbone.config
+    head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
+    views = 2 if cfg.use_wrist else 1
+    stacks = []
+    vision_grad = _trainable(net, r"encoder\.vision\.")
+    if enc.use_siglip:
+        vc = enc.vision.config
+        patches = (cfg.image_size // vc.patch_size) ** 2
+        stacks.append(_tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
+                                        vc.hidden_size, vc.hidden_size, patches * views, grad=vision_grad),
+                             r"encoder\.vision\..*layers\.", False))
+    else:
+        patches = (cfg.image_size // 16) ** 2 + 1  # SmallCNN: patch tokens + one keypoint token (its convs: small)
+    front = vision_grad or _trainable(net, r"encoder\.projector") or _trainable(net, r"encoder\.state_proj")
+    stacks.append(_tuned(net, Stack("projector", "mlp", 1, enc.vision.config.hidden_size if enc.use_siglip else
+                                    lm.hidden_size, lm.hidden_size, tokens=patches * views, grad=front),
+                         r"encoder\.projector\.", False))
+    tokens = patches * views + 1 + cfg.max_text_len + cfg.action_chunk * 7
+    stacks.append(_tuned(net, Stack(type(enc.backbone).__name__.replace("Model", ""), "decoder",
+                                    lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
+                                    lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
+                                    grad=front or _trainable(net, r"encoder\.backbone\.")),
+                         r"encoder\.backbone\.layers\.", False))
+    for s in stacks:  # bf16 autocast on CUDA: the residual stream is bf16 (projector output), norm outputs float32
+        s.residual = 2
+    return Model(f"token ({cfg.preset})", net, stacks, policy.hidden_size,
+                 [f"{tokens} LM tokens per sample ({views} camera(s), {cfg.max_text_len} instruction tokens)"])
+
+
+def _pi0_config(folder: Optional[str]):
+    """(PI0Config, where it came from): a pi0 checkpoint folder's config.json, a saved flow policy's pi0/, else PI0's
+    defaults (the pi0_base size)."""
+    from transformers import PI0Config
+
+    if folder:
+        for path in (os.path.join(folder, "pi0"), folder):
+            if os.path.isfile(os.path.join(path, "config.json")):
+                try:
+                    return PI0Config.from_pretrained(path), f"{path}/config.json"
+                except (OSError, ValueError, TypeError):
+                    continue
+    return PI0Config(), "PI0Config() (pi0_base size)"
+
+
+def flow_model(cfg: Any, folder: Optional[str] = None) -> Model:
+    """The flow policy (models/flow_policy.py: transformers' PI0) of `cfg` (a FlowPolicyConfig): the architecture of the
+    pi0 checkpoint or saved flow policy in `folder` (or cfg.pretrained_path), else of cfg.preset."""
+    import torch
+
+    from models.flow_policy import FlowPolicy, tiny_pi0_config
+    from models.text_tokenizer import ByteTokenizer
+
+    folder = folder or cfg.pretrained_path
+    saved = folder and os.path.isfile(os.path.join(folder, "pi0", "config.json"))
+    if saved:
+        with open(os.path.join(folder, "config.json")) as f:
+            stored = {k: v for k, v in json.load(f).items() if k != "policy_type"}
+        keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16",
+                                              "bf16_weights", "train_expert_only")}
+        cfg = dataclasses.replace(type(cfg)(**stored), **keep)
+    if folder or cfg.preset == "pi0":
+        pi0_cfg, source = _pi0_config(folder)
+    else:
+        pi0_cfg, source = tiny_pi0_config(cfg, ByteTokenizer.vocab_size), "tiny preset"
+    # a pi0 checkpoint carries statistics: its horizon is the model's chunk_size (50); tiny: action_chunk
+    horizon = cfg.horizon or (pi0_cfg.chunk_size if folder or cfg.preset == "pi0" else cfg.action_chunk)
+    with torch.device("meta"):
+        policy = FlowPolicy(dataclasses.replace(cfg, pretrained_path=None, tokenizer_path=None),
+                            _saved=(pi0_cfg, None, None))
+    net, pc = policy.net, pi0_cfg
+    vc, tc, dc = pc.vlm_config.vision_config, pc.vlm_config.text_config, pc.dit_config
+    cameras = 2 if cfg.use_wrist else 1
+    image_tokens = (vc.image_size // vc.patch_size) ** 2 * cameras
+    vision_grad = _trainable(net, r"\.vision_tower\.")
+    lm_grad = vision_grad or _trainable(net, r"\.multi_modal_projector\.") or _trainable(net, r"\.language_model\.")
+    bf16 = bool(cfg.bf16_weights)
+    stacks = [_tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
+                                vc.hidden_size, vc.hidden_size, image_tokens, grad=vision_grad),
+                     r"\.vision_tower\..*layers\.", bf16)]
+    prefix = image_tokens + cfg.max_text_len
+    stacks.append(_tuned(net, Stack("Gemma (PaliGemma)", "decoder", tc.num_hidden_layers, tc.hidden_size,
+                                    tc.intermediate_size, tc.num_attention_heads * tc.head_dim,
+                                    tc.num_key_value_heads * tc.head_dim, prefix, grad=lm_grad),
+                         r"\.language_model\.layers\.", bf16))
+    expert = _tuned(net, Stack("Gemma (action expert)", "decoder", dc.num_hidden_layers, dc.hidden_size,
+                               dc.intermediate_size, dc.num_attention_heads * dc.head_dim,
+                               dc.num_key_value_heads * dc.head_dim, 1 + horizon, extra_keys=prefix),
+                    r"\.dit\.layers\.", bf16)
+    expert.residual, expert.cast_inputs = 2, False  # the suffix enters as the bf16 output of embed_action_time
+    stacks.append(expert)
+    return Model(f"flow ({cfg.preset})", net, stacks, policy.hidden_size,
+                 [f"PI0 from {source}; {prefix} prefix tokens ({cameras} camera(s)), expert {1 + horizon} tokens "
+                  f"(horizon {horizon})"], unused=("model.dit.embed_tokens.weight",))  # PI0's expert: no token ids
+
+
+def policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
+    """(the run's policy on the meta device, its family config): `_policy_model`, the config kept on the model."""
+    model, section = _policy_model(cfg, script)
+    model.policy_cfg = section
+    return model, section
+
+
+def _policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
+    """(the run's policy on the meta device, its family config) for a script's config, as the script builds it:
+    RL scripts from init.path (a published OpenVLA-OFT folder, a pi0 checkpoint, a saved policy) with the config's
+    LoRA and precision keys, else from the config's architecture; train_sft.py from policy.init_path or its
+    policy.<type> section."""
+    from models.configs import OpenVLAOFTConfig
+
+    if script == "train_sft":
+        folder = cfg.policy.init_path
+        if folder:
+            family = _folder_family(folder)
+            if family.startswith("openvla_oft"):
+                saved = _oft_saved(folder)
+                ocfg = config_from(OpenVLAOFTConfig if family == "openvla_oft" else _l1_config(), saved, folder)
+                return openvla_oft_model(folder, ocfg, l1=family == "openvla_oft_l1"), ocfg
+            section = getattr(cfg.policy, family)
+            return (token_model(section, folder) if family == "token" else flow_model(section, folder)), section
+        section = getattr(cfg.policy, cfg.policy.type)
+        return (token_model(section) if cfg.policy.type == "token" else flow_model(section)), section
+    family, folder = cfg.policy.type, cfg.init.path
+    if family in ("openvla_oft", "openvla_oft_l1"):
+        folder = folder or getattr(cfg.policy, "init_path", "")
+        if not folder:
+            raise ConfigError(f"memory plan: policy.type={family} is built from its folder's config.json: set "
+                              f"init.path=<the checkpoint folder> (a folder with only config.json plans too)")
+        return openvla_oft_model(folder, cfg.policy, l1=family == "openvla_oft_l1"), cfg.policy
+    given = folder
+    folder = folder if folder and os.path.isdir(folder) else None
+    model = token_model(cfg.policy, folder) if family == "token" else flow_model(cfg.policy, folder)
+    if folder is None and cfg.init.mode != "scratch":
+        model.notes.append((f"init.path {given} holds no policy yet" if given else "no init.path given") +
+                           f": planned with the config's policy architecture (policy.preset={cfg.policy.preset})")
+    return model, cfg.policy
+
+
+def _folder_family(folder: str) -> str:
+    from models.saved import family_of_folder
+
+    try:
+        return family_of_folder(folder)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"memory plan: {folder} is not a policy folder ({e})") from None
+
+
+def _oft_saved(folder: str) -> Dict[str, Any]:
+    path = os.path.join(folder, "policy_config.json")
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        saved = json.load(f)
+    saved.pop("policy_type", None)
+    return saved
+
+
+def _l1_config():
+    from models.configs import OpenVLAOFTL1Config
+
+    return OpenVLAOFTL1Config
+
+
+def config_from(cls: Any, saved: Dict[str, Any], folder: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in saved.items() if k in names}, init_path=folder)
+
+
+# ---------------------------------------------------------------- extra models
+def encoder_model(enc: Any) -> Tuple[Optional[Model], int, str]:
+    """SRPO's V-JEPA 2 reward encoder: (its model on the meta device, tokens per video, where the config came from);
+    (None, 0, "") for the pixel encoder."""
+    if enc.kind != "vjepa2":
+        return None, 0, ""
+    import torch
+    from transformers import VJEPA2Config, VJEPA2Model
+
+    config, source = None, "the tiny random config"
+    if enc.model_path:
+        try:
+            config, source = VJEPA2Config.from_pretrained(enc.model_path, local_files_only=True), enc.model_path
+        except (OSError, ValueError):
+            config, source = _vjepa2_by_name(enc.model_path)
+    else:
+        config = VJEPA2Config(crop_size=enc.crop_size, frames_per_clip=enc.num_frames, patch_size=16,
+                              hidden_size=enc.hidden_size, num_hidden_layers=enc.num_layers, num_attention_heads=4,
+                              mlp_ratio=2.0, pred_hidden_size=32, pred_num_hidden_layers=1, pred_num_attention_heads=2,
+                              num_pooler_layers=1)
+    with torch.device("meta"):
+        model = VJEPA2Model(config)
+    tubelets = 1 if enc.pooling == "final_spatial" else enc.num_frames // config.tubelet_size
+    tokens = tubelets * (config.crop_size // config.patch_size) ** 2
+    stack = Stack("V-JEPA 2", "vit", config.num_hidden_layers, config.hidden_size,
+                  int(config.hidden_size * config.mlp_ratio), tokens=tokens, grad=False)
+    return Model("V-JEPA 2", model, [stack], config.hidden_size), tokens, source
+
+
+def _vjepa2_by_name(name: str):
+    """The published V-JEPA 2 sizes by hub name (facebook/vjepa2-vit{l,h,g}-fpc64-{256,384}) when its config.json is
+    not on this machine: transformers' VJEPA2Config defaults are the ViT-L."""
+    from transformers import VJEPA2Config
+
+    crop = 384 if "384" in name else 256
+    sizes = {"vitl": {}, "vith": dict(hidden_size=1280, num_hidden_layers=32, num_attention_heads=16),
+             "vitg": dict(hidden_size=1408, num_hidden_layers=40, num_attention_heads=22, mlp_ratio=48 / 11)}
+    for key, kw in sizes.items():
+        if key in name:
+            return VJEPA2Config(crop_size=crop, **kw), f"{name} ({key}, {crop} px: published size)"
+    return VJEPA2Config(), f"{name} (unknown: planned as the ViT-L)"
+
+
+def value_head_numel(in_dim: int, hidden_dims: Sequence[int]) -> int:
+    dims = [in_dim, *hidden_dims, 1]
+    return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+
+
+# ---------------------------------------------------------------- activations
+def layer_bytes(s: Stack, c: int) -> int:
+    """Bytes one token leaves saved for the backward in one layer of `s`, computing in `c`-byte floats (2: bf16
+    autocast on CUDA): the two norms' float32 inputs; the linears' inputs (shared by q/k/v and by gate/up when the norm
+    output is already in the compute dtype, one cast copy per linear when it is float32); q, k, v and the attention
+    output; the MLP's intermediate tensors (gated: gate, up, act(gate), their product; GELU: fc1 out, gelu out);
+    LoRA's own input copies (peft casts its input to the adapter's float32, autocast back to bf16)."""
+    h, i = s.hidden, s.inter
+    if s.kind == "mlp":  # a projector MLP: its input and, per hidden layer, the pre- and post-activation
+        return c * (h + 2 * i) + c * s.lora_inputs
+    if s.kind == "vit":  # LayerNorm runs in float32 under autocast: q, k, v and fc1 each cast its output
+        return 8 * h + 4 * c * h + c * (2 * s.attn + 2 * s.kv) + 2 * c * i + c * s.lora_inputs
+    return (8 * h + (5 if s.cast_inputs else 2) * c * h + c * (2 * s.attn + 2 * s.kv) + 4 * c * i
+            + c * s.lora_inputs)
+
+
+def activation_bytes(stacks: Sequence[Stack], micro: int, c: int, autocast: bool) -> int:
+    """Saved activations of one micro-batch (module docstring): the stacks where gradients flow; plus, without
+    checkpointing, the bf16 copies autocast makes of frozen float32 weights there (saved for the backward)."""
+    per_sample, recompute, weight_copies = 0.0, 0.0, 0
+    for s in stacks:
+        if not s.grad:
+            continue
+        layer = s.tokens * layer_bytes(s, c) * KAPPA
+        keys = 2 * c * s.kv * s.extra_keys * s.layers  # the other stack's keys / values this one attends to
+        if s.checkpointed:
+            per_sample += s.layers * s.tokens * s.hidden * s.residual + keys
+            recompute = max(recompute, layer)
+        else:
+            per_sample += s.layers * layer + keys
+            weight_copies += 2 * s.frozen_fp32 if autocast and c == 2 else 0
+    return int(micro * (per_sample + recompute) + weight_copies)
+
+
+def inference_bytes(stacks: Sequence[Stack], batch: int, c: int) -> int:
+    """A forward without gradients (rollout, evaluation): the residual stream and one layer's working set of the
+    largest stack, plus the key / value cache another stack reads (pi0's prefix)."""
+    if not stacks:
+        return 0
+    work = max(s.tokens * (2 * s.residual * s.hidden + c * (2 * s.hidden + 2 * s.attn + 2 * s.kv + 3 * s.inter))
+               for s in stacks)
+    cache = sum(2 * c * s.kv * s.extra_keys * s.layers for s in stacks)
+    return int(batch * (work + cache))
+
+
+def encoder_transient(model: Model, tokens: int, batch: int, num_frames: int, crop: int) -> int:
+    """V-JEPA 2 embedding a batch of videos (fp16 autocast, no gradients): the preprocessed float32 frames and
+    tokens x (20 h + 4 i) bytes of one layer's working set (fitted: ViT-L, 8 videos x 8,192 tokens, 3.8 GiB with its
+    weights, docs/gpu.md)."""
+    s = model.stacks[0]
+    return int(batch * (num_frames * 3 * crop * crop * 4 + tokens * (20 * s.hidden + 4 * s.inter)))
+
+
+# ---------------------------------------------------------------- the plan
+@dataclass
+class Extra:
+    """A model beside the policy: `resident` bytes on the device all the time, `phase` bytes while `phase_name` runs."""
+    label: str
+    resident: int = 0
+    phase: int = 0
+    phase_name: str = ""
+    host: int = 0
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    title: str
+    rows: List[Tuple[str, float, str]]  # (what, GiB per process, note)
+    phases: Dict[str, int]
+    host_gib: float
+    peak_phase: str
+    peak: int
+    capacity: Optional[int] = None
+    device: str = ""
+    notes: List[str] = field(default_factory=list)
+    parts: Dict[str, int] = field(default_factory=dict)  # bytes: weights, gradients, adamw, autocast, activations
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak / GIB
+
+    def fits(self) -> Optional[bool]:
+        return None if self.capacity is None else self.peak <= MARGIN * self.capacity
+
+    def table(self) -> str:
+        lines = [f"[memory plan] {self.title}", f"  {'per process (GPU)':<34} {'GiB':>8}"]
+        for what, gib, note in self.rows:
+            lines.append(f"  {what:<34} {gib:8.2f}" + (f"   {note}" if note else ""))
+        if self.host_gib:
+            lines.append(f"  {'host memory (offloaded shards)':<34} {self.host_gib:8.2f}")
+        verdict = {True: "fits", False: "does NOT fit"}.get(self.fits(), "")
+        where = (f"of {_gib(self.capacity / GIB)} GiB ({self.device}): {verdict} (<= {MARGIN:.0%} fits)"
+                 if self.capacity else "no GPU here: --device-memory-gib N checks it against N GiB")
+        lines.append(f"  {'peak (' + self.peak_phase + ')':<34} {self.peak_gib:8.2f}   {where}")
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1, offload: bool = False,
+             device: str = "cuda", autocast: bool = True, grads_in_forward: bool = True, grads_kept: bool = True,
+             optimizer: bool = True, inference_batch: int = 0, extras: Sequence[Extra] = (), title: str = "",
+             capacity: Optional[int] = None, device_name: str = "") -> Plan:
+    """The plan of `model` trained on `device` (cuda: bf16 compute, fused AdamW; cpu: float32, single-tensor AdamW)
+    under `strategy` over `world` processes, `micro` samples per forward / backward. `grads_in_forward`: the gradients
+    of the previous micro-batch (or step) are allocated while a forward runs; `grads_kept`: they stay allocated
+    between updates (the scripts zero them at the next mini-batch); `optimizer`: AdamW state exists (a benchmark of a
+    bare forward / backward has none)."""
+    cuda = device == "cuda"
+    c = 2 if cuda and autocast else 4
+    p = count(model.net, model.unused)
+    n = world if strategy == "fsdp" else 1
+    adam = (2 * p.trainable_bytes + 4 * p.tensors) if optimizer else 0
+    stacks = model.stacks
+    if strategy == "fsdp" and cuda:  # the gathered weights are bf16: a bf16 residual stream, no float32 to cast
+        stacks = [dataclasses.replace(s, residual=2, cast_inputs=False, frozen_fp32=0) for s in stacks]
+    act = activation_bytes(stacks, micro, c, cuda and autocast)
+    infer = inference_bytes(stacks, inference_batch, c)
+    rows: List[Tuple[str, float, str]] = []
+    on_dev = 0 if offload else 1
+    if strategy == "ddp":
+        weights, grads = p.bytes, p.trainable_bytes
+        cache = 2 * p.autocast_cache if cuda and autocast else 0
+        step_extra = (2 * 4 * p.trainable if world > 1 else 0) + (0 if cuda else 2 * 4 * p.largest)
+        rows += [(f"weights ({p.dtypes})", weights / GIB, f"{p.numel / 1e6:,.1f} M parameters"),
+                 ("gradients", grads / GIB, f"{p.trainable / 1e6:,.1f} M trainable")]
+        if optimizer:
+            rows.append((f"AdamW moments ({'fused' if cuda else 'single-tensor'})", adam / GIB, ""))
+        if cache:
+            rows.append(("bf16 autocast weight copies", cache / GIB, "while a forward runs"))
+        base = weights + adam
+        fwd_grads, step_grads, kept = grads, grads, grads
+    else:
+        gathered = p.numel * (2 if cuda else 4)
+        full_grads = p.trainable * (2 if cuda else 4)
+        shards, grad_shards, adam = p.bytes // n, p.trainable_bytes // n, adam // n
+        cache = 0
+        step_extra = 2 * 4 * min(p.trainable, BUCKET + p.largest)  # a bucket fills until it holds BUCKET
+        rows += [(f"weight shards (1/{n}, {p.dtypes})", on_dev * shards / GIB,
+                  f"{p.numel / 1e6:,.1f} M parameters" + (", on the host" if offload else "")),
+                 ("gathered compute weights" + (" (bf16)" if cuda else ""), gathered / GIB, ""),
+                 ("gradients (full, gathered)", full_grads / GIB, f"{p.trainable / 1e6:,.1f} M trainable"),
+                 (f"gradient shards (1/{n})", on_dev * grad_shards / GIB, "on the host" if offload else "")]
+        if optimizer:
+            rows.append((f"AdamW moment shards (1/{n})", on_dev * adam / GIB, "on the host" if offload else ""))
+        base = on_dev * (shards + adam) + gathered
+        fwd_grads, step_grads, kept = full_grads, full_grads + on_dev * grad_shards, on_dev * grad_shards
+    ckpt = any(s.checkpointed for s in stacks if s.grad)
+    rows.append(("activations", act / GIB, f"micro-batch {micro}" + (", gradient checkpointing" if ckpt else "")))
+    resident = sum(e.resident for e in extras)
+    for e in extras:
+        rows.append((e.label, e.resident / GIB, e.note))
+    phases = {"update forward": base + cache + act + (fwd_grads if grads_in_forward else 0),
+              "optimizer step": base + step_grads + step_extra}
+    if inference_batch:
+        phases["rollout forward"] = base + cache + infer + (kept if grads_kept else 0)
+    for e in extras:
+        if e.phase:
+            phases[e.phase_name] = base + (kept if grads_kept else 0) + e.phase
+    phases = {k: v + resident for k, v in phases.items()}
+    peak_phase = max(phases, key=phases.get)
+    host = (p.bytes // n + adam + p.trainable_bytes // n) if offload else 0
+    host += sum(e.host for e in extras)
+    parts = dict(weights=p.bytes, gradients=p.trainable_bytes, adamw=(2 * p.trainable_bytes + 4 * p.tensors)
+                 if optimizer else 0, autocast=cache, activations=act)
+    return Plan(title, rows, phases, host / GIB, peak_phase, phases[peak_phase], capacity, device_name,
+                list(model.notes), parts)
+
+
+# ---------------------------------------------------------------- a script's run
+def micro_batch(cfg: Any, script: str, world: int) -> Tuple[int, int]:
+    """(micro-batch, mini-batch) of the update, per process."""
+    t = cfg.train
+    if script == "train_sft":
+        return max(1, cfg.sft.batch_size // world), max(1, cfg.sft.batch_size // world)
+    if script == "flowsar":
+        return t.micro_batch_size, t.mini_batch_size
+    return t.ppo_micro_batch_size, t.ppo_mini_batch_size
+
+
+def run_extras(cfg: Any, script: str, model: Model, world: int, fsdp: bool, offload: bool) -> List[Extra]:
+    """The models a script holds beside the policy (module docstring)."""
+    extras = []
+    if script == "srpo" and cfg.reward.mode == "srpo":
+        enc = cfg.reward.encoder
+        emodel, tokens, source = encoder_model(enc)
+        if emodel is not None:
+            config = emodel.net.config
+            transient = encoder_transient(emodel, tokens, enc.batch_size, enc.num_frames if enc.pooling == "mean"
+                                          else config.tubelet_size, config.crop_size)
+            extras.append(Extra("V-JEPA 2 reward encoder (float32)", count(emodel.net).bytes, transient,
+                                "reward encoder forward",
+                                note=f"{count(emodel.net).numel / 1e6:,.1f} M; +{transient / GIB:.2f} GiB while it "
+                                     f"embeds {enc.batch_size} videos ({source})"))
+    if script == "gae_ppo" and cfg.algorithm.use_gae:
+        numel = value_head_numel(model.hidden_size, cfg.value_head.hidden_dims)
+        extras.append(Extra("value head (+ gradients, AdamW)", numel * 16, note=f"{numel / 1e6:,.2f} M float32"))
+    if script == "flowsar":
+        p = count(model.net, model.unused)
+        ema = (p.trainable_bytes + p.idle_bytes) // (world if fsdp else 1)
+        micro, _ = micro_batch(cfg, script, world)
+        extras.append(Extra("EMA reference (theta_old)", 0 if offload else ema,
+                            ema + inference_bytes(model.stacks, micro, 2), "self-annotation",
+                            host=ema if offload else 0,
+                            note="a copy of the trainable weights" + (" (shards, on the host)" if offload else "")))
+    return extras
+
+
+def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, device_name: str = "",
+             model: Optional[Model] = None, **override: Any) -> Plan:
+    """The plan of `script` (srpo | gae_ppo | luffy | flowsar | train_sft) run with `cfg` over `world` processes on
+    CUDA devices of `capacity` bytes. `override`: strategy / offload / micro to plan a variant (the fixes)."""
+    from common.fsdp import check_strategy
+
+    strategy = override.get("strategy", getattr(cfg.train, "strategy", "ddp"))
+    offload = override.get("offload", getattr(cfg.train, "fsdp_offload", False))
+    try:
+        check_strategy(strategy, offload)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if model is None:
+        model, _ = policy_model(cfg, script)
+    micro, mini = micro_batch(cfg, script, world)
+    micro = override.get("micro", micro)
+    extras = run_extras(cfg, script, model, world, strategy == "fsdp", offload)
+    rollout = cfg.env.num_envs // (2 if getattr(cfg.env, "pipeline", False) else 1)
+    section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
+    variant = f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else "full fine-tuning"
+    if getattr(section, "train_expert_only", False):
+        variant = "action expert only" + ("" if variant == "full fine-tuning" else f" + {variant}")
+    title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
+             f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
+             f"{micro} of {mini}")
+    # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights imply it)
+    autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
+    return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
+                    grads_in_forward=script == "train_sft" or mini > micro, inference_batch=rollout,
+                    extras=extras, title=title, capacity=capacity, device_name=device_name)
+
+
+def model_cfg(cfg: Any, script: str) -> Any:
+    if script == "train_sft":
+        return getattr(cfg.policy, cfg.policy.type, cfg.policy)
+    return cfg.policy
+
+
+def fixes(cfg: Any, script: str, world: int, capacity: int, model: Model) -> List[str]:
+    """The changes that bring the plan under the device (each with its peak), cheapest first: fsdp over these
+    processes (or the fewest GPUs of a node that fit), fsdp + offload, a smaller micro-batch, LoRA."""
+    out: List[str] = []
+
+    def fits(**kw) -> Optional[Plan]:
+        plan = plan_run(cfg, script, kw.pop("world", world), capacity, model=model, **kw)
+        return plan if plan.fits() else None
+
+    ddp = getattr(cfg.train, "strategy", "ddp") == "ddp"
+    counts = [world] if world > 1 else [2, 4, 8, 16]
+    for offload in (False, True):
+        for n in counts:
+            plan = fits(world=n, strategy="fsdp", offload=offload) if (ddp or offload) else None
+            if plan:
+                launch = "" if world > 1 else f" over {n} GPUs (accelerate launch --multi_gpu --num_processes {n})"
+                out.append(f"train.strategy=fsdp{' train.fsdp_offload=true' if offload else ''}{launch} "
+                           f"({_gib(plan.peak_gib)} GiB)")
+                break
+        if out:
+            break
+    micro, _ = micro_batch(cfg, script, world)
+    key = "sft.batch_size" if script == "train_sft" else \
+        ("train.micro_batch_size" if script == "flowsar" else "train.ppo_micro_batch_size")
+    m = micro // 2
+    while m >= 1:
+        plan = fits(micro=m)
+        if plan:
+            shown = m * world if script == "train_sft" else m
+            out.append(f"{key}={shown} ({_gib(plan.peak_gib)} GiB)")
+            break
+        m //= 2
+    section = model_cfg(cfg, script)
+    if getattr(section, "lora_rank", 1) == 0 and script != "train_sft":
+        lora = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, lora_rank=32))
+        plan = plan_run(lora, script, world, capacity)
+        if plan.fits():
+            out.append(f"policy.lora_rank=32 ({_gib(plan.peak_gib)} GiB)")
+    return out
+
+
+def _gib(x: float) -> str:
+    return f"{x:.1f}" if x >= 10 else f"{x:.3g}"
+
+
+def device_capacity(device: Any = None) -> Tuple[Optional[int], str]:
+    """(bytes, name) of the device to check against: --device-memory-gib, else the CUDA device's total memory, else
+    (None, "") on a CPU."""
+    if CLI["device_memory_gib"]:
+        return int(CLI["device_memory_gib"] * GIB), f"--device-memory-gib {CLI['device_memory_gib']:g}"
+    import torch
+
+    if torch.cuda.is_available() and (device is None or getattr(device, "type", "cuda") == "cuda"):
+        props = torch.cuda.get_device_properties(device if device is not None else 0)
+        return int(props.total_memory), props.name
+    return None, ""
+
+
+def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
+    """At a run's start, before the policy loads: print the plan (main process) and stop with one line naming the
+    fixes when it exceeds the device (on a CPU only with --device-memory-gib). A plan that cannot be computed (an
+    architecture this module does not know) is a printed note, never a failed start."""
+    capacity, name = device_capacity(accelerator.device)
+    world = accelerator.num_processes
+    try:
+        model, _ = policy_model(cfg, script)
+        plan = plan_run(cfg, script, world, capacity, name, model=model)
+    except Exception as e:  # noqa: BLE001 - the plan informs; the start's own checks report bad input
+        if accelerator.is_main_process:
+            print(f"[memory plan] not computed ({type(e).__name__}: {' '.join(str(e).split())[:200]})", flush=True)
+        return None
+    if accelerator.is_main_process:
+        print(plan.table(), flush=True)
+    if plan.fits() is False:
+        found = fixes(cfg, script, world, capacity, model)
+        raise ConfigError(f"memory plan: {_gib(plan.peak_gib)} GiB per process ({plan.peak_phase}) exceeds "
+                          f"{MARGIN:.0%} of the {_gib(capacity / GIB)} GiB of {name}; "
+                          + (f"fits with: {'; or '.join(found)}" if found else
+                             "nothing tried fits (fsdp, offload, a smaller micro-batch, LoRA): use more GPUs")
+                          + " (--dry-run prints the plan of any variant)")
+    return plan
+
+
+def on_parsed(cfg: Any, script: Optional[str]) -> None:
+    """parse_cli's hook: with --dry-run print the plan (and the fixes when it does not fit) and exit 0."""
+    if not CLI["dry_run"]:
+        return
+    script = script or "srpo"
+    world = CLI["processes"] or int(os.environ.get("WORLD_SIZE", "1"))
+    capacity, name = device_capacity()
+    try:
+        model, _ = policy_model(cfg, script)
+        plan = plan_run(cfg, script, world, capacity, name, model=model)
+    except ConfigError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(plan.table(), flush=True)
+    if plan.fits() is False:
+        found = fixes(cfg, script, world, capacity, model)
+        print(f"  fits with: {'; or '.join(found)}" if found else "  nothing tried fits: use more GPUs", flush=True)
+    raise SystemExit(0)
+
+
+__all__ = ["check", "on_parsed", "set_cli", "plan_run", "estimate", "policy_model", "count", "Plan", "Model", "Stack",
+           "GIB", "MARGIN", "KAPPA"]
