@@ -18,8 +18,8 @@ rollout.train_trials onwards; overlap is refused unless --allow-practice-trials)
 fixtures seeded by the trial id. Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a
 published checkpoint folder (no training config beside it) its paper's: an OpenVLA-OFT discrete SFT checkpoint
 (config.json model_type openvla, no action_head file: SimpleVLA-RL's, siiRL's) simplevla-rl, an OpenVLA-OFT
-L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 checkpoint folder (openpi / RLinf / LeRobot
-layout) openpi; anything else heldout. results.json and the chart title record the protocol.
+L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy carrying a pi0
+checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the protocol.
 """
 from __future__ import annotations
 
@@ -228,10 +228,10 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     policy_dir = resolve_policy_dir(args.checkpoint)
     family = policy_type(policy_dir)
     kind = action_kind(family)
-    if family == "flow":
+    if family == "flow":  # a pi0 checkpoint: its folder as published, or saved with the statistics it carries
         from models.pi0_checkpoint import is_pi0_folder
 
-        published = not saved and is_pi0_folder(policy_dir)
+        published = not saved and (is_pi0_folder(policy_dir) or getattr(policy, "stats", None) is not None)
     else:
         published = not saved
     name = args.protocol or protocols.default_protocol(family, published, saved, env_cfg.suite)

@@ -120,7 +120,8 @@ SOURCES: Dict[str, Dict[str, str]] = {
                "(500 eval envs: 10 tasks x 50 states); env/libero_spatial.yaml:24-27 (training starts drawn from the "
                "whole suite's states)",
         max_steps="pi0 PPO: libero_{spatial,object,goal,10}_ppo_openpi.yaml:82,81,83,81 (240, 240, 320, 480), "
-                  "env/libero_90.yaml:9 (512); OpenVLA-OFT GRPO: libero_*_grpo_openvlaoft.yaml:85 (512)",
+                  "env/libero_90.yaml:9 (512); OpenVLA-OFT GRPO: libero_*_grpo_openvlaoft.yaml:85-87 (eval "
+                  "max_episode_steps 512)",
         num_steps_wait="rlinf/envs/libero/libero_env.py:842-848 (15)",
         wait_action="rlinf/envs/libero/libero_env.py:843-845 (zeros, gripper -1 with reset_gripper_open: "
                     "env/libero_spatial.yaml:16 true; libero_spatial_grpo_openvlaoft.yaml:79,88 false)",
