@@ -231,6 +231,7 @@ def apply_to_run_config(cfg: Any, kind: str) -> Dict[str, Any]:
                           f"names no practice trials; train with eval.protocol=simplevla-rl, siirl or rlinf (RL "
                           f"practising on the states it is evaluated on) or {HELDOUT}, and measure the result with "
                           f"`python evaluate.py --checkpoint <run> --protocol {name}`")
+    resumed = bool(getattr(cfg, "resume", None))
     defaults = {"env": type(cfg.env)(), "eval": type(cfg.eval)()}
     for section in ("rollout", "policy"):
         if getattr(cfg, section, None) is not None:
@@ -239,8 +240,8 @@ def apply_to_run_config(cfg: Any, kind: str) -> Dict[str, Any]:
         section, field = key.split(".")
         node = getattr(cfg, section)
         have, default = getattr(node, field), getattr(defaults[section], field)
-        if _same(have, value) or (not is_reference(name) and not _same(have, default)):  # heldout: yours win
-            continue
+        if _same(have, value) or (not is_reference(name) and (not _same(have, default) or resumed)):
+            continue  # heldout: your settings win, and a resumed run keeps its saved (resolved) config as it is
         if not _same(have, default):
             where = SOURCES[name].get(_source_key(key), "")
             raise ConfigError(f"eval.protocol={name} runs {key}={_show(value)}" + (f" ({where})" if where else "")
