@@ -91,7 +91,7 @@ import torch
 import yaml
 
 from common.checkpoint import load_saved_policy, resolve_policy_dir
-from common.config import check_writable
+from common.run_folder import check_writable
 from common.evaluation import evaluate_policy
 from envs import EnvConfig, protocols
 from models.configs import action_kind
