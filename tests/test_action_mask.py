@@ -146,3 +146,22 @@ def test_flow_sar_energies_over_the_executed_actions_only():
     torch.testing.assert_close(loss, (w[0] * e_pos0 + w[1] * e_neg1) / 2)  # hand: mse_branch over the kept actions
     grad, = torch.autograd.grad(loss, v_theta)
     assert (grad[0, 2] == 0).all() and (grad[0, :2] != 0).all() and (grad[1] != 0).all()
+
+
+def test_gae_ppo_on_a_flow_policy_with_chunks_cut_by_max_steps_keeps_the_ratio_at_one(tmp_path):
+    """train_gae_ppo.py from a tiny pi0 folder (5 actions executed per call) with max_steps 18: every episode's 4th
+    chunk runs 3 of its 5 actions. Its log-density (new and old) covers those 3 only: the old one is recomputed over
+    them, so the one on-policy epoch sees ratio 1 (a stale whole-chunk old log-prob would not)."""
+    from models.text_tokenizer import ByteTokenizer
+    from tests.scripts import read_metrics, run_script
+    from tests.test_gae_ppo_flow import FAST
+    from tests.test_models_pi0_checkpoint import tiny_pi0, write_openpi
+
+    folder = write_openpi(tmp_path / "pi0", tiny_pi0(chunk=10))
+    ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
+    args = [a for a in FAST if not a.startswith("env.max_steps=")]
+    run_script("train_gae_ppo.py", [*args, "env.max_steps=18", "train.iterations=1", f"init.path={folder}",
+                                    f"policy.tokenizer_path={tmp_path}/tok"], outputs=tmp_path)
+    (row,) = read_metrics(str(next((tmp_path / "runs").iterdir())))
+    assert row["rollout/env_steps"] == 4 * 18 and row["rollout/truncated_fraction"] == 1.0
+    assert abs(row["train/ppo_kl"]) < 1e-4 and row["train/pg_clipfrac"] == 0.0 and np.isfinite(row["train/pg_loss"])
