@@ -178,7 +178,7 @@ def resolve(name: str, suite: str, kind: str = "token") -> Dict[str, Any]:
 
 
 def settings_line(name: str, p: Dict[str, Any]) -> str:
-    """One line naming what a resolved protocol sets (printed by evaluate.py and the RL scripts' config check)."""
+    """One line naming what a resolved protocol sets (evaluate.py prints it before the episodes)."""
     if not is_reference(name):
         return f"protocol {HELDOUT}: fixtures seeded by the trial id, the checkpoint's own env settings"
     decoding = "greedy" if p["decoding"] == "greedy" else f"sampled at T {p['temperature']}"
