@@ -5,10 +5,21 @@ a PNG bar chart, and a GIF of success and failure episodes side by side.
 
 `--checkpoint` may be a policy folder (what `policy.save` writes), a training checkpoint `.../iter_XXXXXX` (uses its
 `policy/`, checked against its manifest), an SFT run folder (uses `best/`, else `last/`) or an RL run folder (uses its
-newest complete checkpoint). By default it evaluates the trials the checkpoint's training never practised on (an RL
-run's evaluation trials, eval.trial_start onwards, else rollout.train_trials onwards; trials that overlap practice
-are refused unless --allow-practice-trials). Outputs go to `plots/eval__<checkpoint name>/`. Success is measured by
+newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Success is measured by
 `common.evaluation.evaluate_policy`, the same function the training scripts log `val/*` with.
+
+`--protocol` (envs/protocols.py; docs/libero.md, "Protocols") says how LIBERO episodes are run and scored. A reference
+protocol (simplevla-rl, siirl, openvla-oft, openpi, rlinf) sets exactly what that paper's code does: every task of the
+suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--trials narrow), its episode limit,
+settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding (greedy or
+deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6) and a pi0 policy's ODE steps. `heldout`, this project's own,
+evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
+rollout.train_trials onwards; overlap is refused unless --allow-practice-trials) with the checkpoint's env settings and
+fixtures seeded by the trial id. Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a
+published checkpoint folder (no training config beside it) its paper's: an OpenVLA-OFT discrete SFT checkpoint
+(config.json model_type openvla, no action_head file: SimpleVLA-RL's, siiRL's) simplevla-rl, an OpenVLA-OFT
+L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy carrying a pi0
+checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the protocol.
 """
 from __future__ import annotations
 
@@ -20,28 +31,42 @@ import re
 import time
 from typing import Any, Dict, Optional, Sequence
 
+# envs/protocols.py NAMES (spelled out: importing envs loads gymnasium, ~0.6 s before --help could answer)
+PROTOCOL_NAMES = ("simplevla-rl", "siirl", "openvla-oft", "openpi", "rlinf", "heldout")
+
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line, checked; a bad value exits with one line (`error: ...`)."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    class Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+        pass
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Help,
+                                epilog=__doc__[__doc__.index("`--protocol`"):])
     p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
+    p.add_argument("--protocol", choices=PROTOCOL_NAMES, default=None,
+                   help="LIBERO evaluation protocol (below; default: heldout on tabletop, an RL run's eval.protocol, a "
+                        "published checkpoint's paper protocol, else heldout)")
     p.add_argument("--task-ids", type=int, nargs="+", default=None,
-                   help="tasks to evaluate (default: the tasks the checkpoint was trained on, else task 0)")
+                   help="tasks to evaluate (default: a reference protocol every task of the suite; heldout the tasks "
+                        "the checkpoint was trained on, else task 0)")
     p.add_argument("--trials", type=int, default=None,
                    help="trials (initial states) per task (default: every trial from --trial-start on)")
     p.add_argument("--trial-start", type=int, default=None,
-                   help="first trial id (trials are start..start+N-1; default: held out from the checkpoint's "
-                        "training: an RL run's eval.trial_start, else its rollout.train_trials; 0 for SFT)")
+                   help="first trial id (trials are start..start+N-1; default: a reference protocol 0; heldout the "
+                        "trials held out from the checkpoint's training: an RL run's eval.trial_start, else its "
+                        "rollout.train_trials; 0 for SFT)")
     p.add_argument("--allow-practice-trials", action="store_true",
-                   help="evaluate on trials the checkpoint's training practised on (refused otherwise)")
+                   help="heldout: evaluate on trials the checkpoint's training practised on (refused otherwise)")
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --sampled")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature for --sampled (default 1.0; the rlinf protocol's OpenVLA-OFT "
+                        "sampling: 1.6)")
     p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
     p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
                    "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
     p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
-    p.add_argument("--max-steps", type=int, default=None, help="episode limit (default: the suite's)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="episode limit (heldout only; default: the checkpoint's, else the suite's)")
     p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
     p.add_argument("--out-dir", default=None, help="output folder (default plots/eval__<checkpoint name>)")
     p.add_argument("--seed", type=int, default=0)
@@ -52,7 +77,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              ("--gifs", args.gifs, 0)):
         if value is not None and value < low:
             raise SystemExit(f"error: {flag} {value}: must be >= {low}")
-    if not args.temperature > 0:
+    if args.temperature is not None and not args.temperature > 0:
         raise SystemExit(f"error: --temperature {args.temperature}: must be > 0")
     return args
 
@@ -68,7 +93,8 @@ import yaml
 from common.checkpoint import load_saved_policy, resolve_policy_dir
 from common.run_folder import check_writable
 from common.evaluation import evaluate_policy
-from envs import EnvConfig
+from envs import EnvConfig, protocols
+from models.configs import action_kind
 from models.saved import TRAIN_CONFIG, PolicyLoadError, policy_type
 
 
@@ -173,7 +199,9 @@ def write_bar_chart(results: Dict[str, Any], path: str) -> str:
     at = f" (iteration {results['iteration']})" if results.get("iteration") is not None else ""
     name, room = os.path.normpath(results["checkpoint"]), 80 - len(at)  # the first line fits a 6-inch figure
     name = name if len(name) <= room else "..." + name[-(room - 3):]
-    ax.set_title(f"{name}{at}\n{means} | trials {results['trial_range']} ({results['trials']} per task)", fontsize=8)
+    protocol = f" | protocol {results['protocol']}" if results.get("protocol") else ""
+    ax.set_title(f"{name}{at}\n{means} | trials {results['trial_range']} ({results['trials']} per task){protocol}",
+                 fontsize=8)
     ax.legend(fontsize=8)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -190,6 +218,51 @@ def format_table(results: Dict[str, Any]) -> str:
         lines.append(f"{r['task_id']:>4}  {r['name'][:56]:<56}" + "".join(f"{r[m]:>9.1%}" for m in modes))
     lines.append(f"{'mean':>4}  {'':<56}" + "".join(f"{results['mean_' + m]:>9.1%}" for m in modes))
     return "\n".join(lines)
+
+
+def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_cfg: EnvConfig) -> Dict[str, Any]:
+    """The protocol (--protocol, else `protocols.default_protocol` for this folder) resolved for the suite and the
+    policy's kind, applied in place to `env_cfg` (episode limit, settling steps and action, fixture seeding, 256 px
+    normal rendering) and to the policy's image size; ValueError for what the protocol cannot run. Returns the resolved
+    settings with its "name" (envs/protocols.py `resolve`)."""
+    policy_dir = resolve_policy_dir(args.checkpoint)
+    family = policy_type(policy_dir)
+    kind = action_kind(family)
+    if family == "flow":  # a pi0 checkpoint: its folder as published, or saved with the statistics it carries
+        from models.pi0_checkpoint import is_pi0_folder
+
+        published = not saved and (is_pi0_folder(policy_dir) or getattr(policy, "stats", None) is not None)
+    else:
+        published = not saved
+    name = args.protocol or protocols.default_protocol(family, published, saved, env_cfg.suite)
+    p = {"name": name, **protocols.resolve(name, env_cfg.suite, kind)}  # a ConfigError is a ValueError: one line
+    if not protocols.is_reference(name):
+        env_cfg.fixture_seed = p["fixture_seed"]  # seeded by the trial id; every other env setting the checkpoint's
+        if args.max_steps is not None:
+            env_cfg.max_steps = args.max_steps
+        return p
+    source = protocols.SOURCES[name]
+    if args.max_steps is not None and args.max_steps != p["max_steps"]:
+        raise ValueError(f"--max-steps {args.max_steps}: --protocol {name} runs max_steps {p['max_steps']} on "
+                         f"{env_cfg.suite} ({source['max_steps']}); drop --max-steps, or use --protocol heldout")
+    if p["decoding"] == "sampled" and args.temperature is not None and args.temperature != p["temperature"]:
+        raise ValueError(f"--temperature {args.temperature}: --protocol {name} samples at T {p['temperature']} "
+                         f"({source['decoding']}); drop --temperature")
+    if p["decoding"] == "sampled" and args.suites:
+        raise ValueError(f"--suites runs one greedy episode per trial; --protocol {name} samples this policy at T "
+                         f"{p['temperature']}: choose another protocol for a robustness table")
+    env_cfg.max_steps, env_cfg.num_steps_wait = p["max_steps"], p["num_steps_wait"]
+    env_cfg.wait_action, env_cfg.fixture_seed, env_cfg.fast_render = p["wait_action"], p["fixture_seed"], False
+    size = p["image_size"]
+    if kind == "token" and family == "token" and policy.cfg.image_size != size:
+        raise ValueError(f"--protocol {name} renders the cameras at {size} px ({source['image']}), but this policy "
+                         f"reads {policy.cfg.image_size} px images and does not resize them: use --protocol heldout "
+                         f"(its own {policy.cfg.image_size} px)")
+    if getattr(policy.cfg, "image_pipeline", None) == "auto":  # OpenVLA-OFT: the reference's observation pipeline
+        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline="libero")
+    if policy.cfg.image_size != size:  # OpenVLA-OFT and flow policies resize to their vision tower themselves
+        policy.cfg = dataclasses.replace(policy.cfg, image_size=size)
+    return p
 
 
 def main(argv: Optional[Sequence[str]] = None, args: Optional[argparse.Namespace] = None) -> Dict[str, Any]:
@@ -223,8 +296,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         env_cfg.suite = args.suite
     if args.num_envs is not None:
         env_cfg.num_envs = args.num_envs
-    if args.max_steps is not None:
-        env_cfg.max_steps = args.max_steps
+    protocol = apply_protocol(args, policy, saved, env_cfg)
+    reference = protocols.is_reference(protocol["name"])
     if getattr(policy.cfg, "image_pipeline", None) == "auto":  # OpenVLA-OFT: the reference's observation pipeline
         libero = not env_cfg.suite.startswith("tabletop")         # on LIBERO (256 px renders), a resize on tabletop
         policy.cfg = dataclasses.replace(policy.cfg, image_pipeline="libero" if libero else "resize",
@@ -234,19 +307,26 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     env_cfg.image_size = policy.cfg.image_size
     import envs
 
-    task_ids = args.task_ids if args.task_ids is not None else list(env_cfg.task_ids)
+    task_ids = args.task_ids if args.task_ids is not None else \
+        list(range(envs.num_tasks(env_cfg.suite))) if reference else list(env_cfg.task_ids)
     envs.check_task_ids(env_cfg, task_ids)
     n_trials = envs.num_trials(env_cfg)
     practice = practice_trials(saved) if not args.suite or args.suite == saved.get("env", {}).get("suite") else 0
     run_first = (saved.get("eval") or {}).get("trial_start") if practice else None  # the run's own val/ trials
     default_start = run_first if isinstance(run_first, int) and run_first >= practice else practice
+    if reference:  # the reference's trials 0..49 (RL references practise on them: that is their protocol)
+        default_start = 0
+    elif practice >= n_trials and args.trial_start is None:
+        raise ValueError(f"this checkpoint's training practised on every trial 0-{n_trials - 1} (its eval.protocol "
+                         f"{(saved.get('eval') or {}).get('protocol')}), so heldout has no trial left: evaluate it "
+                         f"with its protocol (drop --protocol), or pass --trial-start and --allow-practice-trials")
     start = default_start if args.trial_start is None else args.trial_start
     count = n_trials - start if args.trials is None else args.trials
     if count < 1 or start + count > n_trials:
         raise ValueError(f"--trial-start {start} --trials {count}: suite '{env_cfg.suite}' has trial ids "
                          f"0..{n_trials - 1}")
     trial_ids = list(range(start, start + count))
-    if practice and start < practice and not args.allow_practice_trials:
+    if practice and start < practice and not args.allow_practice_trials and not reference:
         raise ValueError(f"trials {trial_range(trial_ids)} overlap the trials 0-{practice - 1} this checkpoint's "
                          f"training practised on, so success there is not a held-out score: drop --trial-start (the "
                          f"default starts at {practice}), or pass --allow-practice-trials to measure them anyway")
@@ -255,12 +335,20 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
 
         return run_robustness(args, policy, env_cfg, task_ids, trial_ids, write_episode_gif)
     names = envs.suite_tasks(env_cfg)
+    print(protocols.settings_line(protocol["name"], protocol))
     vec_env = envs.make_vector_env(env_cfg, min(env_cfg.num_envs, len(task_ids) * len(trial_ids)))
+    # decoding: greedy (a flow policy: the deterministic ODE at the protocol's steps), or the protocol's sampling;
+    # --sampled adds sampled episodes at --temperature
+    sampled_protocol = protocol["decoding"] == "sampled"
+    temperature = protocol["temperature"] if sampled_protocol else \
+        (1.0 if args.temperature is None else args.temperature)
+    samples = 1 if sampled_protocol else int(args.sampled)
 
     t0 = time.time()
     try:
-        metrics, batches = evaluate_policy(vec_env, policy, task_ids, trial_ids, samples_per_trial=int(args.sampled),
-                                           temperature=args.temperature, keep_frames=args.gifs > 0, progress=True)
+        metrics, batches = evaluate_policy(vec_env, policy, task_ids, trial_ids, samples_per_trial=samples,
+                                           temperature=temperature, greedy=not sampled_protocol,
+                                           keep_frames=args.gifs > 0, progress=True, flow_steps=protocol["flow_steps"])
     finally:
         vec_env.close()
     elapsed = time.time() - t0
@@ -273,10 +361,20 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         "trial_ids": trial_ids, "trial_range": trial_range(trial_ids), "trials": len(trial_ids),
         "practice_trials": f"0-{practice - 1}" if practice else None,
         "held_out": not (practice and start < practice),
-        "temperature": args.temperature if args.sampled else None, "seconds": round(elapsed, 1), "per_task": [],
+        "temperature": temperature if samples else None, "seconds": round(elapsed, 1),
+        "protocol": protocol["name"],
+        "protocol_settings": {k: protocol[k] for k in ("reference", "max_steps", "num_steps_wait", "wait_action",
+                                                       "fixture_seed", "image_size", "fast_render", "decoding",
+                                                       "temperature", "flow_steps", "practice_on_eval_trials")},
+        "env": {k: getattr(env_cfg, k) for k in ("suite", "max_steps", "num_steps_wait", "wait_action",
+                                                 "fixture_seed", "image_size", "fast_render", "wrist_camera")},
+        "decoding": {"greedy": not sampled_protocol, "samples_per_trial": samples,
+                     "temperature": temperature if samples else None, "flow_steps": protocol["flow_steps"]},
+        "per_task": [],
     }
     for t in task_ids:
-        row: Dict[str, Any] = {"task_id": int(t), "name": str(names[t]["description"])}
+        row: Dict[str, Any] = {"task_id": int(t), "name": str(names[t]["description"]),
+                               "max_steps": int(names[t]["max_steps"])}
         for mode, run in runs.items():
             b = run["batch"]
             row[mode] = float(b.complete[b.task_ids == t].mean())
@@ -288,12 +386,13 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         results[f"mean_{mode}"] = run["success_rate"]
 
     at = f" at iteration {results['iteration']}" if results["iteration"] is not None else ""
-    print(f"{args.checkpoint}{at}: trials {results['trial_range']} per task"
+    print(f"{args.checkpoint}{at}: protocol {protocol['name']}, trials {results['trial_range']} per task"
           + ("" if results["held_out"] else f" (overlapping the practice trials {results['practice_trials']})"))
     print(format_table(results))
     files = {"json": os.path.join(out_dir, "results.json"),
              "chart": write_bar_chart(results, os.path.join(out_dir, "success.png"))}
-    gif = write_episode_gif(runs["greedy"]["batch"], os.path.join(out_dir, "episodes.gif"), per_kind=args.gifs)
+    gif = write_episode_gif(next(iter(runs.values()))["batch"], os.path.join(out_dir, "episodes.gif"),
+                            per_kind=args.gifs)
     if gif:
         files["gif"] = gif
     results["files"] = files

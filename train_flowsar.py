@@ -89,7 +89,8 @@ import numpy as np
 import torch
 
 from common import fsdp
-from common.advantages import compute_flow_sar_self_annotation, compute_flow_sar_weights, flow_sar_ema_beta
+from common.advantages import (compute_flow_sar_self_annotation, compute_flow_sar_weights, executed_actions,
+                               flow_sar_ema_beta)
 from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.init import initial_policy
@@ -197,7 +198,8 @@ if __name__ == "__main__":
             run.count_env_steps(batch, metrics, metrics["time/rollout"])
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
-            steps = flatten_steps(batch)  # one row per valid policy step: obs, instruction, executed chunk, ...
+            steps = flatten_steps(batch, executed=executed_actions(batch.finish_step, batch.num_steps,
+                                                                   policy.action_chunk))  # one row per policy step
 
             # 2. self-annotation with theta_old (no grad): reconstruction error e of each step's chunk, and the
             #    pre-sampled training point (t, eps, x_t, v_old(x_t, t)). The annotated action is the executed chunk,
@@ -250,13 +252,16 @@ if __name__ == "__main__":
                                               part.tensor("flow_t", device))
                     u_target = part.tensor("flow_epsilon", device) - part.tensor("a", device)
                     # the executed part only (a pi0 checkpoint: first 5 of 50 steps, 7 of 32 dims, as FlowSAR's
-                    # RLinf loss crops it; the whole chunk otherwise)
+                    # RLinf loss crops it; the whole chunk otherwise), and of a chunk the episode's end cut short
+                    # only the actions the env ran
                     ex = (slice(None), slice(0, policy.action_chunk), slice(0, ACTION_DIM))
+                    ran = torch.arange(policy.action_chunk, device=device)[None, :, None] < \
+                        part.tensor("executed", device)[:, None, None]
                     loss, loss_metrics = compute_flow_sar_loss(
                         v_theta[ex], part.tensor("v_old", device)[ex], u_target[ex], part.tensor("weights", device),
                         part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
                         loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
-                        flow_t=part.tensor("flow_t", device))
+                        flow_t=part.tensor("flow_t", device), element_mask=ran)
                     (loss / len(micro)).backward()
                 grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
                 if micro:  # the last micro-batch's loss terms and this mini-batch's gradient norm

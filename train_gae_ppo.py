@@ -114,7 +114,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_gae
+from common.advantages import compute_gae, executed_actions, make_action_mask
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
@@ -268,8 +268,7 @@ if __name__ == "__main__":
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
 
             # 2. rewards per policy step: the env reward summed over the chunk (+ optional per-step shaping)
-            env_steps = np.clip(batch.finish_step[:, None] - np.arange(batch.num_steps)[None] * policy.action_chunk,
-                                0, policy.action_chunk)  # env steps taken inside each policy step
+            env_steps = executed_actions(batch.finish_step, batch.num_steps, policy.action_chunk)  # per policy step
             rewards = batch.rewards - cfg.reward.step_penalty * env_steps
 
             # 3. values V(s_t) at every policy step, V(s_last) after a truncated episode's last step (bootstrap)
@@ -282,7 +281,9 @@ if __name__ == "__main__":
             metrics["time/values"] = time.perf_counter() - t0
 
             # 4. advantages: GAE over policy steps (gae_lambda=1 with V=0 for the value-free baseline: discounted
-            #    reward-to-go), broadcast to the step's A action tokens; returns = A + V are the value targets
+            #    reward-to-go), broadcast to the step's A action tokens, of which only the executed actions' count
+            #    (finish_step x 7; flow: the executed actions of the chunk's log-density); returns = A + V are the
+            #    value targets
             advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
                                                  alg.gamma, alg.gae_lambda if use_gae else 1.0, normalize=False)
             if alg.normalize_advantages:  # one mean and std over every process's valid steps, in float64 as compute_gae
@@ -291,8 +292,19 @@ if __name__ == "__main__":
                     mean, std = valid.mean().item(), valid.std(unbiased=False).item()
                     advantages = np.where(step_mask, (advantages - mean) / (std + 1e-8), 0.0)
             advantages = advantages.astype(np.float32)
+            mask = np.ones(step_mask.shape + (1,), np.float32) if flow else \
+                make_action_mask(batch.finish_step, batch.num_steps, policy.action_chunk).view(
+                    len(batch), batch.num_steps, A).float().numpy()
             steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
-                                  values=values)
+                                  values=values, mask=mask, executed=env_steps)
+            if flow and len(steps):  # a chunk cut short: its old log-density over the executed actions only (the
+                partial = np.flatnonzero(steps.data["executed"] < policy.action_chunk)  # rollout's is the whole chunk)
+                with torch.no_grad():
+                    for s in range(0, len(partial), mb):
+                        part = steps.take(partial[s:s + mb])
+                        steps.data["old_log_probs"][partial[s:s + mb], 0] = policy.transition_log_prob(
+                            part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
+                            part.tensor("x_next", device), noise, executed=part.tensor("executed")).cpu().numpy()
             if use_gae:
                 gathered = run.gather(list(zip(steps.data["values"].tolist(), steps.data["returns"].tolist())))
                 pred, true = np.array(gathered, dtype=np.float64).reshape(-1, 2).T
@@ -316,13 +328,13 @@ if __name__ == "__main__":
                     if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
                         log_prob, hidden = policy.transition_log_prob(
                             part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
-                            part.tensor("x_next", device), noise, return_hidden=True)
+                            part.tensor("x_next", device), noise, return_hidden=True, executed=part.tensor("executed"))
                         log_prob, entropy = log_prob[:, None], None
                     else:
                         log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
                                                                     temp, return_hidden=True)
                     adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
-                    mask = torch.ones_like(adv)
+                    mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
                     pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                         old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                         clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,

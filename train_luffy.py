@@ -107,7 +107,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_advantage, make_response_mask, masked_mean
+from common.advantages import compute_advantage, make_action_mask, masked_mean
 from common.demos import rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -265,11 +265,12 @@ if __name__ == "__main__":
             metrics["train/skipped_update"] = float(sum(kept_counts) == 0)
 
             # 4. advantages: binary reward (a demo is a verified success), GRPO over each group's n rows or with the
-            #    on-policy baseline only; broadcast to the valid action tokens, then policy steps as rows
+            #    on-policy baseline only; broadcast to the tokens of the actions the env executed (finish_step x 7),
+            #    then policy steps as rows
             steps = None
             if len(batch):
                 T = batch.num_steps
-                response_mask = make_response_mask(torch.as_tensor(batch.valid_steps), T, A)  # (B, T*A)
+                response_mask = make_action_mask(batch.finish_step, T, policy.action_chunk)  # (B, T*A): executed
                 split = {"on_policy_mask": torch.as_tensor(~is_demo)} if alg.adv_estimator == "grpo_split" else {}
                 rewards = torch.as_tensor(batch.complete, dtype=torch.float32)
                 advantages, _ = compute_advantage(alg.adv_estimator, rewards, response_mask, batch.group_ids.tolist(),

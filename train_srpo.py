@@ -103,7 +103,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_advantage, make_response_mask, masked_mean
+from common.advantages import compute_advantage, make_action_mask, masked_mean
 from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
@@ -210,15 +210,16 @@ if __name__ == "__main__":
                 metrics["reward/failure_mean"] = float(failures.mean()) if failures.size else math.nan
                 metrics["reward/failure_max"] = float(failures.max()) if failures.size else math.nan
 
-            # 4. advantages: GRPO over each group, broadcast to the valid action tokens (finish_step mask); then the
-            #    valid policy steps as rows (an observation with its chunk of A action tokens)
+            # 4. advantages: GRPO over each group, broadcast to the tokens of the actions the env executed (finish_step
+            #    x 7: a chunk cut by success or max_steps keeps only its executed actions); then the valid policy
+            #    steps as rows (an observation with its chunk of A action tokens)
             steps = None
             rows_per_process = run.gather([int(batch.valid_steps.sum())])  # policy steps (update rows) per process
             on_policy = cfg.train.ppo_epochs == 1 and \
                 max(rows_per_process) <= cfg.train.ppo_mini_batch_size  # one optimizer step: see 5.
             if len(batch):
                 T = batch.num_steps
-                response_mask = make_response_mask(torch.as_tensor(batch.valid_steps), T, A)  # (B, T*A)
+                response_mask = make_action_mask(batch.finish_step, T, policy.action_chunk)  # (B, T*A)
                 advantages, _ = compute_advantage(
                     cfg.algorithm.adv_estimator, torch.as_tensor(scores, dtype=torch.float32), response_mask,
                     batch.group_ids.tolist(), step_mask=torch.as_tensor(batch.step_mask),

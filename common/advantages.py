@@ -64,6 +64,33 @@ def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: in
     return positions.unsqueeze(0) < (valid_steps.long() * tokens_per_step).unsqueeze(1)
 
 
+def make_action_mask(finish_step: ArrayOrTensor | Sequence[int], num_steps: int, chunk: int,
+                     action_dim: int = 7) -> torch.Tensor:
+    """Bool (B, L) mask of the action tokens whose action the env executed, L = num_steps * chunk * action_dim:
+    position p (policy step p // (chunk*action_dim), action p // action_dim overall) is kept iff
+    p < finish_step[b] * action_dim, finish_step = env steps taken (SimpleVLA-RL dp_rob.py:435-438, siiRL
+    core_algos.py:1449-1453). A success or truncation in the middle of a chunk leaves that chunk's later actions
+    unexecuted: their tokens get no advantage and no loss. Tokens must be action-major within a step (action a's
+    dims at a*action_dim .. a*action_dim + action_dim - 1), as every token policy here lays them out."""
+    finish_step = torch.as_tensor(finish_step)
+    if finish_step.ndim != 1:
+        raise ValueError(f"finish_step must be 1-D (B,), got shape {tuple(finish_step.shape)}")
+    if num_steps < 0 or chunk < 1 or action_dim < 1:
+        raise ValueError(f"need num_steps >= 0, chunk >= 1 and action_dim >= 1, got {num_steps}, {chunk}, {action_dim}")
+    if finish_step.numel() and (finish_step.min() < 0 or finish_step.max() > num_steps * chunk):
+        raise ValueError(f"finish_step must lie in [0, {num_steps * chunk}] (env steps of {num_steps} policy steps of "
+                         f"{chunk} actions), got min {int(finish_step.min())} max {int(finish_step.max())}")
+    positions = torch.arange(num_steps * chunk * action_dim, device=finish_step.device)
+    return positions.unsqueeze(0) < (finish_step.long() * action_dim).unsqueeze(1)
+
+
+def executed_actions(finish_step: ArrayOrTensor | Sequence[int], num_steps: int, chunk: int) -> np.ndarray:
+    """(B, T) int64: how many of policy step t's `chunk` actions the env executed (chunk before the episode's last
+    step, finish_step - t * chunk in it, 0 after): the chunk-level counterpart of `make_action_mask`."""
+    finish_step = np.asarray(finish_step, dtype=np.int64).reshape(-1, 1)
+    return np.clip(finish_step - np.arange(num_steps)[None, :] * chunk, 0, chunk)
+
+
 def _group_ids(index: Sequence[Hashable] | ArrayOrTensor, batch_size: int,
                device: torch.device | str = "cpu") -> Tuple[torch.Tensor, int]:
     """Map each row's group id (any hashable; tensor/numpy scalars by value) to 0..G-1, in order of appearance."""
@@ -369,5 +396,6 @@ __all__: List[str] = [
     "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
     "compute_flow_sar_self_annotation", "compute_flow_sar_weights", "compute_gae",
     "flow_sar_ema_beta", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
-    "compute_step_grpo_advantage", "episode_to_token_rewards", "make_response_mask", "masked_mean", "masked_sum",
+    "compute_step_grpo_advantage", "episode_to_token_rewards", "executed_actions", "make_action_mask",
+    "make_response_mask", "masked_mean", "masked_sum",
 ]

@@ -47,6 +47,11 @@ class EvalConfig:
                                      # None = rollout.train_trials (the trials after the practised ones)
     samples_per_trial: int = 8  # > 0: also this many episodes per trial at the rollout temperature
                                 # (val/sampled_success_rate: the stochastic policy RL trains); 0 = greedy only
+    protocol: str = "heldout"  # heldout (this project's: trials never practised, fixtures seeded by trial id) |
+                               # simplevla-rl | siirl | openvla-oft | openpi | rlinf: that reference's LIBERO protocol
+                               # (episode limit, settling steps, fixture seeding, 256 px, decoding, all 50 trials, RL
+                               # practising on them) fills the env/rollout/eval keys left at their defaults and refuses
+                               # others (envs/protocols.py, docs/libero.md "Protocols")
 
 
 @dataclass
@@ -253,6 +258,7 @@ def check_run_config(cfg: Any) -> None:
         check_env_config(cfg.env)
     except ValueError as e:
         raise ConfigError(str(e)) from None
+    protocol = apply_protocol(cfg)
     rollout, train = getattr(cfg, "rollout", None), cfg.train
     if hasattr(rollout, "temperature") and not rollout.temperature > 0:
         raise ConfigError(f"rollout.temperature={rollout.temperature}: must be > 0 (it divides the logits; greedy "
@@ -264,11 +270,14 @@ def check_run_config(cfg: Any) -> None:
         if min(epochs, mini, micro) < 1 or mini % micro:
             raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: each "
                               f"must be >= 1 and the mini-batch a multiple of the micro-batch")
-    if hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):
+    if protocol["practice_on_eval_trials"]:  # the reference practises on every trial it evaluates: nothing held out
+        pass
+    elif hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):
         raise ConfigError(f"rollout.train_trials={rollout.train_trials} must leave held-out trials: the suite has "
                           f"{num_trials(cfg.env)} trials per task")
     practice, first = getattr(rollout, "train_trials", None), cfg.eval.trial_start
-    if cfg.eval.every > 0 and practice is not None and first is not None and first < practice:
+    if cfg.eval.every > 0 and practice is not None and first is not None and first < practice and \
+            not protocol["practice_on_eval_trials"]:  # a reference protocol evaluates the trials it practises on
         raise ConfigError(f"eval.trial_start={first}: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} "
                           f"overlap the practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ "
                           f"success would not be held out (evaluate.py refuses the same); set eval.trial_start>="
@@ -281,6 +290,16 @@ def check_run_config(cfg: Any) -> None:
             policy.image_size != type(policy)().image_size:
         raise ConfigError(f"policy.image_size={policy.image_size} but env.image_size={cfg.env.image_size}: a new policy "
                           f"sees what the env renders, so its size is env.image_size; set env.image_size instead")
+
+
+def apply_protocol(cfg: Any) -> Dict[str, Any]:
+    """eval.protocol applied to an RL config in place (envs/protocols.py apply_to_run_config: keys left at their
+    defaults take the protocol's values, others are refused in one line); the resolved protocol."""
+    from envs.protocols import apply_to_run_config
+    from models.configs import action_kind
+
+    family = getattr(getattr(cfg, "policy", None), "type", "token")
+    return apply_to_run_config(cfg, action_kind(family) if family in FAMILIES else "token")
 
 
 def config_to_yaml(cfg: Any) -> str:

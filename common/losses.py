@@ -263,10 +263,13 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
                           labels: torch.Tensor, beta: float, energy_type: str = "mse",
                           loss_variant: str = "mse_branch", kl_coeff: float = 0.5,
                           flow_t: Optional[torch.Tensor] = None,
-                          loss_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
+                          loss_mask: Optional[torch.Tensor] = None,
+                          element_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
     """FlowSAR mirror loss (seed 001 §2.2): v+- = (1 -+ b) v_old +- b v_theta, E+- = mean (v+- - u)^2 (sde: / 2t);
     mse_branch w[R E+ + (1-R) E-] or softplus_kl w softplus(y (E+ - E-) / 2) + kl_coeff mean (v_theta - v_old)^2.
-    The metrics are detached 0-d tensors (read them after the update: no host sync per micro-batch)."""
+    `loss_mask` (*S) drops whole samples; `element_mask` (broadcastable to v_theta) keeps only some of a sample's
+    elements in its means (the actions the env executed: a chunk cut short by the episode's end), the others get no
+    gradient. The metrics are detached 0-d tensors (read them after the update: no host sync per micro-batch)."""
     check_same_shape(v_theta=v_theta, v_old=v_old, u_target=u_target)
     check_same_shape(weights=weights, labels=labels)
     sample_shape = tuple(weights.shape)
@@ -284,10 +287,17 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
     if on_host(labels) and not bool(((labels == 1) | (labels == -1)).all()):
         raise ValueError(f"labels must be y = 2R - 1 in {{-1, +1}}, got {labels.tolist()}")
 
+    def sample_mean(x: torch.Tensor) -> torch.Tensor:  # over each sample's (kept) elements
+        if element_mask is None:
+            return x.flatten(k).mean(dim=-1)
+        keep = element_mask.to(device=x.device, dtype=torch.bool).expand_as(x)
+        kept = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).flatten(k).sum(dim=-1)
+        return kept / keep.flatten(k).sum(dim=-1).clamp(min=1).to(x.dtype)
+
     v_pos = (1.0 - beta) * v_old + beta * v_theta
     v_neg = (1.0 + beta) * v_old - beta * v_theta
-    e_pos = (v_pos - u_target).square().flatten(k).mean(dim=-1)
-    e_neg = (v_neg - u_target).square().flatten(k).mean(dim=-1)
+    e_pos = sample_mean((v_pos - u_target).square())
+    e_neg = sample_mean((v_neg - u_target).square())
     if energy_type == "sde":
         if flow_t is None or flow_t.numel() != e_pos.numel():
             raise ValueError(f"energy_type 'sde' needs flow_t with one t per sample {sample_shape}, got "
@@ -305,7 +315,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
         metrics["flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
     else:
         contrastive = weights * F.softplus(0.5 * labels * (e_pos - e_neg))
-        penalty = kl_coeff * (v_theta - v_old).square().flatten(k).mean(dim=-1)
+        penalty = kl_coeff * sample_mean((v_theta - v_old).square())
         per_sample = contrastive + penalty
         metrics["flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
         metrics["flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)

@@ -27,7 +27,7 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 
-from envs.suites import LIBERO_PRO_SUITES, ConfigError, EnvConfig
+from envs.suites import FIXTURE_SEED, LIBERO_PRO_SUITES, WAIT_ACTIONS, ConfigError, EnvConfig
 from envs.suites import LIBERO_SUITES as SUITES
 from envs.suites import SUITES as SUITE_FACTS
 
@@ -44,6 +44,8 @@ INSTALL_HINT = "pip install -r requirements-libero.txt"
 # MuJoCo versions measured to settle LIBERO's initial scenes as LIBERO's own MuJoCo 2.3.x does (docs/libero.md)
 FAITHFUL_MUJOCO = ("2.3.7", "3.3.7")
 NOOP_ACTION = np.array([0, 0, 0, 0, 0, 0, -1], dtype=np.float32)  # hold still, gripper open
+# env.wait_action: the no-op of the settling steps after every reset
+WAIT_ACTION = {"open": NOOP_ACTION, "zero": np.zeros(7, dtype=np.float32)}
 CAMERAS = {"agentview": "agentview_image", "wrist": "robot0_eye_in_hand_image"}
 
 
@@ -70,6 +72,10 @@ def check_config(cfg: EnvConfig) -> None:
         raise ValueError(f"env.max_steps must be >= 1 or null (suite default), got {cfg.max_steps}")
     if cfg.num_steps_wait < 0:
         raise ValueError(f"env.num_steps_wait must be >= 0, got {cfg.num_steps_wait}")
+    if cfg.wait_action not in WAIT_ACTIONS:
+        raise ValueError(f"env.wait_action must be one of {WAIT_ACTIONS}, got {cfg.wait_action!r}")
+    if not FIXTURE_SEED.fullmatch(str(cfg.fixture_seed)):
+        raise ValueError(f"env.fixture_seed must be trial, a number N or stream:N, got {cfg.fixture_seed!r}")
 
 
 def _check_package() -> None:
@@ -212,6 +218,8 @@ class LiberoEnv(gym.Env):
         self._built_task = -1
         self._steps = 0
         self._last: Optional[Tuple[Dict[str, np.ndarray], bool, bool]] = None  # obs, terminated, truncated
+        # env.fixture_seed stream:N: numpy's RNG state before the reset of trial j, per task ({task: {j: state}})
+        self._streams: Dict[int, Dict[int, Any]] = {}
 
     @property
     def num_trials(self) -> int:
@@ -304,15 +312,17 @@ class LiberoEnv(gym.Env):
         for camera in cameras:  # rendering is ~90% of a step: render once, after the scene has settled
             camera.set_enabled(False)
         # Fixture placement (cabinets, stoves) is drawn from numpy's global RNG on every reset and is not part of the
-        # init state: seed it per trial so a (task, trial) is the same scene every time, and restore the caller's RNG.
+        # init state: seed it as env.fixture_seed says (default: per trial), so a (task, trial) is the same scene
+        # every time, and restore the caller's RNG.
         rng_state = np.random.get_state()
-        np.random.seed(self.trial_id)
         try:
+            self._seed_fixtures()
             env.reset()
             env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
             env.set_init_state(self._init_state(options or {}))
+            wait = WAIT_ACTION[self.cfg.wait_action]
             for _ in range(self.cfg.num_steps_wait):
-                env.step(NOOP_ACTION)
+                env.step(wait)
         finally:
             np.random.set_state(rng_state)
             for camera in cameras:
@@ -322,6 +332,31 @@ class LiberoEnv(gym.Env):
         obs = self._obs(raw)
         self._last = (obs, False, False)
         return obs, self._info(False)
+
+    def _seed_fixtures(self) -> None:
+        """Seed numpy's global RNG for the fixture draw of the reset about to run (env.fixture_seed): `trial` seeds
+        the trial id; `N` seeds N (the references that build a fresh env and seed it before every episode:
+        SimpleVLA-RL, siiRL; RLinf's seed * envs reset together); `stream:N` gives trial j the RNG state a reference
+        that seeds one env N per task and resets it once per trial in order reaches at its j-th reset (OpenVLA-OFT 0,
+        openpi 7). Only resets draw from that RNG (set_init_state, the settling and policy steps do not; hard and soft
+        resets draw alike: tests/test_protocols.py), so the state is rebuilt here by running the resets before it
+        (cached per task and trial: a worker that gets trials in order runs each reset once)."""
+        mode = str(self.cfg.fixture_seed)
+        if mode == "trial":
+            np.random.seed(self.trial_id)
+            return
+        if not mode.startswith("stream:"):
+            np.random.seed(int(mode))
+            return
+        states = self._streams.setdefault(self.task_id, {})
+        if 0 not in states:
+            np.random.seed(int(mode.split(":")[1]))
+            states[0] = np.random.get_state()
+        done = max(j for j in states if j <= self.trial_id)
+        np.random.set_state(states[done])
+        for j in range(done, self.trial_id):  # the resets of the trials before this one, from the nearest cached
+            self.raw_env.reset()
+            states[j + 1] = np.random.get_state()
 
     def step(self, action: np.ndarray):
         """OSC_POSE delta action in [-1, 1]^7; reward 1 on the step that succeeds; absorbing once ended."""
@@ -351,7 +386,9 @@ class LiberoEnv(gym.Env):
         the chunk's last step and at max_steps, plus the agent view at every step with `keep_frames` (a video).
         Those images are bit-identical to rendering every step (the camera observables keep their sampling clock;
         only their render is skipped). An episode that succeeds mid-chunk gets its final images rendered after that
-        step (the step itself samples them ~2 ms into it). -> obs, reward (summed), steps, terminated, truncated,
+        step, at the state the step's own camera sample shows (robosuite samples the cameras after the last of its 25
+        physics substeps and the state after the 23rd: measured, docs/libero.md). -> obs, reward (summed), steps,
+        terminated, truncated,
         success, invalid (False) and, with `keep_frames`, frames (steps, H, W, 3)."""
         if self._last is None:
             raise RuntimeError("LiberoEnv.step_chunk() called before reset()")

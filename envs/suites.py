@@ -6,6 +6,7 @@ env steps (one number for the suite, or one per task). LIBERO's numbers are thos
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -31,7 +32,13 @@ class EnvConfig:
     pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
-    num_steps_wait: int = 10  # no-op steps (gripper open) after reset so objects settle
+    num_steps_wait: int = 10  # no-op steps after reset so objects settle (not counted in max_steps)
+    wait_action: str = "open"  # the no-op of those steps: open ([0]*6 + [-1], gripper open: OpenVLA-OFT, openpi,
+                               # SimpleVLA-RL, siiRL) | zero ([0]*7: RLinf's OpenVLA-OFT GRPO, reset_gripper_open false)
+    fixture_seed: str = "trial"  # numpy seed of the fixture placement (cabinets, stoves) LIBERO draws on every reset:
+                                 # trial (np.random.seed(trial id), this project's) | N (np.random.seed(N) before every
+                                 # reset: SimpleVLA-RL, siiRL, RLinf 0) | stream:N (seeded N once per task, the RNG
+                                 # running on across its trials in order: OpenVLA-OFT 0, openpi 7); docs/libero.md
     wrist_camera: bool = True  # render the wrist camera; false: obs["wrist"] is black and only the agent view is
                                # rendered (policies that read the agent view alone, e.g. openvla_oft)
 
@@ -94,9 +101,20 @@ def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None
         raise ValueError(f"task ids {ids}: task {twice[0]} is given twice; name each task once")
 
 
+WAIT_ACTIONS = ("open", "zero")
+FIXTURE_SEED = re.compile(r"trial|\d+|stream:\d+")
+
+
 def check_env_config(cfg: EnvConfig) -> None:
     """ValueError (one line naming the key) for a suite, task id or size no environment could run."""
     check_task_ids(cfg)
+    if cfg.wait_action not in WAIT_ACTIONS:
+        raise ValueError(f"env.wait_action={cfg.wait_action!r}: use open ([0]*6 + [-1]) or zero ([0]*7)")
+    if not FIXTURE_SEED.fullmatch(str(cfg.fixture_seed)):
+        raise ValueError(f"env.fixture_seed={cfg.fixture_seed!r}: use trial (seed = trial id), a number N (seeded N "
+                         f"before every reset) or stream:N (seeded N once per task, running on across its trials)")
+    if cfg.num_steps_wait < 0:
+        raise ValueError(f"env.num_steps_wait={cfg.num_steps_wait}: must be >= 0")
     for key in ("num_envs", "image_size", "action_chunk"):
         if getattr(cfg, key) < 1:
             raise ValueError(f"env.{key}={getattr(cfg, key)}: must be >= 1")

@@ -528,11 +528,14 @@ class FlowPolicy(nn.Module, PolicyFamily):
 
     def transition_log_prob(self, obs: Obs, instructions: Optional[Sequence[str]], sde_step: torch.Tensor,
                             x_t: torch.Tensor, x_next: torch.Tensor, noise_level: float,
-                            num_steps: Optional[int] = None, return_hidden: bool = False):
+                            num_steps: Optional[int] = None, return_hidden: bool = False,
+                            executed: Optional[torch.Tensor] = None):
         """log p(x_next | x_t) of the flow-SDE step `sde_step` (B,) that a rollout sample took (FlowSample's chain
         data), with gradients: the Gaussian density of x_next under `flow_sde_step`'s mean and std at that step's
         time, summed over the executed part (`_executed`; RLinf's chunk-level log-prob) -> (B,) float32
-        [, hidden (B, hidden_size) from the same prefix]. The step index may differ between rows."""
+        [, hidden (B, hidden_size) from the same prefix]. The step index may differ between rows. `executed` (B,):
+        how many of the chunk's actions the env ran (an episode that ended inside the chunk ran fewer); the actions
+        after them add nothing (default: all action_chunk)."""
         num_steps = self.cfg.num_steps if num_steps is None else num_steps
         if noise_level <= 0 or self.cfg.noise_method != "flow_sde":
             raise ValueError(f"transition_log_prob needs the flow-SDE step (noise_method flow_sde, noise_level > 0); "
@@ -552,7 +555,12 @@ class FlowPolicy(nn.Module, PolicyFamily):
         tt, omt = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
                    for c in (t, [1.0 - ti for ti in t]))  # 1 - t in double, as the rollout's Python floats
         mean = (x_t - v * tt) * w0 + (x_t + v * omt) * w1
-        log_prob = self._executed(gaussian_log_prob(x_next, mean, std.expand_as(mean))).sum((1, 2))
+        terms = self._executed(gaussian_log_prob(x_next, mean, std.expand_as(mean)))  # (B, action_chunk, 7)
+        if executed is not None:  # actions the env never ran get no log-prob
+            ran = torch.arange(terms.shape[1], device=terms.device)[None, :] < \
+                torch.as_tensor(executed, device=terms.device).reshape(-1, 1)
+            terms = torch.where(ran[:, :, None], terms, torch.zeros((), dtype=terms.dtype, device=terms.device))
+        log_prob = terms.sum((1, 2))
         return (log_prob, prefix.hidden) if return_hidden else log_prob
 
     def env_actions(self, x0: torch.Tensor, raw_state: Optional[torch.Tensor] = None) -> np.ndarray:

@@ -43,8 +43,8 @@ def test_unknown_yaml_key_names_key_file_and_closest_keys(tmp_path):
         load_config(Cfg, path)
     assert str(e.value) == (
         f"{path}: unknown key 'env.num_envz'; did you mean 'env.num_envs'? valid keys in 'env': action_chunk, "
-        "expert_noise, fast_render, image_size, max_steps, num_envs, num_steps_wait, pipeline, render_backend, "
-        "suite, task_ids, wrist_camera"
+        "expert_noise, fast_render, fixture_seed, image_size, max_steps, num_envs, num_steps_wait, pipeline, "
+        "render_backend, suite, task_ids, wait_action, wrist_camera"
     )
 
 

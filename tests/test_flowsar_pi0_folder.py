@@ -58,7 +58,8 @@ def run_on_libero_from_pi0_folder(tmp_path, script: str, config: str, args) -> t
     ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
     run_script(script, ["--config", config, "--task-id", "0", "--no-wandb", f"init.path={folder}",
                         f"policy.tokenizer_path={tmp_path}/tok", "env.image_size=64", "env.num_envs=2",
-                        "env.max_steps=10", "env.fast_render=true", "train.iterations=1", "eval.every=0", *args],
+                        "env.max_steps=10", "env.fast_render=true", "eval.protocol=heldout", "train.iterations=1",
+                        "eval.every=0", *args],
                outputs=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
     (row,) = read_metrics(str(run_dir))

@@ -226,7 +226,8 @@ def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
     out = subprocess.run(
         [sys.executable, "train_flowsar.py", "--config", "configs/flowsar_libero.yaml", "--task-id", "0", "--no-wandb",
          "init.mode=scratch", f"policy.pretrained_path={tmp_path}/pi0", "policy.lora_rank=4", "env.image_size=64",
-         "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "rollout.n=2", "rollout.prompts_per_iteration=1",
+         "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.n=2",
+         "rollout.prompts_per_iteration=1",
          "rollout.flow_steps=2", "train.iterations=1", "eval.every=0", "train.mini_batch_size=4",
          "train.micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)

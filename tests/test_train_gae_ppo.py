@@ -317,7 +317,8 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
         [sys.executable, "train_gae_ppo.py", "--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb",
          "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
          "policy.unnorm_key=libero_10", "env.image_size=64", "env.num_envs=2",
-         "env.max_steps=16", "env.fast_render=true", "rollout.episodes_per_iteration=2", "train.iterations=1",
+         "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.episodes_per_iteration=2",
+         "train.iterations=1",
          "eval.every=0", "train.ppo_mini_batch_size=4", "train.ppo_micro_batch_size=4",
          f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)

@@ -227,7 +227,7 @@ def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
                                ("ee_pos", (12, 3)), ("ee_ori", (12, 3)), ("gripper_states", (12, 2))):
                 g.create_dataset(f"obs/{key}", data=np.zeros(shape, np.uint8 if "rgb" in key else np.float64))
     out = run(["--config", "configs/luffy_libero.yaml", "--task-id", "0", f"demos.paths=[{path}]", "env.image_size=32",
-               "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "rollout.n=3",
+               "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.n=3",
                "rollout.prompts_per_iteration=1", "train.iterations=1", "eval.every=0", "init.mode=checkpoint",
                f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
                "policy.unnorm_key=libero_10"],  # the config's OpenVLA-OFT family: demos in its statistics and bins

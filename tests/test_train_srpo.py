@@ -139,6 +139,7 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
         [sys.executable, "train_srpo.py", "--config", "configs/srpo_libero.yaml", "--task-id", "0", "--no-wandb",
          "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
          "policy.unnorm_key=libero_10", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true",
+         "eval.protocol=heldout",  # a 16-step smoke run is not siiRL's protocol
          "rollout.n=2", "rollout.prompts_per_iteration=1", "reward.encoder.kind=pixels",
          "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=4",
          "train.ppo_micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
