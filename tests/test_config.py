@@ -86,11 +86,21 @@ def test_cli_flags_map_to_keys():
     assert parse_cli(Cfg, None, argv=["--timesteps", "9"], flags=flags).algorithm.n == 9
 
 
+def _with_a_checkpoint(run_dir) -> None:
+    """A complete (manifest-checked) checkpoint in `run_dir`: what a bare --resume looks for."""
+    import torch
+
+    from common.checkpoint import save_checkpoint
+
+    save_checkpoint(str(run_dir), 1, None, {"opt": torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)})
+
+
 def test_resume_reads_the_saved_config_and_refuses_changes_to_it(tmp_path):
     from common.config import save_config
 
     run_dir = tmp_path / "runs" / "x__tabletop__t3__s1__20260101-000000"
     save_config(Cfg(algorithm=Algo(n=3), env=EnvConfig(task_ids=[3])), str(run_dir / "config.yaml"))
+    _with_a_checkpoint(run_dir)
     # the run's own values, not the defaults, with keys that cannot change the past overridden (log.*, resume)
     cfg = parse_cli(Cfg, None, argv=["--resume", str(run_dir), "--no-wandb"], script="x")
     assert cfg.algorithm.n == 3 and cfg.env.task_ids == [3] and cfg.resume == str(run_dir) and not cfg.log.wandb
@@ -109,9 +119,16 @@ def test_resolve_run_dir_new_and_resume(tmp_path):
     log = LogConfig(output_dir=str(tmp_path))
     name, run_dir = resolve_run_dir(log, "srpo__tabletop__t0__s1", None)
     assert name.startswith("srpo__tabletop__t0__s1__") and run_dir == str(tmp_path / name)
-    (tmp_path / "srpo__tabletop__t0__s1__20260101-000000").mkdir()
-    (tmp_path / "srpo__tabletop__t0__s1__20260102-000000").mkdir()
+    for day in ("01", "02", "03"):
+        (tmp_path / f"srpo__tabletop__t0__s1__202601{day}-000000").mkdir()
+    for day in ("01", "02"):
+        _with_a_checkpoint(tmp_path / f"srpo__tabletop__t0__s1__202601{day}-000000")
+    # #47: the newest run (03) stopped before its first checkpoint: a bare --resume takes the newest one it can
+    # continue (02), not 03 (which it would then refuse)
     assert resolve_run_dir(log, "srpo__tabletop__t0__s1", "auto")[0] == "srpo__tabletop__t0__s1__20260102-000000"
+    (tmp_path / "only__20260101-000000").mkdir()
+    with pytest.raises(ConfigError, match="holds a checkpoint .only__20260101-000000 stopped before its first one"):
+        resolve_run_dir(log, "only", "auto", must_exist=True)
     with pytest.raises(ConfigError, match="no such run folder"):
         resolve_run_dir(log, "x", str(tmp_path / "missing"))
 
