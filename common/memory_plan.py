@@ -785,10 +785,13 @@ def device_capacity(device: Any = None) -> Tuple[Optional[int], str]:
 
 
 def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
-    """At a run's start, before the policy loads: print the plan (main process) and stop with one line naming the
-    fixes when it exceeds the device (on a CPU only with --device-memory-gib). A plan that cannot be computed (an
-    architecture this module does not know) is a printed note, never a failed start."""
+    """At a run's start on a GPU (or with --device-memory-gib), before the policy loads: print the plan (main process)
+    and stop with one line naming the fixes when it exceeds the device. A CPU run prints nothing (--dry-run shows its
+    plan). A plan that cannot be computed (an architecture this module does not know) is a printed note, never a
+    failed start."""
     capacity, name = device_capacity(accelerator.device)
+    if capacity is None:
+        return None
     world = accelerator.num_processes
     try:
         model, _ = policy_model(cfg, script)
