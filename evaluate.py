@@ -94,7 +94,6 @@ from common.checkpoint import load_saved_policy, resolve_policy_dir
 from common.run_folder import check_writable
 from common.evaluation import evaluate_policy
 from envs import EnvConfig, protocols
-from models.configs import action_kind
 from models.saved import TRAIN_CONFIG, PolicyLoadError, policy_type
 
 
@@ -225,16 +224,8 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     policy's kind, applied in place to `env_cfg` (episode limit, settling steps and action, fixture seeding, 256 px
     normal rendering) and to the policy's image size; ValueError for what the protocol cannot run. Returns the resolved
     settings with its "name" (envs/protocols.py `resolve`)."""
-    policy_dir = resolve_policy_dir(args.checkpoint)
-    family = policy_type(policy_dir)
-    kind = action_kind(family)
-    if family == "flow":  # a pi0 checkpoint: its folder as published, or saved with the statistics it carries
-        from models.pi0_checkpoint import is_pi0_folder
-
-        published = not saved and (is_pi0_folder(policy_dir) or getattr(policy, "stats", None) is not None)
-    else:
-        published = not saved
-    name = args.protocol or protocols.default_protocol(family, published, saved, env_cfg.suite)
+    kind = policy.kind
+    name = args.protocol or protocols.default_protocol(policy.paper_protocol(), saved, env_cfg.suite)
     p = {"name": name, **protocols.resolve(name, env_cfg.suite, kind)}  # a ConfigError is a ValueError: one line
     if not protocols.is_reference(name):
         env_cfg.fixture_seed = p["fixture_seed"]  # seeded by the trial id; every other env setting the checkpoint's
@@ -254,12 +245,11 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     env_cfg.max_steps, env_cfg.num_steps_wait = p["max_steps"], p["num_steps_wait"]
     env_cfg.wait_action, env_cfg.fixture_seed, env_cfg.fast_render = p["wait_action"], p["fixture_seed"], False
     size = p["image_size"]
-    if kind == "token" and family == "token" and policy.cfg.image_size != size:
+    if not policy.resizes_images and policy.cfg.image_size != size:
         raise ValueError(f"--protocol {name} renders the cameras at {size} px ({source['image']}), but this policy "
                          f"reads {policy.cfg.image_size} px images and does not resize them: use --protocol heldout "
                          f"(its own {policy.cfg.image_size} px)")
-    if getattr(policy.cfg, "image_pipeline", None) == "auto":  # OpenVLA-OFT: the reference's observation pipeline
-        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline="libero")
+    policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # e.g. OpenVLA-OFT's LIBERO pipeline
     if policy.cfg.image_size != size:  # OpenVLA-OFT and flow policies resize to their vision tower themselves
         policy.cfg = dataclasses.replace(policy.cfg, image_size=size)
     return p
@@ -298,11 +288,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         env_cfg.num_envs = args.num_envs
     protocol = apply_protocol(args, policy, saved, env_cfg)
     reference = protocols.is_reference(protocol["name"])
-    if getattr(policy.cfg, "image_pipeline", None) == "auto":  # OpenVLA-OFT: the reference's observation pipeline
-        libero = not env_cfg.suite.startswith("tabletop")         # on LIBERO (256 px renders), a resize on tabletop
-        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline="libero" if libero else "resize",
-                                         image_size=256 if libero else policy.cfg.image_size)
-    if getattr(policy.cfg, "num_images", 1) > 1:  # an OpenVLA-OFT L1 checkpoint reads the wrist camera too
+    policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # the family's defaults for this suite
+    if policy.reads_wrist_camera():  # e.g. an OpenVLA-OFT L1 checkpoint reads the wrist camera too
         env_cfg.wrist_camera = True
     env_cfg.image_size = policy.cfg.image_size
     import envs

@@ -172,7 +172,7 @@ def _checked(run: Any, policy: Any) -> Any:
     import envs
 
     env = run.cfg.env
-    if not env.wrist_camera and getattr(policy.cfg, "use_wrist", False) and not envs.is_tabletop(env.suite):
+    if not env.wrist_camera and policy.reads_wrist_camera() and not envs.is_tabletop(env.suite):
         raise ConfigError("env.wrist_camera=false but the policy reads the wrist camera (policy.use_wrist=true): "
                           "set env.wrist_camera=true, or train a policy without it")
     return policy

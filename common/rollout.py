@@ -205,8 +205,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
-    is_token = hasattr(policy, "act")
-    keep_x0 = getattr(policy, "stats", None) is not None  # a pi0 checkpoint's protocol: keep the model-space sample
+    is_token = policy.kind != "flow"  # token and regression families act; flow families sample
+    keep_x0 = policy.model_space_samples  # a pi0 checkpoint's protocol: keep the model-space sample
     chunk = policy.action_chunk
     total = len(prompts)
     pipeline = bool(getattr(vec_env, "pipeline", False)) if pipeline is None else bool(pipeline)

@@ -18,14 +18,10 @@ from gymnasium.vector import VectorEnv
 
 from envs import tabletop
 from envs.suites import (LIBERO_PRO_SUITES, LIBERO_SUITES, PERTURBED_SUITES, SUITES, TABLETOP_VARIANT_SUITES,
-                         EnvConfig, check_env_config, check_suite, check_task_ids, max_steps, num_tasks, num_trials)
+                         EnvConfig, check_env_config, check_suite, check_task_ids, is_tabletop, max_steps, num_tasks,
+                         num_trials)
 
 SUITE_VERSION_FILE = "suite_version.json"
-
-
-def is_tabletop(suite: str) -> bool:
-    """The embedded suite or one of its robustness variants (numpy simulator, scripted expert)."""
-    return suite == "tabletop" or suite in TABLETOP_VARIANT_SUITES
 
 
 def check_training_suite(suite: str) -> None:

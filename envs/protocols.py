@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from envs.suites import LIBERO_PRO_SUITES, SUITES, ConfigError, num_trials
+from envs.suites import LIBERO_PRO_SUITES, SUITES, ConfigError, is_tabletop, num_trials
 
 HELDOUT = "heldout"
 BASE_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
@@ -204,7 +204,7 @@ def _run_keys(cfg: Any, name: str, p: Dict[str, Any], kind: str, trials: int) ->
         if kind == "flow" and p["flow_steps"]:
             keys["policy.num_steps"] = p["flow_steps"]
             keys["rollout.flow_steps"] = None  # FlowSAR's override of the ODE steps (rollout and evaluation)
-    elif not cfg.env.suite.startswith("tabletop"):  # heldout on LIBERO: practise 0..39, evaluate 40..49
+    elif not is_tabletop(cfg.env.suite):  # heldout on LIBERO: practise 0..39, evaluate 40..49
         keys.update({"rollout.train_trials": 40, "eval.trial_start": 40, "eval.trials_per_task": 10,
                      "eval.samples_per_trial": 0})
     section = {"env": cfg.env, "eval": cfg.eval, "rollout": getattr(cfg, "rollout", None),
@@ -272,17 +272,18 @@ def _source_key(key: str) -> str:
 
 # ------------------------------------------------------------------------------------------------ evaluate.py
 
-def default_protocol(family: str, published: bool, saved: Optional[Dict[str, Any]], suite: str) -> str:
+def default_protocol(paper_protocol: Optional[str], saved: Optional[Dict[str, Any]], suite: str) -> str:
     """evaluate.py's protocol for a folder given without --protocol: on the embedded suite heldout; an RL run's own
-    eval.protocol; a published checkpoint its paper's (OpenVLA-OFT discrete SFT, e.g. SimpleVLA-RL's ->
-    simplevla-rl; OpenVLA-OFT L1 regression -> openvla-oft; a pi0 checkpoint folder -> openpi); else heldout."""
-    if suite.startswith("tabletop"):
+    eval.protocol; a published checkpoint its paper's (`paper_protocol`: what the policy family says of the folder,
+    models/policy.py PolicyFamily.paper_protocol: OpenVLA-OFT discrete SFT, e.g. SimpleVLA-RL's -> simplevla-rl;
+    OpenVLA-OFT L1 regression -> openvla-oft; a pi0 checkpoint -> openpi); else heldout."""
+    if is_tabletop(suite):
         return HELDOUT
     run_protocol = ((saved or {}).get("eval") or {}).get("protocol")
     if isinstance(run_protocol, str) and run_protocol in PROTOCOLS:
         return run_protocol
-    if published:
-        return {"openvla_oft": "simplevla-rl", "openvla_oft_l1": "openvla-oft", "flow": "openpi"}.get(family, HELDOUT)
+    if not saved and paper_protocol in PROTOCOLS:
+        return paper_protocol
     return HELDOUT
 
 

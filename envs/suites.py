@@ -66,6 +66,11 @@ SUITES.update({f"tabletop_{v}": dict(tasks=tabletop.NUM_TASKS, trials=tabletop.N
 PERTURBED_SUITES = TABLETOP_VARIANT_SUITES + LIBERO_PRO_SUITES  # never practised or demoed: check_training_suite
 
 
+def is_tabletop(suite: str) -> bool:
+    """The embedded suite or one of its robustness variants (numpy simulator, scripted expert)."""
+    return suite == "tabletop" or suite in TABLETOP_VARIANT_SUITES
+
+
 def check_suite(suite: str) -> None:
     if suite not in SUITES:
         raise ValueError(f"unknown env.suite '{suite}'; choose one of: {', '.join(SUITES)}")

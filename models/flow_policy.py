@@ -248,6 +248,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
 
     config_class = FlowPolicyConfig
     kind = "flow"
+    resizes_images = True  # to its vision tower's input
 
     @classmethod
     def detect(cls, folder: str) -> bool:
@@ -265,6 +266,10 @@ class FlowPolicy(nn.Module, PolicyFamily):
         policy_cfg = dataclasses.replace(policy_cfg, pretrained_path=folder, image_size=env_cfg.image_size,
                                          action_chunk=env_cfg.action_chunk)
         return cls(policy_cfg).to(device)  # ValueError for pi0.5, a legacy layout, missing weights or tokenizer
+
+    def paper_protocol(self) -> str:
+        """openpi's, for a pi0 checkpoint (it carries openpi's statistics); heldout for the tiny policy."""
+        return "openpi" if self.stats is not None else "heldout"
 
     @property
     def model_space_samples(self) -> bool:

@@ -539,6 +539,7 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
     config_class = OpenVLAOFTConfig
     kind = "token"
     published = True  # starts from a published checkpoint folder (or one this project saved from it)
+    resizes_images = True  # to its vision tower's input
     l1 = False  # the L1-regression subclass (models/openvla_oft_l1.py) reads folders with an action head
 
     @classmethod
@@ -548,6 +549,13 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         cfg = read_config_json(folder)
         return (cfg.get("model_type") == "openvla" or cfg.get("policy_type") == "openvla_oft") and \
             is_l1_folder(folder) == cls.l1
+
+    def paper_protocol(self) -> str:
+        """SimpleVLA-RL's: the discrete OpenVLA-OFT SFT checkpoints RL starts from are theirs (and siiRL's)."""
+        return "simplevla-rl"
+
+    def reads_wrist_camera(self) -> bool:
+        return False  # the agent view only
 
     @classmethod
     def resolve_for_suite(cls, policy_cfg: OpenVLAOFTConfig, suite: str) -> OpenVLAOFTConfig:

@@ -130,6 +130,13 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     kind = "regression"  # continuous deterministic actions: no log-probs, so no RL script trains it
     l1 = True
 
+    def paper_protocol(self) -> str:
+        """openvla-oft's own evaluation: the L1-regression checkpoints are the OpenVLA-OFT paper's."""
+        return "openvla-oft"
+
+    def reads_wrist_camera(self) -> bool:
+        return self.cfg.num_images > 1  # the published L1 checkpoints read agentview + wrist
+
     def __init__(self, cfg: OpenVLAOFTL1Config, _load_weights: bool = True):
         folder = cfg.init_path
         heads, projectors = component_files(folder, HEAD), component_files(folder, PROPRIO)

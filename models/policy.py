@@ -10,6 +10,9 @@ Every family:
   kind                 'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression'
                        (continuous, deterministic, no log-probs: evaluation and SFT only)
   published            True: starts only from a published checkpoint folder (no scratch policy, no auto-SFT)
+  paper_protocol()     the evaluation protocol of the paper its published checkpoints come from (evaluate.py)
+  reads_wrist_camera() whether the env must render the wrist camera for it
+  resizes_images       True: takes camera images of any size (else exactly cfg.image_size)
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
   start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
@@ -76,6 +79,16 @@ class PolicyFamily:
     kind: str = "token"
     published: bool = False
     model_space_samples: bool = False
+    resizes_images: bool = False  # True: takes camera images of any size (resizes them to its vision tower itself)
+
+    def paper_protocol(self) -> str:
+        """The evaluation protocol of the paper a published checkpoint of this family comes from (envs/protocols.py;
+        evaluate.py's default for a folder with no training config of ours); `heldout`: none."""
+        return "heldout"
+
+    def reads_wrist_camera(self) -> bool:
+        """Whether the policy reads the wrist camera (the env must render it)."""
+        return bool(getattr(self.cfg, "use_wrist", False))
 
     @classmethod
     def family(cls) -> str:
