@@ -359,14 +359,13 @@ if __name__ == "__main__":
                                  ("pg_clipfrac_lower", pg_clipfrac_lower)):
                         stats[k].append(v.detach())  # read once after the update: no host sync here
                 average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
-                if use_gae:  # separate clipping (and logging) of the two norms; the no-GAE baseline logs neither
+                if use_gae:  # separate clipping (and logging) of the two norms
                     stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
                         critic_params, cfg.train.critic_max_grad_norm))
                     critic_opt.step()
                 actor_norm = full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
                 if move_actor:
-                    if use_gae:
-                        stats["grad_norm"].append(actor_norm)
+                    stats["grad_norm"].append(actor_norm)
                     actor_opt.step()
                     actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0

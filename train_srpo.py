@@ -110,7 +110,7 @@ from common.fsdp import shard_policy
 from common.init import initial_policy
 from common.run import start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
+from common.train import (adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts)
 from envs import max_steps
 from models import ACTION_DIM, make_trajectory_encoder
@@ -141,14 +141,7 @@ if __name__ == "__main__":
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
-        clock = {"iteration": 0}  # the cosine schedule's position, set at the start of every iteration (and on resume)
-
-        def decay() -> float:  # train.lr_schedule=cosine: lr * (1 + cos(pi * iteration / iterations)) / 2
-            return 0.5 * (1 + math.cos(math.pi * (clock["iteration"] / cfg.train.iterations))) \
-                if cfg.train.lr_schedule == "cosine" else 1.0
-
-        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
-                                                 cfg.train.lr_warmup_steps, decay)
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay, cfg.train.lr_warmup_steps)
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
@@ -159,7 +152,6 @@ if __name__ == "__main__":
         for iteration in run.iterations():
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
-            clock["iteration"] = iteration
 
             # 1. rollout: prompts (task, trial) x n samples, temperature sampling
             tasks, trials = sample_prompts(run, cfg.rollout.prompts_per_iteration)
@@ -246,8 +238,10 @@ if __name__ == "__main__":
                             steps.data["ref_log_probs"] = torch.cat([log_probs(c) for c in chunks]).cpu().numpy()
                 metrics["time/old_log_prob"] = time.perf_counter() - t0
 
-            # 6. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            # 6. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation),
+            #    at the warm-up's lr times train.lr_schedule's decay over the iterations
             t0 = time.perf_counter()
+            lr_scale = cosine_decay(iteration, cfg.train.iterations) if cfg.train.lr_schedule == "cosine" else 1.0
             policy.train()
             stats = {k: [] for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss",
                                      "grad_norm")}
@@ -277,9 +271,10 @@ if __name__ == "__main__":
                         for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
                                      ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
                             stats[k].append(v.detach())  # read once after the update: no host sync here
-                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip))
+                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip,
+                                                             lr_scale=lr_scale))
             metrics["time/update"] = time.perf_counter() - t0
-            metrics["train/lr"] = scheduler.get_last_lr()[0]
+            metrics["train/lr"] = scheduler.get_last_lr()[0] * lr_scale
             metrics.update(mean_stats(stats))
 
             # 7. end of iteration: evaluation when due, logging, checkpoint

@@ -23,14 +23,19 @@ def adamw(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float =
         torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
 
 
-def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int,
-                      decay: Callable[[], float] = lambda: 1.0
+def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int
                       ) -> Tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """AdamW and its schedule: lr * min(1, (step + 1) / warmup_steps) * decay() (verl's lr_warmup_steps)."""
+    """AdamW and its warm-up: lr * min(1, (step + 1) / warmup_steps) (verl's lr_warmup_steps); a decay over the
+    iterations is `optimizer_step`'s lr_scale."""
     optimizer = adamw(params, lr, weight_decay)
     warmup = max(1, warmup_steps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) * decay())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     return optimizer, scheduler
+
+
+def cosine_decay(iteration: int, iterations: int) -> float:
+    """(1 + cos(pi * iteration / iterations)) / 2: 1 at the first iteration, towards 0 at the last."""
+    return 0.5 * (1 + math.cos(math.pi * iteration / iterations))
 
 
 def sample_prompts(run: Any, count: int) -> Tuple[List[int], List[int]]:
@@ -87,13 +92,17 @@ def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) ->
 
 
 def optimizer_step(run: Any, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                   scheduler: Any, max_norm: float) -> torch.Tensor:
+                   scheduler: Any, max_norm: float, lr_scale: float = 1.0) -> torch.Tensor:
     """Average the gradients over processes (a process that ran out of rows adds zeros), clip them to `max_norm`,
-    step; returns the gradient norm before clipping (a tensor: read it after the update)."""
+    step at the schedule's lr times `lr_scale` (a decay over the iterations, e.g. `cosine_decay` of the iteration this
+    step belongs to); returns the gradient norm before clipping (a tensor: read it after the update)."""
     average_gradients(run.accelerator, params)
     grad_norm = fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if lr_scale != 1.0:
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+            group["lr"] = lr * lr_scale
     optimizer.step()
-    scheduler.step()
+    scheduler.step()  # the next step's warm-up lr
     return grad_norm
 
 

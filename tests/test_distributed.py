@@ -483,6 +483,21 @@ def _sft_rows(run_dir):
     return [{k: v for k, v in r.items() if not k.startswith(("charts/", "time/"))} for r in rows(run_dir)]
 
 
+def _assert_adam_steps_match(got, expected, lr, steps, what):
+    """Weights after `steps` AdamW steps on two processes vs one. The two-process mean of half-batch gradients rounds
+    differently from the one-process gradient (by CPU: AVX-512 and AVX2 differ), and AdamW's first steps move every
+    weight by about lr * g / |g|: where a gradient is ~0 its rounding can flip the direction of that weight's step.
+    So: nearly every weight equal to 1e-5, none further apart than those flips allow (2 lr per step). A sum taken for
+    the mean would still match here (AdamW normalises it): the logged gradient norms (rel 1e-5) catch that."""
+    total = far = 0
+    for k, v in expected.items():
+        diff = (got[k].float() - v.float()).abs()
+        assert float(diff.max()) <= 2 * lr * steps + 1e-6, f"{what} {k}: {float(diff.max())}"
+        far += int((diff > 1e-5 + 1e-5 * v.float().abs()).sum())
+        total += v.numel()
+    assert far <= 1e-3 * total, f"{what}: {far} of {total} weights differ by more than 1e-5"
+
+
 def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy_evaluates_in_one_process(
         tmp_path):
     import json
@@ -513,10 +528,8 @@ def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy
         run_dir = the_run(tmp_path / strategy / "runs")
         got = load_file(str(tmp_path / strategy / "exported" / "model.safetensors"))
         assert got.keys() == expected.keys()
-        for k, v in expected.items():
-            torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
-        for k, v in first.items():
-            torch.testing.assert_close(_policy_weights(run_dir, 1)[k], v, rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+        _assert_adam_steps_match(got, expected, lr=0.01, steps=2, what=strategy)
+        _assert_adam_steps_match(_policy_weights(run_dir, 1), first, lr=0.01, steps=1, what=strategy)
         for a, b in zip(_sft_rows(run_dir), expected_rows, strict=True):
             assert a.keys() == b.keys() and a == pytest.approx(b, rel=1e-5), strategy
         last = os.path.join(run_dir, "checkpoints", "iter_000002")

@@ -66,3 +66,19 @@ def test_adamw_off_cuda_is_torchs_cpu_default_bitwise():
             m(x).pow(2).sum().backward()
             o.step()
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_a_decay_scales_the_step_it_belongs_to_and_the_warmup_goes_on():
+    """optimizer_step's lr_scale: the step is taken at the warm-up's lr times the scale of its own iteration (the old
+    schedule read a clock set at each iteration's start, so an iteration's first step used the previous factor);
+    the scheduler then sets the next step's warm-up lr, unscaled."""
+    from common.train import adamw_with_warmup, cosine_decay, optimizer_step
+
+    run = types.SimpleNamespace(accelerator=types.SimpleNamespace(num_processes=1))
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer, scheduler = adamw_with_warmup([weight], lr=0.1, weight_decay=0.0, warmup_steps=2)
+    weight.grad = torch.ones(1)
+    optimizer_step(run, [weight], optimizer, scheduler, max_norm=10.0, lr_scale=cosine_decay(1, 2))  # 0.5
+    assert float(weight) == pytest.approx(-0.1 * 0.5 * 0.5, rel=1e-6)  # AdamW's first step: lr * sign(g)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1)  # warm-up step 2 of 2, no scale carried over
+    assert cosine_decay(0, 4) == 1.0 and cosine_decay(2, 4) == pytest.approx(0.5)

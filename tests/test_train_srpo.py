@@ -95,7 +95,7 @@ def test_cosine_lr_schedule_decays_over_the_run(tmp_path):
          "train.lr_schedule=cosine", "train.lr=1e-3"], tmp_path)
     _, run_dir = only_run(tmp_path)
     lrs = [r["train/lr"] for r in read_metrics(run_dir)[1:]]
-    # logged after iteration i's last step: the lr of the next step, 1e-3 * (1 + cos(pi * i / 3)) / 2 for i = 0, 1, 2
+    # every step of iteration i at 1e-3 * (1 + cos(pi * i / 3)) / 2, i = 0, 1, 2 (common/train.py optimizer_step)
     assert lrs == pytest.approx([1e-3, 0.75e-3, 0.25e-3], rel=1e-9)
     out = run(["--task-id", "0", "train.lr_schedule=linear"], tmp_path, check=False)
     assert out.returncode != 0 and "train.lr_schedule='linear': use constant or cosine" in out.stderr
