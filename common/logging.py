@@ -18,29 +18,40 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from common.config import LogConfig
 
-# Panels of training_curves.png (seed 003's "Matplotlib Plots"): title -> substrings that put a metric in the panel.
-# Success shows rates only (not counts such as sampling/all_success_groups); x is cumulative env steps when logged.
+# Panels of training_curves.png (as the OpenVLA GAE-PPO reference's "Matplotlib Plots"): title -> substrings that put
+# a metric in the panel. Success shows rates only (not counts such as sampling/all_success_groups); x is cumulative env
+# steps when logged (train_sft.py: gradient steps).
 PANELS: Dict[str, Sequence[str]] = {
-    "Losses": ("loss",),
     "Success rate": ("success_rate", "/success_task"),
+    "Reward": ("reward/mean", "reward/failure_"),  # SRPO's progress reward (failures graded in [0, max_failure_reward])
+    "Losses": ("loss",),
     "PPO metrics (clip fraction, KL)": ("clipfrac", "kl"),
     "Gradient norms": ("grad_norm",),
+}
+# legend labels a reader understands without the metric names (docs/metrics.md has every key)
+LABELS: Dict[str, str] = {
+    "val/success_rate": "held-out trials, greedy",
+    "val/sampled_success_rate": "held-out trials, sampled",
+    "rollout/success_rate": "practice rollouts (sampled)",
+    "sampling/success_rate": "practice rollouts, before dynamic sampling",
+    "demos/success_rate": "demos replayed in the simulator",
+    "reward/mean": "mean reward of the kept episodes",
+    "reward/failure_mean": "failures' progress reward, mean",
+    "reward/failure_max": "failures' progress reward, max",
 }
 
 
 def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> List[Tuple[str, List[int], List[float]]]:
-    """(label, iterations, values) per key; a key whose series equals an earlier one's (e.g. sampling/success_rate and
-    rollout/success_rate in one process) joins that label instead of drawing a second line on top of it."""
+    """(label, iterations, values) per key, labelled for a reader (LABELS, else the key); a key whose series equals an
+    earlier one's (sampling/success_rate is rollout/success_rate when dynamic sampling drops nothing) is not drawn
+    again on top of it."""
     steps = sorted(history)
     series: List[Tuple[str, List[int], List[float]]] = []
     for key in keys:
         xs = [s for s in steps if key in history[s]]
         ys = [history[s][key] for s in xs]
-        same = next((i for i, (_, x0, y0) in enumerate(series) if x0 == xs and y0 == ys), None)
-        if same is None:
-            series.append((key, xs, ys))
-        else:
-            series[same] = (f"{series[same][0]} = {key}", xs, ys)
+        if not any(x0 == xs and y0 == ys for _, x0, y0 in series):
+            series.append((LABELS.get(key, key), xs, ys))
     return series
 
 

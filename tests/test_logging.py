@@ -94,15 +94,17 @@ def test_a_metric_is_spelled_the_same_on_every_line():
     assert alone == "iter 0 | val/success_rate 0.6" and beside.endswith("| val/success_rate 0.6")
 
 
-def test_panel_series_merges_identical_curves_so_none_hides_another():
+def test_panel_series_labels_for_a_reader_and_draws_a_repeated_curve_once():
     history = {0: {"rollout/success_rate": 0.2, "sampling/success_rate": 0.2, "val/success_rate": 0.4},
                1: {"rollout/success_rate": 0.5, "sampling/success_rate": 0.5},
                2: {"rollout/success_rate": 0.6, "sampling/success_rate": 0.7}}
     keys = ["rollout/success_rate", "sampling/success_rate", "val/success_rate"]
-    assert panel_series(history, keys) == [("rollout/success_rate", [0, 1, 2], [0.2, 0.5, 0.6]),
-                                           ("sampling/success_rate", [0, 1, 2], [0.2, 0.5, 0.7]),
-                                           ("val/success_rate", [0], [0.4])]
-    history[2]["sampling/success_rate"] = 0.6  # now the same series: one line, both names in its label
-    assert panel_series(history, keys)[0] == ("rollout/success_rate = sampling/success_rate", [0, 1, 2],
-                                              [0.2, 0.5, 0.6])
-    assert len(panel_series(history, keys)) == 2
+    assert panel_series(history, keys) == [("practice rollouts (sampled)", [0, 1, 2], [0.2, 0.5, 0.6]),
+                                           ("practice rollouts, before dynamic sampling", [0, 1, 2], [0.2, 0.5, 0.7]),
+                                           ("held-out trials, greedy", [0], [0.4])]
+    history[2]["sampling/success_rate"] = 0.6  # the same series: drawn once, under the first key's label
+    assert [label for label, _, _ in panel_series(history, keys)] == ["practice rollouts (sampled)",
+                                                                       "held-out trials, greedy"]
+    assert panel_series({1: {"train/x": 1.0}}, ["train/x"]) == [("train/x", [1], [1.0])]  # no label: the key
+
+
