@@ -1,4 +1,4 @@
-"""FlowSAR: Self-Annotated credit assignment for flow-matching VLA policies (seed 001, on RLinf), one file.
+"""FlowSAR: Self-Annotated credit assignment for flow-matching VLA policies (RLinf's FlowSAR), one file.
 
 Each iteration: rollout with the pi0 flow policy (exploration from the initial noise x_1, optionally flow-SDE noise on
 the ODE steps) -> episode reward R in {0, 1} -> self-annotation with the EMA reference theta_old (no grad): the
@@ -34,7 +34,7 @@ class RolloutConfig:
 
 
 @dataclass
-class AlgorithmConfig:  # seed 001 section 5: names and defaults (two differ for the tiny policy, marked)
+class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and defaults (two differ for the tiny policy, marked)
     flow_sar_beta: float = 1.0  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
     flow_sar_temperature: float = 0.5  # credit-assignment softmax temperature (smaller = more extreme weights)
     flow_sar_tau_mid: float = 0.5  # self-annotation time tau: x = (1 - tau) a + tau eps, a_hat = x - tau v_old

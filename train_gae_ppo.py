@@ -1,10 +1,10 @@
-"""GAE-PPO: PPO with a learned value head and GAE advantages on the VLA (seed 003), one file.
+"""GAE-PPO: PPO with a learned value head and GAE advantages on the VLA (the OpenVLA GAE-PPO reference), one file.
 
 Each iteration: rollout (episodes from (task, trial) prompts on the practice trials, the policy's pooled hidden state
 kept at every policy step) -> values V(s_t) from the value head, and V(s_last) for episodes cut at max_steps ->
 GAE over policy steps (a truncated episode bootstraps, a terminated one does not) -> PPO epochs: clipped policy loss
 + value_loss_coef * value loss - entropy bonus, two AdamW optimizers (actor, critic) with their own gradient clipping
--> evaluation on held-out trials, logging, checkpoints. `algorithm.use_gae=false` is seed 003's value-free baseline
+-> evaluation on held-out trials, logging, checkpoints. `algorithm.use_gae=false` is the reference's value-free baseline
 (normalised discounted reward-to-go, no value head).
 
 Two action kinds (`policy.type`): token policies (the log-prob of each action token, temperature sampling) and flow
@@ -49,7 +49,7 @@ class RewardConfig:
 
 @dataclass
 class AlgorithmConfig:
-    use_gae: bool = True  # false = seed 003's value-free baseline: discounted reward-to-go, no value head
+    use_gae: bool = True  # false = the GAE-PPO reference's value-free baseline: discounted reward-to-go, no value head
     gamma: float = 0.99  # discount per policy step (one action chunk)
     gae_lambda: float = 0.95
     normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
@@ -68,8 +68,8 @@ class AlgorithmConfig:
 class TrainConfig:
     iterations: int = 60  # at most this many iterations
     total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
-    actor_lr: float = 1e-4  # the tiny policy's; seed 003: 1e-5 for LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
-    critic_lr: float = 1e-3  # seed 003: 3e-4
+    actor_lr: float = 1e-4  # the tiny policy's; the reference: 1e-5 for LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
+    critic_lr: float = 1e-3  # the GAE-PPO reference: 3e-4
     lr_warmup_steps: int = 50  # linear actor-lr warmup over the first N actor steps
     weight_decay: float = 0.0
     ppo_epochs: int = 1
@@ -138,7 +138,7 @@ def check_config(cfg: Config) -> None:
                           f"learning rates must be >= 0")
     if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
         raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
-                          f"with layers of size >= 1 (seed 003: [1024, 512]), or set algorithm.use_gae=false")
+                          f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")
     if not (0 <= a.gamma <= 1 and 0 <= a.gae_lambda <= 1):
         raise ConfigError(f"algorithm.gamma={a.gamma}, algorithm.gae_lambda={a.gae_lambda}: both must lie in [0, 1]")
     if a.clip_ratio_c <= 1 or a.loss_agg_mode not in LOSS_AGG_MODES:
@@ -218,7 +218,7 @@ def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], tr
 
 
 def save_update_png(run, done: int) -> None:
-    """Seed 003's plots/<run>/training_curves_update{N:05d}.png: a copy of the panels the logger just drew."""
+    """The GAE-PPO reference's plots/<run>/training_curves_update{N:05d}.png: a copy of the panels the logger just drew."""
     path = run.logger.plot_path if run.logger is not None else ""
     if os.path.isfile(path) and run.cfg.log.plot_every > 0 and done % run.cfg.log.plot_every == 0:
         shutil.copyfile(path, os.path.join(os.path.dirname(path), f"training_curves_update{done:05d}.png"))

@@ -1,4 +1,4 @@
-"""LUFFY: Learning to reason Under oFF-policY guidance (seed 004) for VLA policies, one file.
+"""LUFFY: Learning to reason Under oFF-policY guidance for VLA policies, one file.
 
 Each iteration: prompts (task, start) -> n - n_off on-policy rollouts + n_off expert demonstrations of that same start,
 executed in the simulator exactly as the policy acts (same chunks, same 256-bin tokens; a demo that fails is dropped

@@ -1,4 +1,4 @@
-"""SRPO: Self-Referential Policy Optimization for VLA models (seed 000, siiRL's embodied_srpo_pipeline), one file.
+"""SRPO: Self-Referential Policy Optimization for VLA models (siiRL's embodied_srpo_pipeline), one file.
 
 Each iteration: rollout (prompts x n samples) -> dynamic sampling (keep groups with 0.1 <= success <= 0.9) ->
 world-model progress reward (successes 1, failures by latent distance to this batch's successes) -> GRPO
@@ -73,7 +73,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
-    recompute_old_log_prob: bool = False  # True = seed 000's actor_old_log_prob node, a second forward over every
+    recompute_old_log_prob: bool = False  # True = siiRL's actor_old_log_prob node, a second forward over every
                                           # step. The rollout's own log-probs come from the same module and weights:
                                           # they differ from a recompute by <1e-6, as much as the recompute differs
                                           # from the update's own forward (tests/test_rollout.py), so False

@@ -6,7 +6,7 @@ Arms (shipped configs; only the keys named here change):
     grpo      GRPO            train_srpo.py reward.mode=binary
     drgrpo    Dr.GRPO         train_srpo.py reward.mode=binary algorithm.norm_adv_by_std_in_grpo=false
                               algorithm.loss_agg_mode=seq-mean-token-sum-norm (no std, no length normalisation)
-    adv_grpo  Advanced GRPO   train_srpo.py reward.mode=binary algorithm.adv_estimator=advanced_grpo (seed 002 takes
+    adv_grpo  Advanced GRPO   train_srpo.py reward.mode=binary algorithm.adv_estimator=advanced_grpo (the write-up takes
                               the environment's episode reward, here binary success, and normalises per token)
     gae_ppo   GAE-PPO         train_gae_ppo.py --timesteps <budget>
     flowsar   FlowSAR         train_flowsar.py (flow policy: starts from a flow SFT on the same demos)

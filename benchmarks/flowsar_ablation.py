@@ -1,4 +1,5 @@
-"""FlowSAR ablations (seed 001's axes) from the same flow SFT checkpoint with the same seeds, on the embedded suite.
+"""FlowSAR ablations (the FlowSAR write-up's axes) from the same flow SFT checkpoint with the same seeds, on the
+embedded suite.
 
 Arms (every arm sets all three keys, so the comparison does not depend on configs/flowsar.yaml's choices; each
 differs from `base`, the seed's quickstart, in one key):

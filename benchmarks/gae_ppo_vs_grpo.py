@@ -1,4 +1,4 @@
-"""GAE-PPO (train_gae_ppo.py, seed 003) vs GRPO (`train_srpo.py reward.mode=binary`) from the same SFT checkpoint,
+"""GAE-PPO (train_gae_ppo.py) vs GRPO (`train_srpo.py reward.mode=binary`) from the same SFT checkpoint,
 with the same seeds and the same env-step budget, on the embedded suite.
 
 GRPO runs `--iterations` iterations of configs/srpo.yaml (8 prompts x 8 samples); GAE-PPO (configs/gae_ppo.yaml, 64

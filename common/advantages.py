@@ -1,4 +1,5 @@
-"""Advantage estimators: GRPO and its variants (seeds 000, 002, 004), GAE (seed 003), FlowSAR step weights (seed 001).
+"""Advantage estimators: GRPO and its variants (siiRL's SRPO, verl's Advanced GRPO, LUFFY), GAE (the OpenVLA GAE-PPO
+reference), FlowSAR step weights (RLinf's FlowSAR).
 
 Token tensors are (B, L): one trajectory per row, L = T_steps * tokens_per_step. Everything here is a pure function.
 """
@@ -51,7 +52,7 @@ def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = N
 
 def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: int,
                        tokens_per_step: int) -> torch.Tensor:
-    """Bool (B, L) mask `arange(L) < valid_steps[b] * tokens_per_step`, L = num_steps * tokens_per_step (seed 000)."""
+    """Bool (B, L) mask `arange(L) < valid_steps[b] * tokens_per_step`, L = num_steps * tokens_per_step."""
     valid_steps = torch.as_tensor(valid_steps)
     if valid_steps.ndim != 1:
         raise ValueError(f"valid_steps must be 1-D (B,), got shape {tuple(valid_steps.shape)}")
@@ -121,7 +122,7 @@ def _weighted_group_stats(scores: torch.Tensor, counts: torch.Tensor, groups: to
 def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_mask: torch.Tensor,
                                    index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
                                    norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """GRPO outcome advantage (seed 000, verl): A = (s - mean_g) / (std_g + eps), unbiased std, a one-row group uses
+    """GRPO outcome advantage (siiRL's SRPO, verl): A = (s - mean_g) / (std_g + eps), unbiased std, a one-row group uses
     mean 0 / std 1; Dr.GRPO (norm_adv_by_std_in_grpo=False) drops the division. Returns (advantages, returns)."""
     _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
@@ -143,8 +144,9 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
                                 index: Sequence[Hashable] | ArrayOrTensor, step_mask: torch.Tensor,
                                 epsilon: float = 1e-6,
                                 norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Seed 002's "standard" GRPO: every valid step is a sample carrying its trajectory's score; mean and population
-    std (seed 002's example: std 0.5, A = +-1) over the group's valid steps, broadcast to each step's tokens."""
+    """The Advanced GRPO write-up's "standard" GRPO: every valid step is a sample carrying its trajectory's score;
+    mean and population std (the write-up's example: std 0.5, A = +-1) over the group's valid steps, broadcast to
+    each step's tokens."""
     _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask, step_mask=step_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
     batch, length = token_level_rewards.shape
@@ -168,7 +170,7 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
 def compute_advanced_grpo_outcome_advantage(episode_rewards: torch.Tensor, response_mask: torch.Tensor,
                                             index: Sequence[Hashable] | ArrayOrTensor, epsilon: float = 1e-6,
                                             norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Seed 002's Advanced GRPO: each valid token carries its episode reward; A = (r - mu) / (sigma + eps), mean and
+    """verl's Advanced GRPO: each valid token carries its episode reward; A = (r - mu) / (sigma + eps), mean and
     population std over all valid tokens of the group, so a group's token advantages sum to 0."""
     _check_ndim(1, episode_rewards=episode_rewards)
     _check_ndim(2, response_mask=response_mask)
@@ -189,7 +191,7 @@ def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_
                                          index: Sequence[Hashable] | ArrayOrTensor, on_policy_mask: torch.Tensor,
                                          epsilon: float = 1e-6,
                                          use_std: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
-    """LUFFY's GRPO (seed 004): mean / unbiased std of each group's on-policy rows only (one row -> 0 / 1, std 0 -> 1),
+    """LUFFY's GRPO: mean / unbiased std of each group's on-policy rows only (one row -> 0 / 1, std 0 -> 1),
     applied to all its rows; a group with no on-policy row (LUFFY raises) uses 0 / 1."""
     _check_ndim(2, token_level_rewards=token_level_rewards, eos_mask=eos_mask)
     check_same_shape(token_level_rewards=token_level_rewards, eos_mask=eos_mask)
@@ -224,7 +226,7 @@ def _clean(x: ArrayOrTensor, dtype: torch.dtype, device: torch.device) -> torch.
 def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTensor, gamma: float = 0.99,
                 gae_lambda: float = 0.95, normalize_advantages: bool = True,
                 last_value: float | ArrayOrTensor = 0.0) -> Tuple[ArrayOrTensor, ArrayOrTensor]:
-    """GAE (Schulman et al. 2015, seed 003): d_t = r_t + g V_{t+1} (1-done_t) - V_t, A_t = d_t + g l (1-done_t) A_{t+1},
+    """GAE (Schulman et al. 2015): d_t = r_t + g V_{t+1} (1-done_t) - V_t, A_t = d_t + g l (1-done_t) A_{t+1},
     returns = A + V; numpy or torch, (T,) or (N, T); NaN/inf -> 0; then optionally A <- (A - mean) / (std + 1e-8)."""
     as_numpy = not isinstance(rewards, torch.Tensor)
     if as_numpy:
@@ -271,7 +273,7 @@ def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTen
 def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, temperature: float = 0.5,
                              w_min: float = 0.05, w_max: float = 0.5,
                              step_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """FlowSAR weights (seed 001 §2.1): over each trajectory's valid steps softmax(e/T) if R = 1 else softmax(-e/T),
+    """FlowSAR weights (write-up §2.1): over each trajectory's valid steps softmax(e/T) if R = 1 else softmax(-e/T),
     then (if w_min > 0 or w_max < 1) clip and renormalise; labels y = 2R - 1. (n_steps, B), (B,) -> same shapes."""
     _check_ndim(2, recon_errors=recon_errors)
     _check_ndim(1, rewards=rewards)
@@ -304,7 +306,7 @@ def compute_flow_sar_self_annotation(actions: torch.Tensor, velocity_fn: Callabl
                                                                                  torch.Tensor],
                                      tau_mid: float = 0.5, t_min: float = 0.2, t_max: float = 0.8,
                                      generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-    """FlowSAR self-annotation (seed 001 §2.4, spec §4; t = 0 clean, t = 1 noise), no grad. `actions` a (N, ...)
+    """FlowSAR self-annotation (write-up §2.4, spec §4; t = 0 clean, t = 1 noise), no grad. `actions` a (N, ...)
     normalised action chunks; `velocity_fn(x, t)` the EMA reference's velocity for x (N, ...) at times t (N,).
 
     Reconstruction: x = (1 - tau) a + tau eps, a_hat = x - tau v_old(x, tau), recon_error = mean over a sample's
@@ -338,7 +340,7 @@ def compute_flow_sar_self_annotation(actions: torch.Tensor, velocity_fn: Callabl
 
 def flow_sar_ema_beta(schedule: str, num_updates: int, ema_beta: float = 0.995, eta_rate: float = 0.001,
                       eta_max: float = 0.5) -> float:
-    """EMA coefficient of FlowSAR's reference after update number `num_updates` (1, 2, ...; seed 001 §2.4):
+    """EMA coefficient of FlowSAR's reference after update number `num_updates` (1, 2, ...; FlowSAR write-up §2.4):
     theta_old <- beta theta_old + (1 - beta) theta. `fixed`: beta = ema_beta; `linear` (DiffusionNFT):
     beta_i = min(eta_rate * i, eta_max), near 0 early (the reference tracks the policy), eta_max later."""
     if num_updates < 0:

@@ -1,4 +1,4 @@
-"""Losses: verl's PPO, value, KL and entropy pieces (seed 000), LUFFY's mixed-policy loss (seed 004), FlowSAR (001).
+"""Losses: verl's PPO, value, KL and entropy pieces (siiRL's SRPO), LUFFY's mixed-policy loss, RLinf's FlowSAR.
 
 Token tensors are (B, L); masks are bool or 0/1 floats of the same shape. Everything here is a pure function.
 """
@@ -45,7 +45,7 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
                                 clip_ratio_low: Optional[float] = None, clip_ratio_high: Optional[float] = None,
                                 clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean",
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """verl's PPO clipped loss with asymmetric clip and dual clip for A < 0 (Ye et al. 2019); seed 000.
+    """verl's PPO clipped loss with asymmetric clip and dual clip for A < 0 (Ye et al. 2019), as siiRL's SRPO uses it.
     Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     if clip_ratio_c <= 1.0:
@@ -104,7 +104,7 @@ def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values_old: 
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# LUFFY (seed 004, mix_core_alg.py)
+# LUFFY (its mix_core_alg.py)
 # ---------------------------------------------------------------------------------------------------------------------
 def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(x), torch.zeros_like(x), x)
@@ -171,7 +171,7 @@ def compute_token_on_off_policy_loss(
     loss_remove_token_mean: bool = False,
     loss_remove_clip: bool = False,
 ) -> Dict[str, torch.Tensor]:
-    """LUFFY's mixed-policy loss (seed 004): PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
+    """LUFFY's mixed-policy loss: PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
     tokens; dict of 11 scalars. (LUFFY's off_cliprange, off_normalize and off_abs_cliprange, which it ignores, are not
     taken.)"""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, eos_mask=eos_mask,
@@ -251,13 +251,13 @@ def compute_token_on_off_policy_loss(
 
 
 def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
-    """LUFFY's SFT loss (seed 004): masked_mean(-log_prob, eos_mask)."""
+    """LUFFY's SFT loss: masked_mean(-log_prob, eos_mask)."""
     check_same_shape(log_prob=log_prob, eos_mask=eos_mask)
     return masked_mean(-log_prob, eos_mask)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FlowSAR (seed 001 §2.2)
+# RLinf's FlowSAR (write-up §2.2)
 # ---------------------------------------------------------------------------------------------------------------------
 def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: torch.Tensor, weights: torch.Tensor,
                           labels: torch.Tensor, beta: float, energy_type: str = "mse",
@@ -265,7 +265,7 @@ def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: 
                           flow_t: Optional[torch.Tensor] = None,
                           loss_mask: Optional[torch.Tensor] = None,
                           element_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
-    """FlowSAR mirror loss (seed 001 §2.2): v+- = (1 -+ b) v_old +- b v_theta, E+- = mean (v+- - u)^2 (sde: / 2t);
+    """FlowSAR mirror loss (write-up §2.2): v+- = (1 -+ b) v_old +- b v_theta, E+- = mean (v+- - u)^2 (sde: / 2t);
     mse_branch w[R E+ + (1-R) E-] or softplus_kl w softplus(y (E+ - E-) / 2) + kl_coeff mean (v_theta - v_old)^2.
     `loss_mask` (*S) drops whole samples; `element_mask` (broadcastable to v_theta) keeps only some of a sample's
     elements in its means (the actions the env executed: a chunk cut short by the episode's end), the others get no

@@ -1,4 +1,4 @@
-"""Episode collection following seed 000's rollout loop: reset envs to (task, trial), repeat each prompt n times for
+"""Episode collection following siiRL's SRPO rollout loop: reset envs to (task, trial), repeat each prompt n times for
 GRPO groups, step in action chunks with per-env active masks, one batched policy call over all active envs per chunk.
 
 Per policy step the batch keeps what the updates need (observations as uint8, token ids, old log-probs, actions,

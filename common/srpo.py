@@ -1,4 +1,4 @@
-"""SRPO pieces (seed 000, siiRL): world-model progress reward for failures and the dynamic-sampling group filter."""
+"""SRPO pieces (siiRL's SRPO): world-model progress reward for failures and the dynamic-sampling group filter."""
 from __future__ import annotations
 
 from typing import Dict, Sequence, Union
@@ -21,7 +21,7 @@ def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embedding
                             task_names: Sequence[str], dbscan_eps: float = 0.5, dbscan_min_samples: int = 2,
                             sigmoid_steepness: float = 10.0, sigmoid_offset: float = 0.5,
                             max_failure_reward: float = 0.6) -> np.ndarray:
-    """siiRL's compute_embodied_reward (seed 000): success 1; failure max_failure_reward * expit(k (offset - d_norm)),
+    """siiRL's compute_embodied_reward: success 1; failure max_failure_reward * expit(k (offset - d_norm)),
     d = distance to the nearest DBSCAN cluster of the task's successes; zero embedding or no success/failure -> 0."""
     completes = _to_numpy(completes).astype(bool)
     embeddings = _to_numpy(embeddings).astype(np.float64)
@@ -62,7 +62,7 @@ def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embedding
 def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrTensor | Sequence[int], n_samples: int,
                   max_steps: int, filter_accuracy: bool = True, filter_truncated: bool = False,
                   accuracy_lower_bound: float = 0.1, accuracy_upper_bound: float = 0.9) -> torch.Tensor:
-    """siiRL's _filter_batch (seed 000) as a row mask: keep a group of n_samples consecutive rows if lower <= mean
+    """siiRL's _filter_batch as a row mask: keep a group of n_samples consecutive rows if lower <= mean
     success <= upper (inclusive) and, with filter_truncated, none of its rows has finish_step >= max_steps."""
     device = success.device if isinstance(success, torch.Tensor) else torch.device("cpu")
     success = torch.as_tensor(_to_numpy(success)).to(torch.float64)

@@ -108,7 +108,7 @@ class EncoderConfig:
 
 @dataclass
 class ValueHeadConfig:
-    hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # seed 003: 4096 -> 1024 -> 512 -> 1
+    hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # the GAE-PPO reference: 4096->1024->512->1
     dropout: float = 0.0
 
 

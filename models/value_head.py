@@ -1,4 +1,5 @@
-"""Critic for GAE-PPO (seed 003): an MLP on the policy's pooled hidden state, in_dim -> 1024 -> 512 -> 1."""
+"""Critic for GAE-PPO (as the OpenVLA GAE-PPO reference): an MLP on the policy's pooled hidden state,
+in_dim -> 1024 -> 512 -> 1."""
 from __future__ import annotations
 
 from typing import List

@@ -1,4 +1,5 @@
-"""Hand-computed checks of common/advantages.py: GRPO family (seeds 000, 002, 004), GAE (seed 003), FlowSAR weights."""
+"""Hand-computed checks of common/advantages.py: GRPO family (siiRL's SRPO, verl's Advanced
+GRPO, LUFFY), GAE (the GAE-PPO reference), FlowSAR weights."""
 import math
 
 import numpy as np
@@ -50,7 +51,7 @@ def test_make_response_mask_is_finish_step_mask():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GRPO (naive, seed 000)
+# GRPO (naive, siiRL's SRPO)
 # ---------------------------------------------------------------------------------------------------------------------
 def test_grpo_hand_values_unbiased_std_and_singleton():
     rewards = token_rewards([1.0, 0.0, 0.0, 1.0])
@@ -85,9 +86,9 @@ def test_grpo_empty_batch_and_shape_errors():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# step GRPO and Advanced GRPO (seed 002)
+# step GRPO and Advanced GRPO (verl's Advanced GRPO)
 # ---------------------------------------------------------------------------------------------------------------------
-def test_seed002_worked_example_step_naive_and_advanced():
+def test_advanced_grpo_worked_example_step_naive_and_advanced():
     # episode 1 reward 1.0, episode 2 reward 2.0, each 3 steps x 10 tokens
     mask = make_response_mask(torch.tensor([3, 3]), num_steps=3, tokens_per_step=10)
     rewards = torch.tensor([1.0, 2.0])
@@ -152,7 +153,7 @@ def test_step_grpo_unequal_lengths_weights_longer_episodes():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# LUFFY split GRPO (seed 004)
+# LUFFY split GRPO
 # ---------------------------------------------------------------------------------------------------------------------
 def test_split_baseline_uses_on_policy_rows_only():
     scores = [1.0, 0.0, 1.0, 1.0]  # rows 0-2 on-policy, row 3 off-policy (expert)
@@ -213,7 +214,7 @@ def test_compute_advantage_adapter_routes_every_grpo_name():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# GAE: the ten properties of seed 003
+# GAE: the ten properties of the GAE-PPO reference
 # ---------------------------------------------------------------------------------------------------------------------
 def test_gae_1_output_shapes():
     for n in (1, 7):
@@ -236,7 +237,7 @@ def test_gae_2_simple_trajectory_hand_values():
     assert boot.tolist() == pytest.approx([1.0 + 0.9 * 2.0 - 0.5])  # V_T = last_value bootstraps an unfinished run
     seed_adv, _ = compute_gae(np.array([0.0, 0, 0, 1]), np.array([0.5, 0.6, 0.7, 0.8]), np.array([0, 0, 0, 1]),
                               normalize_advantages=False)
-    assert (seed_adv > 0).all()  # seed 003's manual example: reward above the values -> positive advantages
+    assert (seed_adv > 0).all()  # the reference's manual example: reward above the values -> positive advantages
 
 
 def test_gae_3_normalisation():
@@ -324,7 +325,7 @@ def test_gae_10_returns_equal_advantages_plus_values():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FlowSAR weights (seed 001 §2.1)
+# FlowSAR weights (RLinf's FlowSAR §2.1)
 # ---------------------------------------------------------------------------------------------------------------------
 def softmax(x):
     e = np.exp(np.asarray(x) - np.max(x))

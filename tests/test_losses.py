@@ -1,4 +1,4 @@
-"""Hand-computed checks of common/losses.py: verl PPO pieces (seed 000), LUFFY (seed 004), FlowSAR loss (seed 001)."""
+"""Hand-computed checks of common/losses.py: verl PPO pieces (siiRL's SRPO), LUFFY, FlowSAR loss (RLinf's FlowSAR)."""
 import math
 
 import numpy as np
@@ -282,7 +282,7 @@ def test_luffy_gradients_edge_cases_and_errors():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FlowSAR loss (seed 001 §2.2)
+# FlowSAR loss (RLinf's FlowSAR write-up §2.2)
 # ---------------------------------------------------------------------------------------------------------------------
 def flow_batch():
     v_old = torch.tensor([[[0.0, 0.0]], [[1.0, 1.0]]])  # (N=2, chunk=1, dim=2)

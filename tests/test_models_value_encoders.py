@@ -1,4 +1,4 @@
-"""Value head (seed 003 sizes) and trajectory encoders (V-JEPA 2 tiny / from_pretrained, pixel baseline)."""
+"""Value head (the GAE-PPO reference's sizes) and trajectory encoders (V-JEPA 2 tiny / from_pretrained, pixels)."""
 import numpy as np
 import pytest
 import torch

