@@ -94,7 +94,8 @@ from common.checkpoint import load_saved_policy, resolve_policy_dir
 from common.run_folder import check_writable
 from common.evaluation import evaluate_policy
 from envs import EnvConfig, protocols
-from models.saved import TRAIN_CONFIG, PolicyLoadError, policy_type
+from models.policy import family_of_folder
+from models.saved import TRAIN_CONFIG, PolicyLoadError
 
 
 def saved_train_config(path: str) -> Dict[str, Any]:
@@ -343,7 +344,7 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
                                                         f"_rate"]} for mode, b in batches.items()}
 
     results: Dict[str, Any] = {
-        "checkpoint": args.checkpoint, "policy_type": policy_type(resolve_policy_dir(args.checkpoint)),
+        "checkpoint": args.checkpoint, "policy_type": family_of_folder(resolve_policy_dir(args.checkpoint)),
         "iteration": checkpoint_iteration(args.checkpoint), "suite": env_cfg.suite, "task_ids": list(task_ids),
         "trial_ids": trial_ids, "trial_range": trial_range(trial_ids), "trials": len(trial_ids),
         "practice_trials": f"0-{practice - 1}" if practice else None,

@@ -1,8 +1,12 @@
-"""Run the whole test suite: `python test_all.py` (extra arguments go to one pytest run, e.g. `-k tabletop` or `-x`).
+"""Run the tests: `python test_all.py` is the fast tier (minutes: unit tests of every formula and short runs of each
+script, on both cores), `python test_all.py --all` the full tier CI runs (`.ci/run`): the fast tier plus the tests
+marked slow (the learning tests over seeds, multi-process runs, real LIBERO). Extra arguments go to one pytest run,
+e.g. `python test_all.py -k tabletop` or `python test_all.py --all -x`.
 
-Without arguments the learning tests (tests/test_learning_*.py: one thread each, about 40 minutes together on this
-project's 2-core machines) run in a second pytest process beside all the others, whose output streams live; theirs is
-printed when they end, then one closing line counts both: the suite takes about as long as the learning tests.
+How the time is spent: the fast tier runs in two pytest workers (pytest-xdist), one thread each. In the full tier the
+learning tests (tests/test_learning_*.py: one thread each, the longest tests) run in one pytest process beside a
+second one that takes every other test, whose output streams live; the learning tests' output is printed when they
+end, then one closing line counts both.
 """
 import glob
 import os
@@ -46,9 +50,26 @@ def run_side_by_side(first: List[str], second: List[str]) -> int:
     return 1 if rc_first or rc_second else 0
 
 
-if __name__ == "__main__":
+def workers() -> List[str]:
+    """pytest-xdist's two workers when it is installed (requirements.txt has it), else one process."""
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return []
+    return ["-n", str(min(2, os.cpu_count() or 1))]
+
+
+def main(argv: List[str]) -> int:
     os.chdir(ROOT)
-    if sys.argv[1:]:
-        sys.exit(subprocess.call(PYTEST + ["tests", *sys.argv[1:]]))
+    full = "--all" in argv
+    rest = [a for a in argv if a != "--all"]
+    if rest:  # a selection: one pytest run (the fast tier's marker unless --all)
+        return subprocess.call(PYTEST + ["tests", *([] if full else ["-m", "not slow"]), *rest])
+    if not full:
+        return subprocess.call(PYTEST + ["tests", "-m", "not slow", *workers()])
     learning = sorted(glob.glob("tests/test_learning_*.py"))
-    sys.exit(run_side_by_side(learning, ["tests", *[f"--ignore={p}" for p in learning]]))
+    return run_side_by_side(learning, ["tests", *[f"--ignore={p}" for p in learning]])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.saved import PolicyLoadError, is_policy_dir, load_errors, policy_type, readable_files  # noqa: F401 - re-exported
+from models.saved import PolicyLoadError, is_policy_dir, load_errors, readable_files  # noqa: F401 - re-exported
 
 MANIFEST = "MANIFEST.json"
 
@@ -317,8 +317,9 @@ def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] =
     """The saved policy (class from models/policy.py's FAMILIES) from any path `resolve_policy_dir` accepts, in eval
     mode; PolicyLoadError (one line) for a missing, truncated or garbage checkpoint."""
     policy_dir = resolve_policy_dir(path)
-    kind = policy_type(policy_dir)
-    from models.policy import policy_class
+    from models.policy import family_of_folder, policy_class
+
+    kind = family_of_folder(policy_dir)
 
     with load_errors(policy_dir, kind):
         policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)

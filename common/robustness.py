@@ -204,7 +204,7 @@ def run_robustness(args, policy, env_cfg: EnvConfig, task_ids: Sequence[int], tr
                    gif_writer: Optional[Callable] = None) -> Dict[str, Any]:
     """evaluate.py's --suites: evaluate every suite, then print and write the tables, JSON, chart and GIFs."""
     from common.checkpoint import resolve_policy_dir
-    from models.saved import policy_type
+    from models.policy import family_of_folder as policy_type
 
     if args.sampled:
         raise ValueError("--suites evaluates one greedy episode per start; drop --sampled")

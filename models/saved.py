@@ -37,14 +37,6 @@ def load_errors(folder: str, family: str = "") -> Iterator[None]:
                               f"{type(e).__name__}: {msg}") from None
 
 
-def policy_type(policy_dir: str) -> str:
-    """The policy family ('token', 'flow', 'openvla_oft', 'openvla_oft_l1', ...; models/configs.py FAMILIES) of a
-    saved or published folder; PolicyLoadError (one line) when no family recognises it."""
-    from models.policy import family_of_folder
-
-    return family_of_folder(policy_dir)
-
-
 HEAD, PROPRIO = "action_head", "proprio_projector"
 DISCRETE_CHECKPOINTS = ("Haozhan72/Openvla-oft-SFT-libero{10,-spatial,-object,-goal}-traj1 (SimpleVLA-RL) or "
                         "Sylvest/OpenVLA-AC-PD-1traj-libero-{object,spatial,goal,long} (SRPO/siiRL)")

@@ -11,7 +11,8 @@ import torch
 import evaluate
 from common.checkpoint import save_checkpoint
 from common.checkpoint import load_saved_policy, resolve_policy_dir
-from models.saved import PolicyLoadError, policy_type
+from models.policy import family_of_folder as policy_type
+from models.saved import PolicyLoadError
 from models.token_policy import TokenPolicy, TokenPolicyConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -17,8 +17,11 @@ minutes per seed idle), mean +- sd over the three seeds, and what an update that
 - the start, 0.15-0.35: asserted in 0.05-0.5 (a weak start, as intended).
 """
 import numpy as np
+import pytest
 
 from tests.scripts import learning_run
+
+pytestmark = pytest.mark.slow  # a learning test: the full tier (python test_all.py --all)
 
 SCRIPT, START = "train_flowsar.py", "flow"  # tests/scripts.py SFT_STARTS
 BOUNDS = {"practice": 0.08}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)

@@ -21,8 +21,11 @@ mean +- sd over the three seeds, and what an update that does nothing gives:
 - the last approx KL, 0.003-0.005: asserted < 0.05 (no collapse).
 """
 import numpy as np
+import pytest
 
 from tests.scripts import learning_run
+
+pytestmark = pytest.mark.slow  # a learning test: the full tier (python test_all.py --all)
 
 SCRIPT, START = "train_gae_ppo.py", "weak"  # tests/scripts.py SFT_STARTS
 BOUNDS = {"practice": 0.12, "ev_last10": 0.3}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)

@@ -21,8 +21,11 @@ first 10 iterations failed on all three seeds) and its demo tokens at p ~ 1/256:
 - held-out greedy: success at 4, 0 and 3 of the six evaluations (at most 0.05-0.15): printed, not asserted.
 """
 import numpy as np
+import pytest
 
 from tests.scripts import learning_run
+
+pytestmark = pytest.mark.slow  # a learning test: the full tier (python test_all.py --all)
 
 SCRIPT, START = "train_luffy.py", None  # from scratch
 BOUNDS = {"practice_last20": 0.02, "demo_p_end": 0.7}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)

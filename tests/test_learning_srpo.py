@@ -19,8 +19,11 @@ seed one thread, ~9 minutes idle), gains mean +- sd over the three seeds, and wh
 - the last iteration's PPO KL, 0.001-0.004: asserted < 0.1 (no collapse).
 """
 import numpy as np
+import pytest
 
 from tests.scripts import learning_run
+
+pytestmark = pytest.mark.slow  # a learning test: the full tier (python test_all.py --all)
 
 SCRIPT, START = "train_srpo.py", "drq"  # tests/scripts.py SFT_STARTS
 BOUNDS = {"practice": 0.1, "sampled": 0.05}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)

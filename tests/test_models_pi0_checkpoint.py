@@ -17,7 +17,7 @@ from transformers import PI0ForConditionalGeneration
 from models.flow_policy import FlowPolicy, FlowPolicyConfig, flow_sde_step, openpi_resize_with_pad, tiny_pi0_config
 from models.pi0_checkpoint import Pi0CheckpointError, Pi0Stats, load_pi0_stats, pi0_layout
 from common.checkpoint import load_saved_policy
-from models.saved import policy_type
+from models.policy import family_of_folder as policy_type
 from models.text_tokenizer import ByteTokenizer
 from tests.test_models_token_policy import INSTR, make_obs
 

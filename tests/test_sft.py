@@ -80,7 +80,7 @@ def greedy_success(policy, trials):
 def test_flow_family_trains_on_the_flow_matching_loss(tmp_path):
     """policy.type=flow: the family table builds a FlowPolicy and the loss is its flow-matching loss (the token
     family's cross-entropy does not exist there); the exported folder is a flow policy."""
-    from models.saved import policy_type
+    from models.policy import family_of_folder as policy_type
 
     run(tmp_path, "policy.type=flow", "policy.flow.hidden_size=32", "policy.flow.expert_dim=32",
         "policy.flow.num_layers=1", "policy.flow.num_heads=2", "sft.num_demos=2", "sft.steps=4", "sft.eval_every=0",

@@ -28,3 +28,17 @@ def test_side_by_side_runs_count_both_and_fail_when_either_fails(tmp_path, capsy
     assert capsys.readouterr().out.strip().splitlines()[-1] == "4 passed, 0 failed, 0 skipped"
     assert module.run_side_by_side([str(bad)], [str(good)]) == 1
     assert capsys.readouterr().out.strip().splitlines()[-1] == "2 passed, 1 failed, 1 skipped"
+
+
+def test_every_learning_multi_process_and_real_libero_test_is_in_the_full_tier_only():
+    """The fast tier (`python test_all.py`, `-m "not slow"`) leaves out the learning tests, the tests that launch
+    several processes and those that run the real simulator: each is marked slow (pytest collects the markers)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "pytest", "tests", "--collect-only", "-q", "-m", "not slow",
+                          "-p", "no:cacheprovider"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    fast = [line for line in out.stdout.splitlines() if "::" in line]
+    assert len(fast) > 300, out.stdout[-2000:]
+    assert not [t for t in fast if t.startswith("tests/test_learning_")]
+    assert not [t for t in fast if "two_processes" in t or "on_two" in t or "real_libero" in t], fast
