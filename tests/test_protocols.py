@@ -147,31 +147,49 @@ def test_rl_configs_refuse_a_setting_the_protocol_does_not_run(argv, message):
 
 # ------------------------------------------------------------------------------------------------ evaluate.py
 
-@pytest.mark.parametrize("family, published, saved, suite, expected", [
-    ("openvla_oft", True, {}, "libero_spatial", "simplevla-rl"),
-    ("openvla_oft_l1", True, {}, "libero_goal", "openvla-oft"),
-    ("flow", True, {}, "libero_object", "openpi"),
-    ("openvla_oft", False, {"env": {}, "eval": {"protocol": "siirl"}}, "libero_spatial", "siirl"),
-    ("openvla_oft", False, {"env": {}, "sft": {}}, "libero_spatial", "heldout"),
-    ("token", True, {}, "libero_spatial", "heldout"),
-    ("openvla_oft", True, {}, "tabletop", "heldout"),
-    ("flow", False, {"env": {}, "eval": {"protocol": "rlinf"}}, "tabletop", "heldout"),
+@pytest.mark.parametrize("paper, saved, suite, expected", [
+    ("simplevla-rl", {}, "libero_spatial", "simplevla-rl"),  # a published OpenVLA-OFT discrete folder
+    ("openvla-oft", {}, "libero_goal", "openvla-oft"),  # an OpenVLA-OFT L1 folder
+    ("openpi", {}, "libero_object", "openpi"),  # a pi0 checkpoint
+    ("simplevla-rl", {"env": {}, "eval": {"protocol": "siirl"}}, "libero_spatial", "siirl"),  # an RL run's own
+    ("simplevla-rl", {"env": {}, "sft": {}}, "libero_spatial", "heldout"),  # trained here: no paper's protocol
+    ("heldout", {}, "libero_spatial", "heldout"),  # a token policy of ours
+    ("simplevla-rl", {}, "tabletop", "heldout"),
+    ("openpi", {"env": {}, "eval": {"protocol": "rlinf"}}, "tabletop", "heldout"),
 ])
-def test_default_protocol_per_folder(family, published, saved, suite, expected):
-    assert protocols.default_protocol(family, published, saved, suite) == expected
+def test_default_protocol_per_folder(paper, saved, suite, expected):
+    assert protocols.default_protocol(paper, saved, suite) == expected
 
 
-class _Policy:
-    def __init__(self, cfg, stats=None):
-        self.cfg, self.stats = cfg, stats
+@pytest.mark.parametrize("family, stats, expected", [("openvla_oft", None, "simplevla-rl"),
+                                                     ("openvla_oft_l1", None, "openvla-oft"),
+                                                     ("flow", object(), "openpi"), ("flow", None, "heldout"),
+                                                     ("token", None, "heldout")])
+def test_each_family_names_the_protocol_of_its_papers_checkpoints(family, stats, expected):
+    assert _policy(family, None, stats).paper_protocol() == expected
+
+
+def _policy(family, cfg, stats=None):
+    """A loaded policy as evaluate.apply_protocol sees it: its family's answers (models/policy.py PolicyFamily), its
+    config and statistics, no weights."""
+    from models.policy import policy_class
+
+    cls = policy_class(family)
+    stub = type(f"{cls.__name__}Stub", (), {k: getattr(cls, k) for k in ("kind", "resizes_images", "resolve_for_suite",
+                                                                         "paper_protocol", "reads_wrist_camera")})
+    policy = stub()
+    policy.cfg, policy.stats = cfg, stats
+    return policy
 
 
 def _apply(checkpoint, *argv, suite="libero_spatial", saved=None, policy_cfg=None, stats=None):
-    from models.configs import OpenVLAOFTConfig
+    from models.configs import config_class
+    from models.policy import family_of_folder
 
     args = evaluate.parse_args(["--checkpoint", checkpoint, *argv])
     env_cfg = EnvConfig(suite=suite)
-    policy = _Policy(policy_cfg or OpenVLAOFTConfig(), stats)
+    cfg = policy_cfg or config_class(family_of_folder(checkpoint))()  # the folder's family, its default keys
+    policy = _policy(cfg.type, cfg, stats)
     return evaluate.apply_protocol(args, policy, saved or {}, env_cfg), env_cfg, policy
 
 
