@@ -320,6 +320,29 @@ def second_sigint_during_sft_export(out: str) -> str:
     return f"exit 130; {said}; exported policy loads"
 
 
+@probe("sft_ctrl_c_in_its_last_block")
+def sft_last_block(out: str) -> str:
+    """train_sft.py: Ctrl-C once block 1 of 2 is logged (so during the last block or its evaluation): the advised
+    resume must export the policy."""
+    proc = start("train_sft.py", [*SFT, "sft.steps=10", "sft.log_every=5", "sft.eval_trials=4",
+                                  f"sft.output_path={out}/exported"], out)
+    wait_for(logged(out, 1), proc, what="block 1")
+    os.killpg(proc.pid, signal.SIGINT)
+    code, stdout, stderr = finish(proc)
+    run_dir = one_run(out)
+    if code == 0:
+        raise Broke("the run finished before the signal landed (probe timing): rerun")
+    if code != 130:
+        raise Broke(f"exit {code}: {tail(stderr)}")
+    no_traceback(stderr)
+    saved = check_checkpoints(run_dir)
+    said = resumed_to_the_end(run_dir, stdout, stderr, 2)
+    from common.checkpoint import load_saved_policy
+
+    load_saved_policy(f"{out}/exported")
+    return f"exit 130 with block {saved} saved; {said}, exported policy loads"
+
+
 def ctrl_c_two_processes(script: str, out: str, stop_after: int = 1, total: int = 3, extra: Sequence[str] = ()) -> str:
     """Ctrl-C in the terminal (SIGINT to the launcher and both processes) once iteration `stop_after` is logged, no
     checkpoint due: both stop together, that iteration saved, the advised resume finishes."""
