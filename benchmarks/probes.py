@@ -90,8 +90,10 @@ def start(script: str, args: Sequence[str], out: str, processes: int = 1, wrappe
     """The script in its own process group (a terminal's foreground job), outputs under `out`."""
     paths = [f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"] if outputs else []
     target = [os.path.join(FIXTURES, wrapper), script] if wrapper else [os.path.join(ROOT, script)]
-    return subprocess.Popen([*launcher(processes), *target, *args, *paths], cwd=cwd, env=dict(ENV, **(env or {})),
+    proc = subprocess.Popen([*launcher(processes), *target, *args, *paths], cwd=cwd, env=dict(ENV, **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc.log_dir = out  # finish() keeps what it printed there
+    return proc
 
 
 def finish(proc: subprocess.Popen, timeout: float = 900) -> tuple:
@@ -102,6 +104,12 @@ def finish(proc: subprocess.Popen, timeout: float = 900) -> tuple:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         raise Broke(f"still running {timeout:.0f} s later (hang); stderr: {tail(stderr)}")
+    finally:
+        if getattr(proc, "log_dir", None):
+            n = len(glob.glob(os.path.join(proc.log_dir, "log_*.out")))
+            for ext, text in (("out", locals().get("stdout")), ("err", locals().get("stderr"))):
+                with open(os.path.join(proc.log_dir, f"log_{n}.{ext}"), "w") as f:
+                    f.write(text or "")
     return proc.returncode, stdout, stderr
 
 
@@ -225,16 +233,18 @@ def continue_command(stdout: str, stderr: str = "") -> List[str]:
     raise Broke(f"unexpected advice: {said[-1]}")
 
 
-def run_advice(stdout: str, stderr: str = "", extra: Sequence[str] = (), env=None, cwd: str = ROOT) -> tuple:
+def run_advice(stdout: str, stderr: str = "", extra: Sequence[str] = (), env=None, cwd: str = ROOT,
+               log_dir: Optional[str] = None) -> tuple:
     cmd = [*continue_command(stdout, stderr), *extra]
     proc = subprocess.Popen(cmd, cwd=cwd, env=dict(ENV, **(env or {})), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc.log_dir = log_dir
     return finish(proc)
 
 
 def resumed_to_the_end(run_dir: str, stdout: str, stderr: str, total: int, extra: Sequence[str] = ()) -> str:
     """Run the advised command: it must finish, and every iteration 0/1..total appear once."""
-    code, out2, err2 = run_advice(stdout, stderr, extra)
+    code, out2, err2 = run_advice(stdout, stderr, extra, log_dir=os.path.dirname(os.path.dirname(run_dir)))
     if code != 0:
         raise Broke(f"the advised resume failed (exit {code}): {tail(err2)}")
     its = iterations(run_dir)

@@ -3,7 +3,7 @@ gathering Python objects from every process, and a clean end of the process grou
 
     accelerator = make_accelerator()      # refuses a launch that asked for N processes but started 1
     rows = gather_objects(world, [...])   # the concatenation of every process's list (world 1: the list itself)
-    close_process_group(ok)               # before interpreter exit: no gloo thread left to abort the process
+    close_process_group(together)         # before interpreter exit: no gloo thread left to abort the process
 
 Why a multi-process run could abort at its very end ("terminate called without an active exception", SIGABRT, exit
 -6, after everything was written): torch.distributed.nn.functional evaluates `group=group.WORLD` as default arguments
@@ -63,14 +63,18 @@ def gather_objects(world: int, items: List) -> List:
     return gather_object(list(items))
 
 
-def close_process_group(ok: bool) -> None:
-    """Tear the process group down before interpreter exit, after a barrier when the run ended normally (no process
-    closes its connections while another still has work in flight on them, e.g. fsdp's weight gather after the last
-    step): left to the finaliser, gloo's threads sometimes abort a process ("terminate called without an active
-    exception")."""
+def close_process_group(together: bool) -> None:
+    """Tear the process group down before interpreter exit (module docstring: left to the finaliser, gloo's threads
+    can abort the process), after a barrier when every process got here together (a run that ended, or stopped at
+    the same safe point): none leaves while another still writes (the stop's checkpoint) or has work in flight on the
+    connections (fsdp's weight gather after the last step). Under train.strategy=fsdp the sharded policy still holds
+    the group until the process ends (FSDP's mesh), so its threads outlive this call."""
     if torch.distributed.is_initialized():
-        if ok and torch.distributed.get_world_size() > 1:
-            torch.distributed.barrier()
+        if together and torch.distributed.get_world_size() > 1:
+            try:
+                torch.distributed.barrier()
+            except RuntimeError:  # a process is gone already (killed): nothing left to wait for
+                pass
         torch.distributed.destroy_process_group()
 
 
