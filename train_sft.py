@@ -318,14 +318,18 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
                 improved = metrics["val/success_rate"] >= run.state["best"]["success"]
                 if improved:
                     run.state["best"] = {"success": metrics["val/success_rate"], "step": steps_done}
-            run.end_iteration(iteration, metrics, ["charts/step", "charts/samples_per_s", "sft/loss", "sft/flow_mse",
-                                                   "sft/token_accuracy", "train/grad_norm", "val/success_rate"])
-            if evaluating and run.is_main:  # the checkpoint just written: its policy as last/ (and best/)
-                with run.uninterrupted():
-                    saved = os.path.join(run.run_dir, "checkpoints", f"iter_{iteration + 1:06d}", "policy")
-                    copy_policy(saved, os.path.join(run.run_dir, "last"))
-                    if improved:
-                        copy_policy(saved, os.path.join(run.run_dir, "best"))
+            try:
+                run.end_iteration(iteration, metrics, ["charts/step", "charts/samples_per_s", "sft/loss",
+                                                       "sft/flow_mse", "sft/token_accuracy", "train/grad_norm",
+                                                       "val/success_rate"])
+            finally:  # the checkpoint just written, also by a stop: its policy as last/ (and best/, which its state
+                # names and a resume exports)
+                if evaluating and run.is_main and run.saved_iteration == iteration + 1:
+                    with run.uninterrupted():
+                        saved = os.path.join(run.run_dir, "checkpoints", f"iter_{iteration + 1:06d}", "policy")
+                        copy_policy(saved, os.path.join(run.run_dir, "last"))
+                        if improved:
+                            copy_policy(saved, os.path.join(run.run_dir, "best"))
 
         best = run.state["best"]
         if run.is_main and cfg.sft.output_path:

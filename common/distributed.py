@@ -3,7 +3,17 @@ gathering Python objects from every process, and a clean end of the process grou
 
     accelerator = make_accelerator()      # refuses a launch that asked for N processes but started 1
     rows = gather_objects(world, [...])   # the concatenation of every process's list (world 1: the list itself)
-    close_process_group(ok)               # before interpreter exit: no gloo thread left to abort the process
+    close_process_group(together)         # before interpreter exit: no gloo thread left to abort the process
+
+Why a multi-process run could abort at its very end ("terminate called without an active exception", SIGABRT, exit
+-6, after everything was written): torch.distributed.nn.functional evaluates `group=group.WORLD` as default arguments
+when it is imported, and transformers imports it (through torch.distributed.fsdp) only when a policy module is
+loaded, after accelerate made the process group. Those defaults held the group, so destroy_process_group() only
+unregistered it: gloo's worker threads lived on into interpreter finalization, and a worker thread that dropped the
+last reference to a finished collective's tensors then (a window of microseconds, long on a loaded machine) needed
+the GIL, which a finalizing interpreter answers with pthread_exit; unwinding through a noexcept destructor is
+std::terminate. make_accelerator imports that module before the group exists, so destroy_process_group frees the
+group and joins its threads (releasing the GIL) while the interpreter is whole.
 """
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ def make_accelerator():
     """An Accelerator (CPU when no GPU), refusing in one line a launch that asked for several processes but started
     one."""
     from accelerate import Accelerator
+    import torch.distributed.nn  # noqa: F401 - imported before the process group exists (module docstring)
 
     accelerator = Accelerator(cpu=not torch.cuda.is_available())
     if accelerator.num_processes == 1 and launched_alone_for_several():
@@ -52,14 +63,18 @@ def gather_objects(world: int, items: List) -> List:
     return gather_object(list(items))
 
 
-def close_process_group(ok: bool) -> None:
-    """Tear the process group down before interpreter exit, after a barrier when the run ended normally (no process
-    closes its connections while another still has work in flight on them, e.g. fsdp's weight gather after the last
-    step): left to the finaliser, gloo's threads sometimes abort a process ("terminate called without an active
-    exception")."""
+def close_process_group(together: bool) -> None:
+    """Tear the process group down before interpreter exit (module docstring: left to the finaliser, gloo's threads
+    can abort the process), after a barrier when every process got here together (a run that ended, or stopped at
+    the same safe point): none leaves while another still writes (the stop's checkpoint) or has work in flight on the
+    connections (fsdp's weight gather after the last step). Under train.strategy=fsdp the sharded policy still holds
+    the group until the process ends (FSDP's mesh), so its threads outlive this call."""
     if torch.distributed.is_initialized():
-        if ok and torch.distributed.get_world_size() > 1:
-            torch.distributed.barrier()
+        if together and torch.distributed.get_world_size() > 1:
+            try:
+                torch.distributed.barrier()
+            except RuntimeError:  # a process is gone already (killed): nothing left to wait for
+                pass
         torch.distributed.destroy_process_group()
 
 

@@ -155,6 +155,8 @@ class Run:
         self._saved_iteration = 0  # the newest checkpoint of this run
         self._last_done: Optional[Dict[str, Any]] = None  # the last completed iteration: its RNG states and run state
         self._signals = 0  # Ctrl-C / SIGTERM received
+        self._stopped_together = False  # every process raised KeyboardInterrupt at the same safe point
+        self._closing = False  # in __exit__: a signal only counts
         self._saving = False  # a checkpoint is being written: never cut short
         self._updated = False  # an optimizer step ran in this iteration (the weights moved since its start)
         self._old_handlers: Dict[int, Any] = {}
@@ -265,6 +267,7 @@ class Run:
                 self.save(last["iteration"], last["rng"])
             finally:
                 self.state = current
+        self._stopped_together = True
         raise KeyboardInterrupt
 
     # ---- end of iteration
@@ -303,21 +306,29 @@ class Run:
             self.save(done, rng_states)
         self._last_done = {"iteration": done, "rng": rng_states, "state": copy.deepcopy(self.state)}
         if stop:
+            self._stopped_together = True
             raise KeyboardInterrupt
         self.accelerator.wait_for_everyone()
 
     def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
         """The checkpoint of `iteration` (process 0 writes it; under fsdp every process writes its shards). A signal
-        never cuts it short."""
+        never cuts it short. A failed write (CheckpointError) is raised on every process (under ddp process 0 writes
+        alone: the others would go on into the next collective and fail there with a traceback)."""
         t = self._tracked
         self._saving = True
+        error = path = None
         try:
             path = fsdp.save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
                                         t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
                                         extra={"run_name": self.run_name, "state": self.state},
                                         keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+        except CheckpointError as e:
+            error = str(e)
         finally:
             self._saving = False
+        error = next((e for e in self.gather([error]) if e), None)
+        if error:
+            raise CheckpointError(error)
         self._saved_iteration = iteration
         return path
 
@@ -341,10 +352,16 @@ class Run:
         process to stop at the next safe point (a second signal on a one-process run: at once, unless a checkpoint
         is being written)."""
         self._signals += 1
+        if self._closing:  # the run is ending already (e.g. the launcher's SIGTERM once another process ended)
+            return
         if self._tracked is None:
             raise KeyboardInterrupt
         if self._signals == 1:
             now = " (Ctrl-C again to stop at once, losing the iteration under way)" if self.world == 1 else ""
+            if self.world > 1 and "TORCHELASTIC_RUN_ID" in os.environ:  # accelerate launch (torch's launcher)
+                grace = os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")
+                now = (f" (a signal to the launcher ends every process {grace} s later: a stop that needs longer needs "
+                       f"TORCH_ELASTIC_SHUTDOWN_TIMEOUT=<seconds> set before the launch)")
             _say(f"\n[{self.script}] {signal.Signals(signum).name}: stopping after the rollout or the iteration under "
                  f"way, which is then saved{now}\n")
         elif self.world == 1 and not self._saving:
@@ -361,20 +378,27 @@ class Run:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        for sig, handler in self._old_handlers.items():
-            signal.signal(sig, handler)
-        if exc_type is None and self._tracked is not None:
-            self.check_replicas()
-        if exc_type is KeyboardInterrupt and self.is_main:
-            self._report_interrupt()
-        if self.logger is not None:
-            self.logger.close()
-        if self.envs is not None:
-            try:
-                self.envs.close()
-            except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
-                pass
-        close_process_group(exc_type is None)
+        self._closing = True  # a signal from now on only counts: nothing of the teardown is cut short
+        try:
+            if exc_type is None and self._tracked is not None:
+                self.check_replicas()
+            if exc_type is KeyboardInterrupt and self.is_main:
+                self._report_interrupt()
+            if self.logger is not None:
+                self.logger.close()
+            if self.envs is not None:
+                try:
+                    self.envs.close()
+                except Exception:  # noqa: BLE001 - closing a half-dead simulator must not hide the real exit
+                    pass
+            # a run that ended or stopped together leaves together (a barrier first): the first process to exit
+            # would make the launcher end the others, process 0 perhaps still writing the stop's checkpoint
+            close_process_group(exc_type is None or (exc_type is KeyboardInterrupt and self._stopped_together))
+        finally:
+            for sig, handler in self._old_handlers.items():
+                # several processes: the process ends now, and the launcher's SIGTERM once another one has ended
+                # must not cut its exit (its error line, exit code 130) short
+                signal.signal(sig, signal.SIG_IGN if self.world > 1 else handler)
         if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
         if exc_type is KeyboardInterrupt:

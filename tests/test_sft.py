@@ -198,6 +198,32 @@ def test_ctrl_c_saves_the_sft_and_resume_finishes_it_bitwise(tmp_path):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
+def test_a_stop_at_the_last_block_exports_that_blocks_policy_on_resume(tmp_path):
+    """#47: a SIGINT that lands while block 1's checkpoint is written (tests/fixtures/signal_in_save.py) stops the run
+    at the end of block 2, its last: that checkpoint is saved, but best/ and last/ were copied only after a block that
+    did not stop, so the resume (nothing left to train) exported block 1's best/ while the run said step 10 (with
+    sft.eval_every=0 best/ did not exist and the resume crashed). The export is now the last checkpoint's policy."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "fixtures", "signal_in_save.py"), "train_sft.py",
+                          *SMALL, "sft.steps=10", "sft.eval_every=5", f"log.output_dir={tmp_path}/runs",
+                          f"log.plots_dir={tmp_path}/plots", f"sft.output_path={tmp_path}/exported"], cwd=ROOT,
+                         env=dict(SFT_ENV, SIGNAL_CHECKPOINT="iter_000001", SIGNALS="1"), capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 130 and "[test] 1 SIGINT sent" in out.stdout, out.stderr[-3000:]
+    (name,) = os.listdir(tmp_path / "runs")
+    run_dir = tmp_path / "runs" / name
+    assert sorted(os.listdir(run_dir / "checkpoints")) == ["iter_000001", "iter_000002"]  # block 2 saved by the stop
+    last = load_file(str(run_dir / "checkpoints" / "iter_000002" / "policy" / "model.safetensors"))
+    assert all(torch.equal(load_file(str(run_dir / folder / "model.safetensors"))[k], v)
+               for folder in ("best", "last") for k, v in last.items())  # a tie (0.0 success) keeps the later one
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "train_sft.py"), "--resume", str(run_dir)], cwd=ROOT,
+                         env=SFT_ENV, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "best policy (step 10," in out.stdout
+    exported = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    assert all(torch.equal(exported[k], v) for k, v in last.items())
+
+
 def test_ctrl_c_during_the_auto_sft_phase_of_an_rl_run(tmp_path):
     """The README's first command starts with train_sft.py (init.mode=auto_sft): Ctrl-C there (the terminal sends
     SIGINT to both processes) ends both without a traceback, exit 130, the SFT's progress saved; running the same

@@ -290,14 +290,20 @@ def test_bad_command_line_exits_with_one_line(tmp_path):
 
 
 def test_two_processes_with_a_critic_warmup(tmp_path):
-    """2 accelerate processes on CPU; train.critic_warmup_iterations=1: iteration 1 moves the value head only."""
+    """2 accelerate processes on CPU; train.critic_warmup_iterations=1: iteration 1 moves the value head only. At
+    interpreter exit neither process has a gloo thread left (tests/fixtures/exit_threads.py): one alive then could
+    abort the process during finalization (#47: 'terminate called without an active exception', exit -6)."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29523",
-           os.path.join(ROOT, "train_gae_ppo.py"), *FAST, "--task-id", "0", "train.iterations=2",
-           "rollout.episodes_per_iteration=4", "train.critic_warmup_iterations=1", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
+           os.path.join(ROOT, "tests", "fixtures", "exit_threads.py"), "train_gae_ppo.py", *FAST, "--task-id", "0",
+           "train.iterations=2", "rollout.episodes_per_iteration=4", "train.critic_warmup_iterations=1",
+           f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert " x2 | " in out.stdout and "policy and value_head weights identical on all 2 processes" in out.stdout
+    exits = dict(line[len("[exit threads] process "):].split(": ") for line in out.stdout.splitlines()
+                 if line.startswith("[exit threads]"))
+    assert sorted(exits) == ["0", "1"] and all(len(t.split()) == 1 for t in exits.values()), exits  # the main thread
     (name,) = runs_in(tmp_path / "runs")
     rows = read_metrics(str(tmp_path / "runs" / name))
     assert [r["iteration"] for r in rows] == [0, 1, 2]
