@@ -61,21 +61,24 @@ SPLITS = [[range(0, 6), range(6, 8)], [range(0, 8), range(0, 0)]]
 
 def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None,
            shards: str = ""):
-    """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes; returns the gathered
-    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds: under fsdp the shards of
-    weights and optimizer state each process wrote into the folder `shards` (torch.distributed.checkpoint)."""
+    """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes, through the scripts'
+    update plumbing (sharded_update, micro_batches: under fsdp the short process runs zero-weight padding
+    micro-batches); returns the gathered weights, the gradient norms and (after `stop_after` updates) what a
+    checkpoint holds: under fsdp the shards of weights and optimizer state each process wrote into the folder
+    `shards` (torch.distributed.checkpoint)."""
     from accelerate import Accelerator
 
     from common import fsdp
-    from common.train import adamw_with_warmup, optimizer_step
+    from common.distributed import gather_objects
+    from common.train import adamw_with_warmup, micro_batches, optimizer_step, sharded_update
 
     accelerator = Accelerator(cpu=True)
-    fsdp.BUCKET = 40  # fsdp's gradient mean in several all-reduces (of 40+ elements) instead of one
     torch.manual_seed(0)
     model = Toy()
     if resume is not None:
         model.load_state_dict(resume["weights"])
-    run = SimpleNamespace(accelerator=accelerator, device=torch.device("cpu"), world=world,
+    run = SimpleNamespace(accelerator=accelerator, device=torch.device("cpu"), world=world, rank=rank,
+                          gather=lambda items: gather_objects(world, items),
                           cfg=SimpleNamespace(train=SimpleNamespace(strategy=strategy, fsdp_offload=offload)))
     model = fsdp.shard_policy(run, model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -89,17 +92,16 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     fsdp.register(model, [optimizer])
     norms, saved = [], None
     for update in range(0 if resume is None else stop_after, 2):
-        optimizer.zero_grad(set_to_none=True)
-        rows = list(SPLITS[update][rank]) if world > 1 else list(range(8))
-        for s in range(0, len(rows), 4):
-            part = rows[s:s + 4]
-            loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
-            loss.backward()
-        norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
+        rows = torch.tensor(list(SPLITS[update][rank]) if world > 1 else list(range(8)), dtype=torch.long)
+        with sharded_update(run, model, rows) as pad:
+            optimizer.zero_grad(set_to_none=True)
+            for part, weight in micro_batches(rows, torch.arange(len(rows)), 4, pad):
+                loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
+                (loss * weight).backward()
+            norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
         if update + 1 == stop_after and resume is None:
             with fsdp.plain_state_dicts(model):
                 weights = {k: v.clone() for k, v in model.state_dict().items()}
-            fsdp.reshard(model)
             if fsdp.is_sharded(model):
                 fsdp.save_shards(model, {"actor": optimizer}, shards)
             states = {} if fsdp.is_sharded(model) else {"actor": optimizer.state_dict()}
