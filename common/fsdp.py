@@ -340,7 +340,7 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
 
     def write_shards(folder: str) -> None:
         save_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, folder, held)
-        if rank == 0:
+        if rank == 0 and fresh:  # no file: every optimizer has state (the layout is the shards alone)
             with open(os.path.join(folder, FRESH_OPTIMIZERS), "w") as f:
                 json.dump(fresh, f)
 
