@@ -9,12 +9,14 @@ Two modes, each entered by one collective on every process:
              no forward may be a collective. `gather_weights`; the mode a run starts in (`register`) and returns to.
   update     `sharded(policy)`, around every script's update loop: the layers are resharded, FSDP gathers each one
              for its forward and again for its backward (reshard_after_forward) and reduce-scatters its gradients
-             itself. Every process runs the same number of micro-batches (common/train.py `micro_batches` pads the
-             short ones with zero-weight micro-batches), so every collective has a partner. Gradients accumulate
-             unreduced over a mini-batch's micro-batches and FSDP reduce-scatters them in its last backward
-             (`set_requires_gradient_sync`): on GPUs FSDP accumulates the bf16 gradients in fp32
-             (MixedPrecisionPolicy reduce_dtype), the reduce-scatter is fp32, and on CPU (fp32 throughout) the sums
-             are ddp's sums in ddp's order (equal bitwise at 2 processes, tests/test_distributed.py).
+             itself, in fp32 (MixedPrecisionPolicy reduce_dtype). Every process runs the same number of
+             micro-batches (common/train.py `micro_batches` pads the short ones with zero-weight micro-batches), so
+             every collective has a partner. Gradient accumulation over a mini-batch's micro-batches
+             (`sync_gradients`), in fp32 either way: on GPUs every micro-batch's backward reduce-scatters and the
+             fp32 gradient shards accumulate (1/N of the gradients held: the memory FSDP is for); on CPU (fp32
+             throughout) the micro-batches accumulate unreduced and the last one's backward reduce-scatters, so the
+             sums are ddp's sums in ddp's order (equal bitwise at 2 processes, tests/test_distributed.py; a
+             reduce-scatter per micro-batch differs from ddp by float rounding, REDUCE_EVERY_MICRO_BATCH).
 The root: the scripts call the policy's methods (act, log_prob, velocity, ...), never its forward, so FSDP's hooks on
 the root (the weights outside the layers: embeddings, heads, projector) would never run. `shard_policy` runs them
 once through a no-op method registered as a forward method (`register_fsdp_forward_method`), which makes the policy
@@ -44,6 +46,7 @@ STRATEGIES = ("ddp", "fsdp")
 BLOCK_LISTS = ("layers", "blocks", "layer", "h")  # nn.ModuleList names holding decoder layers / vision blocks
 FRESH_OPTIMIZERS = "fresh_optimizers.json"  # in shards/: the optimizers that had not stepped yet (no state)
 ROOT_FORWARD = "fsdp_root_forward"  # the no-op method through which the root's FSDP hooks run once (shard_policy)
+REDUCE_EVERY_MICRO_BATCH: Optional[bool] = None  # None: yes on GPUs, on CPU only a mini-batch's last (sync_gradients)
 
 
 def check_strategy(strategy: str, offload: bool) -> None:
@@ -121,12 +124,15 @@ def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
     getattr(policy, ROOT_FORWARD)()  # collective: gathers the root's own weights
     policy.set_reshard_after_backward(False, recurse=False)  # the root stays gathered through an update
     policy.reshard()
+    every = REDUCE_EVERY_MICRO_BATCH
+    _REDUCE_EVERY[id(policy)] = run.device.type == "cuda" if every is None else every
     return policy
 
 
 # ---- the two modes
 
 _UPDATING: set = set()  # id() of the sharded policies in the update mode (`sharded`)
+_REDUCE_EVERY: Dict[int, bool] = {}  # id(policy): whether every micro-batch's backward reduce-scatters (shard_policy)
 
 
 def gather_weights(policy: torch.nn.Module) -> None:
@@ -162,11 +168,13 @@ def sharded(policy: torch.nn.Module) -> Iterator[None]:
     gather_weights(policy)
 
 
-def sync_gradients(policy: torch.nn.Module, sync: bool) -> None:
-    """Whether the next backward reduce-scatters the gradients (True) or accumulates them unreduced for a later one
-    (False: FSDP keeps them full size, in fp32 under a bf16 MixedPrecisionPolicy). ddp: nothing."""
+def sync_gradients(policy: torch.nn.Module, last: bool) -> None:
+    """Before each micro-batch's backward (common/train.py MicroBatches; `last`: the mini-batch's last): whether it
+    reduce-scatters the gradients. On GPUs every one does and FSDP adds each result to the fp32 gradient shards; on
+    CPU only the last, the earlier ones accumulating full size and unreduced, as ddp's (REDUCE_EVERY_MICRO_BATCH,
+    set before shard_policy, decides instead when not None). ddp: nothing."""
     if is_sharded(policy):
-        policy.set_requires_gradient_sync(sync)
+        policy.set_requires_gradient_sync(last or _REDUCE_EVERY.get(id(policy), False))
 
 
 def _after_step(policy: torch.nn.Module) -> None:

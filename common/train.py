@@ -112,8 +112,8 @@ class MicroBatches:
     """A mini-batch's micro-batches, iterated as (rows, weight) pairs: this process's own (weight 1.0), then under
     fsdp as many padding ones (`Padding.row`, weight 0.0: a loss times 0 gives exactly zero gradient) as make its
     count the largest process's, so every process runs the same forwards and backwards. `count`: the number of this
-    process's own micro-batches (at least 1), the divisor of each script's mean over them. Under fsdp the gradients
-    of the micro-batches accumulate unreduced and FSDP reduce-scatters them in the last backward."""
+    process's own micro-batches (at least 1), the divisor of each script's mean over them. Under fsdp it tells FSDP
+    before each backward whether to reduce-scatter (common/fsdp.py `sync_gradients`)."""
 
     def __init__(self, parts: List[Any], pad: Optional[Padding]):
         self.parts, self.pad = parts, pad

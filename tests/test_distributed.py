@@ -112,11 +112,14 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     return final, norms, saved
 
 
-def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards: str, results) -> None:
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, every, shards: str, results) -> None:
     import os
+
+    from common import fsdp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    fsdp.REDUCE_EVERY_MICRO_BATCH = every  # None: CPU's default (the mini-batch's last backward reduce-scatters)
     final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1, shards=shards)
     shared = [saved]  # the weights as process 0 writes them into policy/ (fsdp: the optimizer state is in `shards`)
     torch.distributed.broadcast_object_list(shared, src=0)
@@ -125,7 +128,7 @@ def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards
     torch.distributed.destroy_process_group()
 
 
-def _spawn(strategy: str, offload: bool = False):
+def _spawn(strategy: str, offload: bool = False, every=None):
     import os
     import socket
     import tempfile
@@ -138,7 +141,7 @@ def _spawn(strategy: str, offload: bool = False):
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         results = manager.dict()
         shards = os.path.join(tmp, "shards")
-        mp.spawn(_on_two_processes, args=(port, strategy, offload, shards, results), nprocs=2, join=True)
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, every, shards, results), nprocs=2, join=True)
         if strategy == "fsdp":  # one file per process, nothing gathered
             assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         return dict(results)
@@ -152,17 +155,27 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
     one, one_norms, _ = _train(0, 1, "ddp")
     assert max((one[k] - start[k]).abs().max() for k in start) > 0.05  # the updates really move the weights
     assert one_norms[0] > 1.0  # and the first one is clipped
-    for strategy, offload in (("ddp", False), ("fsdp", False), ("fsdp", True)):
-        results = _spawn(strategy, offload)
+    finals = {}
+    # fsdp: the CPU default (micro-batches accumulated unreduced, one reduce-scatter per mini-batch), with offload,
+    # and the GPU default (a reduce-scatter in every micro-batch's backward)
+    for strategy, offload, every in (("ddp", False, None), ("fsdp", False, None), ("fsdp", True, None),
+                                     ("fsdp", False, True)):
+        results = _spawn(strategy, offload, every)
         for rank in (0, 1):
             final, norms, resumed, norms2 = results[rank]
-            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload)
+            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload, every)
             for k in one:
-                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {every} {k}")
                 if strategy == "fsdp":  # restarted after update 1 from its checkpoint: the uninterrupted run
-                    assert torch.equal(resumed[k], final[k]), (offload, k)
+                    assert torch.equal(resumed[k], final[k]), (offload, every, k)
             if strategy == "fsdp":
                 assert norms2 == norms[1:]
+        finals[strategy, offload, every] = results[0][0]
+    # process 1 ran one micro-batch and a zero-weight one in update 1, two borrowed zero-weight ones in update 2: on
+    # CPU fsdp adds ddp's sums in ddp's order, so its weights are ddp's bitwise
+    for k in one:
+        for offload in (False, True):
+            assert torch.equal(finals["fsdp", offload, None][k], finals["ddp", False, None][k]), (offload, k)
 
 
 # ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
