@@ -4,7 +4,8 @@ scripts' own path (shard_policy, Run's register, the update mode `fsdp.sharded`,
 
     python benchmarks/fsdp_memory.py                      # ddp, fsdp, fsdp+offload on 2 processes, one table
     python benchmarks/fsdp_memory.py --hidden 1024 --layers 12
-    python benchmarks/fsdp_memory.py --micro 4            # 4 micro-batches per step (fsdp accumulates full size)
+    python benchmarks/fsdp_memory.py --micro 4            # 4 micro-batches per step (CPU fsdp accumulates full size)
+    python benchmarks/fsdp_memory.py --micro 4 --reduce-every-micro-batch  # fsdp as on GPUs: fp32 gradient shards
 
 Per process it reports the peak resident memory (ru_maxrss, includes ~0.4 GiB of python + torch), the parameter
 bytes held at rest (the shards under fsdp) and the optimizer state bytes. CPU figures: on one host "offload" moves
@@ -41,6 +42,7 @@ def worker(rank: int, world: int, port: int, strategy: str, offload: bool, args,
     from common.train import adamw_with_warmup, optimizer_step
 
     accelerator = Accelerator(cpu=True)
+    fsdp.REDUCE_EVERY_MICRO_BATCH = True if args.reduce_every_micro_batch else None
     torch.manual_seed(0)
     cfg = Qwen2Config(hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
                       num_attention_heads=args.hidden // 64, num_key_value_heads=2, vocab_size=args.vocab)
@@ -76,6 +78,8 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--micro", type=int, default=1, help="micro-batches per step (gradient accumulation)")
+    ap.add_argument("--reduce-every-micro-batch", action="store_true",
+                    help="fsdp: a reduce-scatter in every micro-batch's backward (the GPU default) instead of the last")
     args = ap.parse_args()
     rows = []
     for strategy, offload in (("ddp", False), ("fsdp", False), ("fsdp", True)):
@@ -94,7 +98,8 @@ def main() -> None:
         hidden_size=args.hidden, intermediate_size=4 * args.hidden, num_hidden_layers=args.layers,
         num_attention_heads=args.hidden // 64, num_key_value_heads=2, vocab_size=args.vocab)).parameters())
     print(f"{n / 1e6:.0f}M parameters, {args.processes} processes, batch {args.batch} x {args.seq} tokens per process, "
-          f"{args.micro} micro-batch(es) per step")
+          f"{args.micro} micro-batch(es) per step" + (", fsdp reduce-scatters every micro-batch"
+                                                       if args.reduce_every_micro_batch else ""))
     print("| strategy | peak RSS / process (GiB) | params at rest (GiB) | AdamW state (GiB) |\n|---|---|---|---|")
     for r in rows:
         print(f"| {r['strategy']} | {r['peak_rss_gib']:.2f} | {r['params_at_rest_gib']:.3f} | "

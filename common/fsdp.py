@@ -7,10 +7,10 @@ Two modes, each entered by one collective on every process:
              evaluation, reference log-probs (peft's disable_adapter), values and FlowSAR's self-annotation run:
              processes run different numbers of forwards there (episodes end early, evaluation trials are split), so
              no forward may be a collective. `gather_weights`; the mode a run starts in (`register`) and returns to.
-  update     `sharded(policy)`, around every script's update loop: the layers are resharded, FSDP gathers each one
-             for its forward and again for its backward (reshard_after_forward) and reduce-scatters its gradients
-             itself, in fp32 (MixedPrecisionPolicy reduce_dtype). Every process runs the same number of
-             micro-batches (common/train.py `micro_batches` pads the short ones with zero-weight micro-batches), so
+  update     `sharded(policy)`, around every script's update loop: the layers are resharded; FSDP gathers each one
+             for its forward, keeps it through its backward (RESHARD_AFTER_FORWARD), reshards it and reduce-scatters
+             its gradients itself, in fp32 (MixedPrecisionPolicy reduce_dtype). Every process runs the same number
+             of micro-batches (common/train.py `micro_batches` pads the short ones with zero-weight micro-batches), so
              every collective has a partner. Gradient accumulation over a mini-batch's micro-batches
              (`sync_gradients`), in fp32 either way: on GPUs every micro-batch's backward reduce-scatters and the
              fp32 gradient shards accumulate (1/N of the gradients held: the memory FSDP is for); on CPU (fp32
@@ -47,6 +47,12 @@ BLOCK_LISTS = ("layers", "blocks", "layer", "h")  # nn.ModuleList names holding 
 FRESH_OPTIMIZERS = "fresh_optimizers.json"  # in shards/: the optimizers that had not stepped yet (no state)
 ROOT_FORWARD = "fsdp_root_forward"  # the no-op method through which the root's FSDP hooks run once (shard_policy)
 REDUCE_EVERY_MICRO_BATCH: Optional[bool] = None  # None: yes on GPUs, on CPU only a mini-batch's last (sync_gradients)
+# In the update, a layer gathered for its forward is kept until its backward is done (False), or freed after its
+# forward and gathered again for its backward (True: a layer's weights at a time, ZeRO-3). True needs layers whose
+# every output leaves through their forward's return value, where FSDP hooks the backward's gather: the token
+# policies and OpenVLA-OFT; not pi0, whose language layers hand their keys and values to the action expert through
+# the KV cache (its backward then reads a freed layer: "setStorage: ... storage of size 0").
+RESHARD_AFTER_FORWARD = False
 
 
 def check_strategy(strategy: str, offload: bool) -> None:
@@ -115,7 +121,7 @@ def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
         if run.device.type == "cuda" else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy(pin_memory=run.device.type == "cuda") if run.cfg.train.fsdp_offload else OffloadPolicy()
     for block in _blocks(policy):
-        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=True)
+        fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
     fully_shard(policy, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
     # the root's FSDP hooks, once, before any layer runs: the policy becomes FSDP's root (its lazy initialisation
     # covers every sharded module, and its backward callback reduce-scatters the root's gradients too)
@@ -150,10 +156,10 @@ def gather_weights(policy: torch.nn.Module) -> None:
 @contextlib.contextmanager
 def sharded(policy: torch.nn.Module) -> Iterator[None]:
     """The update mode, for the update loop of every script (common/train.py `sharded_update`) and train_sft.py's
-    steps: the layers' weights sharded, gathered by FSDP for each forward and backward, gradients reduce-scattered
-    by FSDP; on the way out the weights are gathered again for rollouts and evaluation (`gather_weights`; not after
-    an exception). Collective on entry and exit; every process must then run the same forwards and backwards in the
-    same order. ddp: nothing."""
+    steps: the layers' weights sharded, gathered by FSDP for each micro-batch (RESHARD_AFTER_FORWARD), gradients
+    reduce-scattered by FSDP; on the way out the weights are gathered again for rollouts and evaluation
+    (`gather_weights`; not after an exception). Collective on entry and exit; every process must then run the same
+    forwards and backwards in the same order. ddp: nothing."""
     if not is_sharded(policy):
         yield
         return
@@ -161,7 +167,7 @@ def sharded(policy: torch.nn.Module) -> Iterator[None]:
     # prefetching by them, and the rollout's differ between processes
     policy.reset_iter_state()
     for m in fsdp_modules(policy)[:-1]:
-        m.set_reshard_after_forward(True, recurse=False)
+        m.set_reshard_after_forward(RESHARD_AFTER_FORWARD, recurse=False)
     policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`_after_step`)
     _UPDATING.add(id(policy))
     yield

@@ -112,14 +112,15 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     return final, norms, saved
 
 
-def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, every, shards: str, results) -> None:
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, zero3: bool, shards: str, results) -> None:
     import os
 
     from common import fsdp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
-    fsdp.REDUCE_EVERY_MICRO_BATCH = every  # None: CPU's default (the mini-batch's last backward reduce-scatters)
+    if zero3:  # a reduce-scatter in every micro-batch's backward (as on GPUs) and layers freed after their forward
+        fsdp.REDUCE_EVERY_MICRO_BATCH, fsdp.RESHARD_AFTER_FORWARD = True, True
     final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1, shards=shards)
     shared = [saved]  # the weights as process 0 writes them into policy/ (fsdp: the optimizer state is in `shards`)
     torch.distributed.broadcast_object_list(shared, src=0)
@@ -128,7 +129,7 @@ def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, every,
     torch.distributed.destroy_process_group()
 
 
-def _spawn(strategy: str, offload: bool = False, every=None):
+def _spawn(strategy: str, offload: bool = False, zero3: bool = False):
     import os
     import socket
     import tempfile
@@ -141,7 +142,7 @@ def _spawn(strategy: str, offload: bool = False, every=None):
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         results = manager.dict()
         shards = os.path.join(tmp, "shards")
-        mp.spawn(_on_two_processes, args=(port, strategy, offload, every, shards, results), nprocs=2, join=True)
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, zero3, shards, results), nprocs=2, join=True)
         if strategy == "fsdp":  # one file per process, nothing gathered
             assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         return dict(results)
@@ -157,25 +158,25 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
     assert one_norms[0] > 1.0  # and the first one is clipped
     finals = {}
     # fsdp: the CPU default (micro-batches accumulated unreduced, one reduce-scatter per mini-batch), with offload,
-    # and the GPU default (a reduce-scatter in every micro-batch's backward)
-    for strategy, offload, every in (("ddp", False, None), ("fsdp", False, None), ("fsdp", True, None),
+    # and ZeRO-3 (a reduce-scatter in every micro-batch's backward, as on GPUs; layers freed after their forward)
+    for strategy, offload, zero3 in (("ddp", False, False), ("fsdp", False, False), ("fsdp", True, False),
                                      ("fsdp", False, True)):
-        results = _spawn(strategy, offload, every)
+        results = _spawn(strategy, offload, zero3)
         for rank in (0, 1):
             final, norms, resumed, norms2 = results[rank]
-            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload, every)
+            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload, zero3)
             for k in one:
-                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {every} {k}")
+                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {zero3} {k}")
                 if strategy == "fsdp":  # restarted after update 1 from its checkpoint: the uninterrupted run
-                    assert torch.equal(resumed[k], final[k]), (offload, every, k)
+                    assert torch.equal(resumed[k], final[k]), (offload, zero3, k)
             if strategy == "fsdp":
                 assert norms2 == norms[1:]
-        finals[strategy, offload, every] = results[0][0]
+        finals[strategy, offload, zero3] = results[0][0]
     # process 1 ran one micro-batch and a zero-weight one in update 1, two borrowed zero-weight ones in update 2: on
     # CPU fsdp adds ddp's sums in ddp's order, so its weights are ddp's bitwise
     for k in one:
         for offload in (False, True):
-            assert torch.equal(finals["fsdp", offload, None][k], finals["ddp", False, None][k]), (offload, k)
+            assert torch.equal(finals["fsdp", offload, False][k], finals["ddp", False, False][k]), (offload, k)
 
 
 # ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
