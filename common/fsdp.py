@@ -1,6 +1,9 @@
 """train.strategy=fsdp: the policy's weights, gradients and optimizer state sharded over the processes with stock
-torch FSDP2 (`fully_shard` per transformer layer / vision block, then the root; public APIs only), one code path on
-CPU (gloo) and GPUs (NCCL).
+torch FSDP2 (`fully_shard` per transformer layer / vision block, then the root), one code path on CPU (gloo) and GPUs
+(NCCL). Public torch APIs only: fully_shard, register_fsdp_forward_method, FSDPModule's unshard / reshard /
+reset_iter_state / set_reshard_after_forward / set_reshard_after_backward / set_requires_gradient_sync,
+DTensor.full_tensor / from_local, torch.distributed.checkpoint and its get/set_*_state_dict, Module's
+register_state_dict_post_hook.
 
 Two modes, each entered by one collective on every process:
   rollouts   every module's weights gathered once (`unshard`, reshard_after_forward off) and kept while rollouts,
@@ -50,8 +53,9 @@ REDUCE_EVERY_MICRO_BATCH: Optional[bool] = None  # None: yes on GPUs, on CPU onl
 # In the update, a layer gathered for its forward is kept until its backward is done (False), or freed after its
 # forward and gathered again for its backward (True: a layer's weights at a time, ZeRO-3). True needs layers whose
 # every output leaves through their forward's return value, where FSDP hooks the backward's gather: the token
-# policies and OpenVLA-OFT; not pi0, whose language layers hand their keys and values to the action expert through
-# the KV cache (its backward then reads a freed layer: "setStorage: ... storage of size 0").
+# policies (run so on CPU) and, by their structure, OpenVLA-OFT; not pi0, whose language layers hand their keys and
+# values to the action expert through the KV cache (its backward then reads a freed layer: "setStorage: ... storage
+# of size 0", FlowSAR on CPU). A family-level switch would belong in models/ (docs/scale.md).
 RESHARD_AFTER_FORWARD = False
 
 
