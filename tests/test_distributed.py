@@ -148,6 +148,7 @@ def _spawn(strategy: str, offload: bool = False, zero3: bool = False):
         return dict(results)
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactly():
     import pytest
 
@@ -238,6 +239,7 @@ def _resume_from_iteration_1(run_dir, tmp_path, port, *launch):
     return str(copy), _launch(["--resume", str(copy)], tmp_path / "resumed", port, *launch)
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_and_loads_in_one_process(
         tmp_path):
     import glob
@@ -331,6 +333,7 @@ def _evaluated(run_dir, out_dir):
     return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise_and_loads_in_one_process(
         tmp_path):
     import os
@@ -449,6 +452,7 @@ def _save_on_two_processes(rank: int, port: int, run_dir: str, results) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sharded_save_is_one_atomic_checkpoint_and_a_failure_on_any_process_is_one_line_on_every_one(tmp_path):
     import os
     import socket
@@ -514,6 +518,7 @@ def _assert_adam_steps_match(got, expected, lr, steps, what):
     assert far <= 1e-3 * total, f"{what}: {far} of {total} weights differ by more than 1e-5"
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy_evaluates_in_one_process(
         tmp_path):
     import json
@@ -568,6 +573,7 @@ def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy
     assert results["trials"] == 2, results
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwise(tmp_path):
     import glob
     import os
@@ -619,6 +625,7 @@ def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwis
     assert [r for r in rows if r["charts/step"] <= step] == [r for r in expected if r["charts/step"] <= step]
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_srpo_fsdp_signal_during_the_update_of_one_process_finishes_and_saves_that_iteration_then_resumes_bitwise(
         tmp_path):
     """A SIGINT that lands inside iteration 2's update on process 0 only (tests/fixtures/signal_in_update.py): the
