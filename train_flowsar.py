@@ -96,7 +96,7 @@ from common.rollout import collect_rollouts, flatten_steps
 from common.init import initial_policy
 from common.run import start_run
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
-                          rollout_metrics, sample_prompts)
+                          rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
 
 LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
@@ -244,29 +244,31 @@ if __name__ == "__main__":
             t0 = time.perf_counter()
             policy.train()
             stats = {}
-            for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather):
-                optimizer.zero_grad(set_to_none=True)
-                micro = micro_batches(steps, mb_inds, mb)
-                for part in micro:
-                    v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
-                                              part.tensor("flow_t", device))
-                    u_target = part.tensor("flow_epsilon", device) - part.tensor("a", device)
-                    # the executed part only (a pi0 checkpoint: first 5 of 50 steps, 7 of 32 dims, as FlowSAR's
-                    # RLinf loss crops it; the whole chunk otherwise), and of a chunk the episode's end cut short
-                    # only the actions the env ran
-                    ex = (slice(None), slice(0, policy.action_chunk), slice(0, ACTION_DIM))
-                    ran = torch.arange(policy.action_chunk, device=device)[None, :, None] < \
-                        part.tensor("executed", device)[:, None, None]
-                    loss, loss_metrics = compute_flow_sar_loss(
-                        v_theta[ex], part.tensor("v_old", device)[ex], u_target[ex], part.tensor("weights", device),
-                        part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
-                        loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
-                        flow_t=part.tensor("flow_t", device), element_mask=ran)
-                    (loss / len(micro)).backward()
-                grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
-                if micro:  # the last micro-batch's loss terms and this mini-batch's gradient norm
-                    for k, v in {**loss_metrics, "grad_norm": grad_norm}.items():
-                        stats.setdefault(k, []).append(v)
+            with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
+                for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather):
+                    optimizer.zero_grad(set_to_none=True)
+                    micro, logged = micro_batches(steps, mb_inds, mb, pad), None
+                    for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
+                        v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
+                                                  part.tensor("flow_t", device))
+                        u_target = part.tensor("flow_epsilon", device) - part.tensor("a", device)
+                        # the executed part only (a pi0 checkpoint: first 5 of 50 steps, 7 of 32 dims, as FlowSAR's
+                        # RLinf loss crops it; the whole chunk otherwise), and of a chunk the episode's end cut short
+                        # only the actions the env ran
+                        ex = (slice(None), slice(0, policy.action_chunk), slice(0, ACTION_DIM))
+                        ran = torch.arange(policy.action_chunk, device=device)[None, :, None] < \
+                            part.tensor("executed", device)[:, None, None]
+                        loss, loss_metrics = compute_flow_sar_loss(
+                            v_theta[ex], part.tensor("v_old", device)[ex], u_target[ex], part.tensor("weights", device),
+                            part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
+                            loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
+                            flow_t=part.tensor("flow_t", device), element_mask=ran)
+                        (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                        logged = loss_metrics if weight else logged
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
+                    if logged is not None:  # this process's last micro-batch's loss terms and the gradient norm
+                        for k, v in {**logged, "grad_norm": grad_norm}.items():
+                            stats.setdefault(k, []).append(v)
 
             # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update (fsdp: shard by shard)
             run.state["ema_updates"] += 1

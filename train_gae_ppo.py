@@ -121,7 +121,7 @@ from common.fsdp import full_tensor, shard_policy
 from common.init import initial_policy
 from common.run import start_run
 from common.train import (adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches, minibatches,
-                          rollout_metrics, sample_prompts)
+                          rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, ValueHead
 from models.policy import action_kind
 
@@ -319,55 +319,62 @@ if __name__ == "__main__":
                 value_head.train()
             stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
                                      "value_clipfrac", "grad_norm", "critic_grad_norm")}
-            for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather):
-                actor_opt.zero_grad(set_to_none=True)
-                if use_gae:
-                    critic_opt.zero_grad(set_to_none=True)
-                micro = micro_batches(steps, mb_inds, mb)
-                for part in micro:
-                    if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
-                        log_prob, hidden = policy.transition_log_prob(
-                            part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
-                            part.tensor("x_next", device), noise, return_hidden=True, executed=part.tensor("executed"))
-                        log_prob, entropy = log_prob[:, None], None
-                    else:
-                        log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
-                                                                    temp, return_hidden=True)
-                    adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
-                    mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
-                    pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
-                        old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
-                        clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
-                        loss_agg_mode=alg.loss_agg_mode)
-                    actor_loss = pg_loss
-                    if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
-                        entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
-                        actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
-                        stats["entropy"].append(entropy_loss.detach())
-                    loss = actor_loss if move_actor else torch.zeros((), device=device)
+            with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
+                for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather):
+                    actor_opt.zero_grad(set_to_none=True)
                     if use_gae:
-                        features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
-                        vpreds = value_head(features)
-                        vf_loss, vf_clipfrac = compute_value_loss(
-                            vpreds, part.tensor("returns", device), part.tensor("values", device),
-                            torch.ones_like(vpreds), alg.cliprange_value)
-                        loss = loss + alg.value_loss_coef * vf_loss
-                        stats["value_loss"].append(vf_loss.detach())
-                        stats["value_clipfrac"].append(vf_clipfrac.detach())
-                    (loss / len(micro)).backward()
-                    for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
-                                 ("pg_clipfrac_lower", pg_clipfrac_lower)):
-                        stats[k].append(v.detach())  # read once after the update: no host sync here
-                average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
-                if use_gae:  # separate clipping (and logging) of the two norms
-                    stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
-                        critic_params, cfg.train.critic_max_grad_norm))
-                    critic_opt.step()
-                actor_norm = full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, cfg.train.actor_max_grad_norm))
-                if move_actor:
-                    stats["grad_norm"].append(actor_norm)
-                    actor_opt.step()
-                    actor_sched.step()
+                        critic_opt.zero_grad(set_to_none=True)
+                    micro = micro_batches(steps, mb_inds, mb, pad)
+                    for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
+                        if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
+                            log_prob, hidden = policy.transition_log_prob(
+                                part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
+                                part.tensor("x_next", device), noise, return_hidden=True,
+                                executed=part.tensor("executed"))
+                            log_prob, entropy = log_prob[:, None], None
+                        else:
+                            log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions,
+                                                                        part.tensor("tokens"), temp, return_hidden=True)
+                        adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
+                        mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
+                        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
+                            old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
+                            clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
+                            loss_agg_mode=alg.loss_agg_mode)
+                        actor_loss = pg_loss
+                        if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
+                            entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
+                            actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
+                        loss = actor_loss if move_actor else torch.zeros((), device=device)
+                        if use_gae:
+                            features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
+                            vpreds = value_head(features)
+                            vf_loss, vf_clipfrac = compute_value_loss(
+                                vpreds, part.tensor("returns", device), part.tensor("values", device),
+                                torch.ones_like(vpreds), alg.cliprange_value)
+                            loss = loss + alg.value_loss_coef * vf_loss
+                        (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                        if not weight:
+                            continue  # padding: no statistics
+                        for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                                     ("pg_clipfrac_lower", pg_clipfrac_lower)):
+                            stats[k].append(v.detach())  # read once after the update: no host sync here
+                        if entropy is not None:
+                            stats["entropy"].append(entropy_loss.detach())
+                        if use_gae:
+                            stats["value_loss"].append(vf_loss.detach())
+                            stats["value_clipfrac"].append(vf_clipfrac.detach())
+                    average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
+                    if use_gae:  # separate clipping (and logging) of the two norms
+                        stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
+                            critic_params, cfg.train.critic_max_grad_norm))
+                        critic_opt.step()
+                    actor_norm = full_tensor(torch.nn.utils.clip_grad_norm_(actor_params,
+                                                                            cfg.train.actor_max_grad_norm))
+                    if move_actor:
+                        stats["grad_norm"].append(actor_norm)
+                        actor_opt.step()
+                        actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = actor_sched.get_last_lr()[0]  # the policy's learning rate, as in every script
             metrics.update(mean_stats(stats))

@@ -116,7 +116,7 @@ from common.init import initial_policy
 from common.run import start_run
 from common.srpo import filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step, rollout_metrics,
-                          sample_prompts)
+                          sample_prompts, sharded_update)
 from models import ACTION_DIM
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
@@ -299,20 +299,23 @@ if __name__ == "__main__":
             policy.train()
             stats = {k: [] for k in LOSS_KEYS + ("entropy", "sft_loss", "grad_norm")}
             if sum(kept_counts) > 0:
-                for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                           cfg.train.ppo_epochs, run.gather):
-                    optimizer.zero_grad(set_to_none=True)
-                    micro = micro_batches(steps, mb_inds, mb)
-                    for part in micro:
-                        log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
-                        loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
-                                               part.tensor("advantages", device), part.tensor("mask", device),
-                                               part.tensor("prefix_mask", device))
-                        (loss / len(micro)).backward()
-                        for k in LOSS_KEYS + ("entropy", "sft_loss"):
-                            if k in out:
-                                stats[k].append(out[k].detach())  # read once after the update: no host sync
-                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip))
+                with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
+                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
+                                               cfg.train.ppo_epochs, run.gather):
+                        optimizer.zero_grad(set_to_none=True)
+                        micro = micro_batches(steps, mb_inds, mb, pad)
+                        for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
+                            log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
+                                                                temp)
+                            loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
+                                                   part.tensor("advantages", device), part.tensor("mask", device),
+                                                   part.tensor("prefix_mask", device))
+                            (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                            for k in LOSS_KEYS + ("entropy", "sft_loss"):
+                                if k in out and weight:
+                                    stats[k].append(out[k].detach())  # read once after the update: no host sync
+                        stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
+                                                                 cfg.train.grad_clip))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))

@@ -123,7 +123,7 @@ import torch
 
 from common.checkpoint import load_saved_policy
 from common.demos import demos_to_samples, generate_expert_demos
-from common.fsdp import shard_policy
+from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
 from common.train import adamw, optimizer_step
 from models.action_tokenizer import ActionTokenizer
@@ -294,17 +294,19 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
             metrics = run.begin_iteration(iteration)
             window: Dict[str, List[float]] = {}
             t0 = time.perf_counter()
-            for step in range(iteration * s.steps_per_iteration, s.steps(iteration + 1)):
-                idx = rng.integers(0, num_samples, b)[mine]
-                obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
-                for k in ("agentview", "wrist"):
-                    obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng, b, mine)
-                loss, info = policy.sft_loss(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm)
-                for k, v in {**info, "train/grad_norm": float(grad_norm), "train/lr": scheduler.get_last_lr()[0]}.items():
-                    window.setdefault(k, []).append(float(v))
+            with sharded(policy):  # fsdp: sharded weights (every process runs one forward and backward a step)
+                for step in range(iteration * s.steps_per_iteration, s.steps(iteration + 1)):
+                    idx = rng.integers(0, num_samples, b)[mine]
+                    obs = {k: samples[k][idx] for k in ("agentview", "wrist", "state")}
+                    for k in ("agentview", "wrist"):
+                        obs[k] = random_shift(obs[k], cfg.sft.augment_shift, rng, b, mine)
+                    loss, info = policy.sft_loss(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm)
+                    for k, v in {**info, "train/grad_norm": float(grad_norm),
+                                 "train/lr": scheduler.get_last_lr()[0]}.items():
+                        window.setdefault(k, []).append(float(v))
 
             # the block's row: its statistics averaged over the steps and the processes (their slices are equal)
             means = run.gather([{k: float(np.mean(v)) for k, v in window.items()}])

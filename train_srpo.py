@@ -111,7 +111,7 @@ from common.init import initial_policy
 from common.run import start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
 from common.train import (adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches, optimizer_step,
-                          rollout_metrics, sample_prompts)
+                          rollout_metrics, sample_prompts, sharded_update)
 from envs import max_steps
 from models import ACTION_DIM, make_trajectory_encoder
 
@@ -246,33 +246,39 @@ if __name__ == "__main__":
             stats = {k: [] for k in ("pg_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy", "kl_loss",
                                      "grad_norm")}
             if sum(kept_counts) > 0:
-                for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                           cfg.train.ppo_epochs, run.gather):
-                    optimizer.zero_grad(set_to_none=True)
-                    micro = micro_batches(steps, mb_inds, mb)
-                    for part in micro:
-                        log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"), temp)
-                        if not cfg.algorithm.entropy_coeff:
-                            entropy = entropy.detach()  # logged only: no backward through it (its gradient is 0)
-                        old_log_prob = log_prob.detach() if on_policy else part.tensor("old_log_probs", device)
-                        mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
-                        pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
-                            old_log_prob, log_prob, adv, mask,
-                            clip_ratio_low=cfg.algorithm.clip_ratio_low, clip_ratio_high=cfg.algorithm.clip_ratio_high,
-                            clip_ratio_c=cfg.algorithm.clip_ratio_c, loss_agg_mode=cfg.algorithm.loss_agg_mode)
-                        entropy_loss = agg_loss(entropy, mask, cfg.algorithm.loss_agg_mode)
-                        loss = pg_loss - cfg.algorithm.entropy_coeff * entropy_loss
-                        if cfg.algorithm.use_kl_loss:
-                            kl = kl_penalty(log_prob, part.tensor("ref_log_probs", device), cfg.algorithm.kl_loss_type)
-                            kl_loss = agg_loss(kl, mask, cfg.algorithm.loss_agg_mode)
-                            loss = loss + cfg.algorithm.kl_loss_coef * kl_loss
-                            stats["kl_loss"].append(kl_loss.detach())
-                        (loss / len(micro)).backward()
-                        for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
-                                     ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
-                            stats[k].append(v.detach())  # read once after the update: no host sync here
-                    stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip,
-                                                             lr_scale=lr_scale))
+                with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
+                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
+                                               cfg.train.ppo_epochs, run.gather):
+                        optimizer.zero_grad(set_to_none=True)
+                        micro = micro_batches(steps, mb_inds, mb, pad)
+                        for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
+                            log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
+                                                                temp)
+                            if not cfg.algorithm.entropy_coeff:
+                                entropy = entropy.detach()  # logged only: no backward through it (its gradient is 0)
+                            old_log_prob = log_prob.detach() if on_policy else part.tensor("old_log_probs", device)
+                            mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
+                            pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
+                                old_log_prob, log_prob, adv, mask, clip_ratio_low=cfg.algorithm.clip_ratio_low,
+                                clip_ratio_high=cfg.algorithm.clip_ratio_high, clip_ratio_c=cfg.algorithm.clip_ratio_c,
+                                loss_agg_mode=cfg.algorithm.loss_agg_mode)
+                            entropy_loss = agg_loss(entropy, mask, cfg.algorithm.loss_agg_mode)
+                            loss = pg_loss - cfg.algorithm.entropy_coeff * entropy_loss
+                            if cfg.algorithm.use_kl_loss:
+                                kl = kl_penalty(log_prob, part.tensor("ref_log_probs", device),
+                                                cfg.algorithm.kl_loss_type)
+                                kl_loss = agg_loss(kl, mask, cfg.algorithm.loss_agg_mode)
+                                loss = loss + cfg.algorithm.kl_loss_coef * kl_loss
+                            (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                            if not weight:
+                                continue  # padding: no statistics
+                            for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                                         ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
+                                stats[k].append(v.detach())  # read once after the update: no host sync here
+                            if cfg.algorithm.use_kl_loss:
+                                stats["kl_loss"].append(kl_loss.detach())
+                        stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
+                                                                 cfg.train.grad_clip, lr_scale=lr_scale))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0] * lr_scale
             metrics.update(mean_stats(stats))

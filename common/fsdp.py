@@ -1,40 +1,62 @@
-"""train.strategy=fsdp: the policy's weights and optimizer state sharded over the processes with torch's FSDP2
-(`fully_shard` per transformer layer / vision block, then the root), one code path on CPU (gloo) and GPUs (NCCL).
+"""train.strategy=fsdp: the policy's weights, gradients and optimizer state sharded over the processes with stock
+torch FSDP2 (`fully_shard` per transformer layer / vision block, then the root), one code path on CPU (gloo) and GPUs
+(NCCL). Public torch APIs only: fully_shard, register_fsdp_forward_method, FSDPModule's unshard / reshard /
+reset_iter_state / set_reshard_after_forward / set_reshard_after_backward / set_requires_gradient_sync,
+DTensor.full_tensor / from_local, torch.distributed.checkpoint and its get/set_*_state_dict, Module's
+register_state_dict_post_hook.
 
-How it runs (every piece of the scripts stays as it is):
-  at rest        each process holds its shard (DTensor parameters; fp32 master weights; with train.fsdp_offload on
-                 the CPU) and the optimizer state of its shard only: that is what grows with the model.
-  compute        the full weights are gathered once (`unshard`) and kept while rollouts, evaluation, reference
-                 log-probs (peft's disable_adapter) and the update's micro-batches run: processes may run different
-                 numbers of forward / backward passes (episodes end early, dynamic sampling leaves different row
-                 counts), so nothing inside a forward or backward may be a collective. On CUDA the gathered weights
-                 are bf16 (MixedPrecisionPolicy), on CPU fp32, so CPU tests compare to one process exactly.
-  gradients      `average_gradients` (common/run.py), the one mechanism of every script: the gathered gradients of
-                 every process are averaged in fp32 in one all-reduce, exactly as with ddp, and each process keeps the
-                 slice of its shard; the optimizer steps the shards; a step hook gathers the new weights again.
-So the saving is the optimizer state, master weights and (offloaded) their device memory (ZeRO-1 style): gathered
-weights and gradients are full size during compute. docs/scale.md has the numbers.
+Two modes, each entered by one collective on every process:
+  rollouts   every module's weights gathered once (`unshard`, reshard_after_forward off) and kept while rollouts,
+             evaluation, reference log-probs (peft's disable_adapter), values and FlowSAR's self-annotation run:
+             processes run different numbers of forwards there (episodes end early, evaluation trials are split), so
+             no forward may be a collective. `gather_weights`; the mode a run starts in (`register`) and returns to.
+  update     `sharded(policy)`, around every script's update loop: the layers are resharded; FSDP gathers each one
+             for its forward, keeps it through its backward (RESHARD_AFTER_FORWARD), reshards it and reduce-scatters
+             its gradients itself, in fp32 (MixedPrecisionPolicy reduce_dtype). Every process runs the same number
+             of micro-batches (common/train.py `micro_batches` pads the short ones with zero-weight micro-batches), so
+             every collective has a partner. Gradient accumulation over a mini-batch's micro-batches
+             (`sync_gradients`), in fp32 either way: on GPUs every micro-batch's backward reduce-scatters and the
+             fp32 gradient shards accumulate (1/N of the gradients held: the memory FSDP is for); on CPU (fp32
+             throughout) the micro-batches accumulate unreduced and the last one's backward reduce-scatters, so the
+             sums are ddp's sums in ddp's order (equal bitwise at 2 processes, tests/test_distributed.py; a
+             reduce-scatter per micro-batch differs from ddp by float rounding, REDUCE_EVERY_MICRO_BATCH).
+The root: the scripts call the policy's methods (act, log_prob, velocity, ...), never its forward, so FSDP's hooks on
+the root (the weights outside the layers: embeddings, heads, projector) would never run. `shard_policy` runs them
+once through a no-op method registered as a forward method (`register_fsdp_forward_method`), which makes the policy
+FSDP's root (its backward callback then reduce-scatters the root's gradients with the layers'); the root's own
+weights stay gathered through the update too (a few % of a VLA's weights) and are gathered again after each
+optimizer step.
 
 Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp; every script saves and resumes
-through `save_checkpoint` / `load_checkpoint` below, sharded or not): `policy/` holds the gathered weights, written by
-process 0 from the copy it already computes with (one process loads it: evaluate.py, init.path); `shards/` is a
+through `save_checkpoint` / `load_checkpoint` below, sharded or not): `policy/` holds the full weights (the fp32
+master copy where the policy keeps fp32 weights, as under ddp), written by process 0 from a CPU copy gathered
+parameter by parameter (`DTensor.full_tensor`; one process loads the folder: evaluate.py, init.path); `shards/` is a
 torch.distributed.checkpoint folder where every process writes its own shards of the trainable weights, of the
 optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`), which a resume at the same
-world size reads back into place (`load_shards`): nothing is gathered onto one process, so process 0's host memory for
-a save is the weights' CPU copy for policy/, as under ddp.
+world size reads back into place (`load_shards`).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import types
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
 
 STRATEGIES = ("ddp", "fsdp")
-BLOCK_LISTS = ("layers", "blocks", "layer", "h")
-FRESH_OPTIMIZERS = "fresh_optimizers.json"  # in shards/: the optimizers that had not stepped yet (no state)  # nn.ModuleList names holding decoder layers / vision blocks
+BLOCK_LISTS = ("layers", "blocks", "layer", "h")  # nn.ModuleList names holding decoder layers / vision blocks
+FRESH_OPTIMIZERS = "fresh_optimizers.json"  # in shards/: the optimizers that had not stepped yet (no state)
+ROOT_FORWARD = "fsdp_root_forward"  # the no-op method through which the root's FSDP hooks run once (shard_policy)
+REDUCE_EVERY_MICRO_BATCH: Optional[bool] = None  # None: yes on GPUs, on CPU only a mini-batch's last (sync_gradients)
+# In the update, a layer gathered for its forward is kept until its backward is done (False), or freed after its
+# forward and gathered again for its backward (True: a layer's weights at a time, ZeRO-3). True needs layers whose
+# every output leaves through their forward's return value, where FSDP hooks the backward's gather: the token
+# policies (run so on CPU) and, by their structure, OpenVLA-OFT; not pi0, whose language layers hand their keys and
+# values to the action expert through the KV cache (its backward then reads a freed layer: "setStorage: ... storage
+# of size 0", FlowSAR on CPU). A family-level switch would belong in models/ (docs/scale.md).
+RESHARD_AFTER_FORWARD = False
 
 
 def check_strategy(strategy: str, offload: bool) -> None:
@@ -59,6 +81,13 @@ def is_sharded(module: Optional[torch.nn.Module]) -> bool:
     return isinstance(module, FSDPModule)
 
 
+def is_dtensor(t: Any) -> bool:
+    """Whether `t` is a DTensor (a shard of a sharded parameter, its gradient, ...)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
 def _blocks(policy: torch.nn.Module) -> List[torch.nn.Module]:
     """The transformer decoder layers and vision blocks: elements of ModuleLists named in BLOCK_LISTS."""
     out = []
@@ -81,155 +110,166 @@ def _process_group(device: torch.device, world: int):
 
 
 def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
-    """`policy` sharded as `run.cfg.train.strategy` says (ddp: returned unchanged), before its optimizer is built.
-    The scripts call it right after `initial_policy`; it reads train.strategy and train.fsdp_offload."""
+    """`policy` sharded as `run.cfg.train.strategy` says (ddp: returned unchanged), before its optimizer is built (the
+    optimizer steps the shards). The scripts call it right after `initial_policy`; it reads train.strategy and
+    train.fsdp_offload. Collective. Returns the policy sharded; Run.attach (`register`) gathers it for the rollouts."""
     strategy = getattr(run.cfg.train, "strategy", "ddp")
     if strategy == "ddp":
         return policy
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+    from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard,
+                                        register_fsdp_forward_method)
 
     mesh = _process_group(run.device, run.world)
-    # bf16 gathered weights on GPUs; the gradients stay in that dtype until average_gradients reduces them in fp32
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) \
+    # GPUs: bf16 compute weights and gradients, the gradients accumulated and reduce-scattered in fp32; CPU: fp32
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if run.device.type == "cuda" else MixedPrecisionPolicy()
     offload = CPUOffloadPolicy(pin_memory=run.device.type == "cuda") if run.cfg.train.fsdp_offload else OffloadPolicy()
     for block in _blocks(policy):
         fully_shard(block, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
     fully_shard(policy, mesh=mesh, mp_policy=mp, offload_policy=offload, reshard_after_forward=False)
-    for m in fsdp_modules(policy):
-        m.set_requires_gradient_sync(False)  # average_gradients reduces, once per optimizer step
-        m.set_reshard_after_backward(False)
-    return policy  # still sharded: the optimizer is built on the shards; Run.attach (`register`) gathers them
+    # the root's FSDP hooks, once, before any layer runs: the policy becomes FSDP's root (its lazy initialisation
+    # covers every sharded module, and its backward callback reduce-scatters the root's gradients too)
+    setattr(policy, ROOT_FORWARD, types.MethodType(lambda self: None, policy))
+    register_fsdp_forward_method(policy, ROOT_FORWARD)
+    getattr(policy, ROOT_FORWARD)()  # collective: gathers the root's own weights
+    policy.set_reshard_after_backward(False, recurse=False)  # the root stays gathered through an update
+    policy.reshard()
+    every = REDUCE_EVERY_MICRO_BATCH
+    _REDUCE_EVERY[id(policy)] = run.device.type == "cuda" if every is None else every
+    return policy
+
+
+# ---- the two modes
+
+_UPDATING: set = set()  # id() of the sharded policies in the update mode (`sharded`)
+_REDUCE_EVERY: Dict[int, bool] = {}  # id(policy): whether every micro-batch's backward reduce-scatters (shard_policy)
 
 
 def gather_weights(policy: torch.nn.Module) -> None:
-    """Replace the gathered weights by the current shards' (collective: every process calls it the same times)."""
+    """The rollout mode: every module's weights gathered from the current shards and kept through forwards, which
+    are then no collectives. Collective: every process calls it the same times."""
+    _UPDATING.discard(id(policy))
     modules = fsdp_modules(policy)
     for m in modules:
         m.reshard()
     for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
         m.unshard()
 
 
-def sharded_owners(params: Sequence[torch.nn.Parameter]) -> Dict[int, Any]:
-    """{id(sharded parameter): its FSDPParam} for the parameters of `params` that FSDP2 shards ({} under ddp)."""
-    from torch.distributed.tensor import DTensor
+@contextlib.contextmanager
+def sharded(policy: torch.nn.Module) -> Iterator[None]:
+    """The update mode, for the update loop of every script (common/train.py `sharded_update`) and train_sft.py's
+    steps: the layers' weights sharded, gathered by FSDP for each micro-batch (RESHARD_AFTER_FORWARD), gradients
+    reduce-scattered by FSDP; on the way out the weights are gathered again for rollouts and evaluation
+    (`gather_weights`; not after an exception). Collective on entry and exit; every process must then run the same
+    forwards and backwards in the same order. ddp: nothing."""
+    if not is_sharded(policy):
+        yield
+        return
+    # every module back to its shards, and FSDP's record of the forwards so far cleared: it orders the backward's
+    # prefetching by them, and the rollout's differ between processes
+    policy.reset_iter_state()
+    for m in fsdp_modules(policy)[:-1]:
+        m.set_reshard_after_forward(RESHARD_AFTER_FORWARD, recurse=False)
+    policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`_after_step`)
+    _UPDATING.add(id(policy))
+    yield
+    gather_weights(policy)
 
-    if not any(isinstance(p, DTensor) for p in params):
-        return {}
-    return {id(fp.sharded_param): fp for root in _ROOTS for fp in _fsdp_params(root)}
+
+def sync_gradients(policy: torch.nn.Module, last: bool) -> None:
+    """Before each micro-batch's backward (common/train.py MicroBatches; `last`: the mini-batch's last): whether it
+    reduce-scatters the gradients. On GPUs every one does and FSDP adds each result to the fp32 gradient shards; on
+    CPU only the last, the earlier ones accumulating full size and unreduced, as ddp's (REDUCE_EVERY_MICRO_BATCH,
+    set before shard_policy, decides instead when not None). ddp: nothing."""
+    if is_sharded(policy):
+        policy.set_requires_gradient_sync(last or _REDUCE_EVERY.get(id(policy), False))
 
 
-def _fsdp_params(policy: torch.nn.Module) -> List[Any]:
-    """FSDP2's per-parameter records (sharded_param, unsharded_param, _module_info) of every sharded module."""
-    out = []
-    for m in fsdp_modules(policy):
-        group = m._get_fsdp_state()._fsdp_param_group  # noqa: SLF001 - the gathered tensors' owner
-        out += group.fsdp_params if group is not None else []
-    return out
-
-
-_ROOTS: List[torch.nn.Module] = []  # the sharded policies of this process (Run.attach registers them)
+def _after_step(policy: torch.nn.Module) -> None:
+    """After an optimizer step moved the shards: in the update the root's gathered weights from its new shards (the
+    layers gather theirs in their next forward); else every module's."""
+    if id(policy) in _UPDATING:
+        policy.reshard()
+        policy.unshard()
+    else:
+        gather_weights(policy)
 
 
 def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-    """Remember a sharded policy (for `average_gradients`), gather its weights after each optimizer step that moves
-    its shards, and gather them now. Called once the optimizers are built on the shards."""
+    """After the optimizers are built on the shards (and a resume has read its shards back): keep the gathered
+    weights up to date after each optimizer step that moves the shards, and enter the rollout mode (collective).
+    Run.attach calls it."""
     if not is_sharded(policy):
         return
-    if policy not in _ROOTS:
-        _ROOTS.append(policy)
     if not any(holds_shards(policy, opt) for opt in optimizers):
         raise RuntimeError("train.strategy=fsdp: no optimizer holds the policy's shards (build it on "
                            "policy.parameters() after shard_policy, before Run.attach)")
     for opt in optimizers:
         if holds_shards(policy, opt):
-            opt.register_step_post_hook(lambda *_: gather_weights(policy))
+            opt.register_step_post_hook(lambda *_: _after_step(policy))
     gather_weights(policy)
 
 
-BUCKET = 1 << 24  # elements per all-reduce (64 MiB of fp32): the reduction's buffer does not grow with the model
+def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
+    """Whether `opt` steps shards of the sharded `policy` (DTensor parameters)."""
+    return is_sharded(policy) and any(is_dtensor(p) for g in opt.param_groups for p in g["params"])
 
 
-def average_sharded(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
-    """average_gradients under fsdp: every gathered gradient (zeros where a process has none) averaged in fp32, in
-    buckets of BUCKET elements (the same sums as one flat reduction), then each sharded parameter gets its slice as a
-    DTensor gradient and its gathered gradient is freed; plain parameters (a value head) get the average itself."""
-    bucket: List[torch.nn.Parameter] = []
-    size = 0
-    for p in params:
-        bucket.append(p)
-        size += _full(p, owners).numel()
-        if size >= BUCKET:
-            _average_bucket(accelerator, bucket, owners)
-            bucket, size = [], 0
-    if bucket:
-        _average_bucket(accelerator, bucket, owners)
-
-
-def _full(p: torch.nn.Parameter, owners: Dict[int, Any]) -> torch.Tensor:
-    return p if id(p) not in owners else owners[id(p)].unsharded_param
-
-
-def _average_bucket(accelerator: Any, params: Sequence[torch.nn.Parameter], owners: Dict[int, Any]) -> None:
-    from torch.distributed.tensor import DTensor
-
-    grads = []
-    for p in params:
-        full = _full(p, owners)
-        grads.append(full.grad if full.grad is not None else torch.zeros_like(full))
-    flat = torch.cat([g.reshape(-1).float() for g in grads])
-    if accelerator.num_processes > 1:
-        flat = accelerator.reduce(flat, reduction="mean")
-    offset, rank, world = 0, accelerator.process_index, accelerator.num_processes
-    for p, g in zip(params, grads):
-        mean = flat[offset:offset + g.numel()].view(g.shape)
-        offset += g.numel()
-        fp = owners.get(id(p))
-        if fp is None:
-            p.grad = mean.to(p.dtype).clone()
-            continue
-        fp.unsharded_param.grad = None
-        chunks = mean.chunk(world, 0)  # FSDP2 shards dim 0 as torch.chunk does
-        local = chunks[rank] if rank < len(chunks) else mean[:0]
-        if local.shape != p.to_local().shape:
-            raise RuntimeError(f"fsdp: a gradient slice of shape {tuple(local.shape)} for a shard of shape "
-                               f"{tuple(p.to_local().shape)} (this torch shards differently from torch.chunk)")
-        p.grad = DTensor.from_local(local.to(device=p.to_local().device, dtype=p.dtype, copy=True).contiguous(),
-                                    p.device_mesh, p.placements, shape=p.shape, stride=p.stride(), run_check=False)
+def reshard(policy: torch.nn.Module) -> None:
+    """Back to the shards only, on this process (no collective; `gather_weights` gathers again)."""
+    for m in fsdp_modules(policy):
+        m.reshard()
 
 
 def full_tensor(norm: torch.Tensor) -> torch.Tensor:
     """A plain tensor of `norm` (clip_grad_norm_ returns a DTensor when the gradients are sharded)."""
+    return norm.full_tensor() if is_dtensor(norm) else norm
+
+
+# ---- checkpoints: policy/ from a CPU copy of the full weights (process 0), shards/ by every process (DCP)
+
+def gathered_copy(policy: torch.nn.Module, keep: bool = True) -> Dict[int, torch.Tensor]:
+    """{id(shard): a CPU copy of its full weight} for every sharded parameter (a tied one once), gathered parameter
+    by parameter (`DTensor.full_tensor`, in the master dtype): collective, every process calls it; `keep=False`
+    only takes part (process 0 alone keeps the copy a save writes). Leaves the policy resharded."""
     from torch.distributed.tensor import DTensor
 
-    return norm.full_tensor() if isinstance(norm, DTensor) else norm
+    reshard(policy)  # the registered parameters are the shards again
+    out: Dict[int, torch.Tensor] = {}
+    with torch.no_grad():
+        for p in policy.parameters():
+            if not isinstance(p, DTensor):
+                continue
+            local = p.to_local()
+            if local.device.type != p.device_mesh.device_type:  # offloaded shard: gathered on the mesh's device
+                local = local.to(p.device_mesh.device_type)
+            full = DTensor.from_local(local, p.device_mesh, p.placements, shape=p.shape, stride=p.stride(),
+                                      run_check=False).full_tensor()
+            if keep:
+                out[id(p)] = full.to("cpu", copy=True)
+            del full
+    return out
 
-
-# ---- checkpoints: policy/ from the gathered copy (process 0), shards/ by every process (DCP)
 
 @contextlib.contextmanager
 def plain_state_dicts(policy: torch.nn.Module, weights: Optional[Dict[int, torch.Tensor]] = None) -> Iterator[None]:
-    """Within it, `state_dict()` of the policy and of its submodules holds the gathered (full, plain) weights instead
-    of the shards, so `policy.save(dir)` writes the one-process folder (a CPU copy, made without a collective).
-    state_dict() leaves the policy resharded: every process calls `gather_weights` before it runs again.
-    `weights`: that copy, made earlier by `gathered_copy`."""
+    """Within it, `state_dict()` of the policy and of its submodules holds the full weights (CPU copies) instead of
+    the shards, so `policy.save(dir)` writes the one-process folder. `weights`: those copies (`gathered_copy`),
+    made earlier; without, every process gathers them here (collective). state_dict() leaves the policy resharded
+    (FSDP's own pre-hook): every process calls `gather_weights` before it runs again."""
     if not is_sharded(policy):
         yield
         return
-    records = _fsdp_params(policy)
     full = weights if weights is not None else gathered_copy(policy)
-    owned = {id(m): {} for m in policy.modules()}  # module -> {name: sharded parameter}
-    for fp in records:
-        owned[id(fp._module_info.module)][fp._module_info.param_name] = fp.sharded_param  # noqa: SLF001
 
-    def hook(module, state, prefix, _meta):
-        for name, p in owned[id(module)].items():
-            if prefix + name in state:
+    def hook(module, state, prefix, _meta):  # FSDP's pre-hook registered the shards: put the full weights instead
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in full and prefix + name in state:
                 state[prefix + name] = full[id(p)]
-        return state
 
-    handles = [m._register_state_dict_hook(hook) for m in policy.modules()]  # noqa: SLF001
+    handles = [m.register_state_dict_post_hook(hook) for m in policy.modules()]
     try:
         yield
     finally:
@@ -249,24 +289,10 @@ class GatheredSave:
             self.policy.save(path)
 
 
-def gathered_copy(policy: torch.nn.Module) -> Dict[int, torch.Tensor]:
-    """{id(shard): a CPU copy of its gathered weight}: state_dict() reshards (FSDP2's pre-hook frees the gathered
-    copy), so what a save writes is copied first."""
-    return {id(fp.sharded_param): fp.unsharded_param.detach().to("cpu", copy=True) for fp in _fsdp_params(policy)}
-
-
-def reshard(policy: torch.nn.Module) -> None:
-    """Back to the shards only, on this process (no collective; `gather_weights` gathers again)."""
-    for m in fsdp_modules(policy):
-        m.reshard()
-
-
 def holds_dtensors(module: torch.nn.Module) -> bool:
     """Whether `module` (a tracked extra module, e.g. FlowSAR's EMA copy) holds shards (DTensors) rather than a
     replica: its state then goes into the checkpoint's shards/ instead of modules/<name>.safetensors."""
-    from torch.distributed.tensor import DTensor
-
-    return any(isinstance(t, DTensor) for t in module.state_dict().values())
+    return any(is_dtensor(t) for t in module.state_dict().values())
 
 
 def shard_state(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
@@ -274,8 +300,7 @@ def shard_state(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optim
     """This process's shards as torch.distributed.checkpoint saves and loads them: the trainable weights (fp32 master
     shards, DTensors), the state of every optimizer in `optimizers` (all holding shards), keyed by parameter name,
     and the state of every sharded extra module in `modules` (`holds_dtensors`). Frozen weights are not in it: they
-    never change, so the checkpoint's policy/ holds them. The policy must be resharded (state_dict() keys the
-    shards)."""
+    never change, so the checkpoint's policy/ holds them. state_dict() reshards the policy."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     state = {"model": get_model_state_dict(policy, options=StateDictOptions(ignore_frozen_params=True)),
@@ -315,33 +340,34 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
                     rank: int = 0, gather: Optional[Any] = None, **kwargs: Any) -> Optional[str]:
     """common.checkpoint.save_checkpoint for a policy sharded or not (every script's checkpoint goes through it).
     Not sharded: process 0 writes everything, other processes return None at once. Sharded (every process calls it,
-    with `gather`): process 0 writes policy/ from a CPU copy of its gathered weights, every process writes into
-    shards/ its shards of the trainable weights, of the optimizers that step them and of the modules that hold shards
-    (`holds_dtensors`); the rest is written as under ddp, and the weights are gathered again after (a failed write
-    too). `kwargs`: save_checkpoint's config, extra, keep_last, rng_states."""
+    with `gather`, in the rollout mode): the full weights are gathered parameter by parameter into a CPU copy on
+    process 0, which writes policy/ from it; every process writes into shards/ its shards of the trainable weights,
+    of the optimizers that step them and of the modules that hold shards (`holds_dtensors`); the rest is written as
+    under ddp, and the weights are gathered again after (a failed write too). `kwargs`: save_checkpoint's config,
+    extra, keep_last, rng_states."""
     from common.checkpoint import save_checkpoint as write
 
     if not is_sharded(policy):
         return write(run_dir, iteration, policy, optimizers, schedulers, modules, **kwargs) if rank == 0 else None
-    saved = GatheredSave(policy, gathered_copy(policy)) if rank == 0 else None  # policy/
-    sharded = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
+    sharded_opts = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
     held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
     # an optimizer that never stepped (no update yet: dynamic sampling kept no group) has no state to shard; torch's
     # get_optimizer_state_dict would make some with a zero-lr step (whose post-hook gathers the weights mid-save)
     # and its AdamW step count 1 would make the resumed run differ: it is recorded as fresh instead
-    fresh = sorted(k for k, o in sharded.items() if not o.state)
+    fresh = sorted(k for k, o in sharded_opts.items() if not o.state)
 
     def write_shards(folder: str) -> None:
-        save_shards(policy, {k: o for k, o in sharded.items() if k not in fresh}, folder, held)
-        if rank == 0:
+        save_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, folder, held)
+        if rank == 0 and fresh:  # no file: every optimizer has state (the layout is the shards alone)
             with open(os.path.join(folder, FRESH_OPTIMIZERS), "w") as f:
                 json.dump(fresh, f)
 
-    reshard(policy)
     try:
-        return write(run_dir, iteration, saved, {k: o for k, o in optimizers.items() if k not in sharded}, schedulers,
-                     {k: m for k, m in (modules or {}).items() if k not in held}, shards=write_shards, rank=rank,
-                     gather=gather, **kwargs)
+        weights = gathered_copy(policy, keep=rank == 0)  # collective; policy/ is written from process 0's copy
+        saved = GatheredSave(policy, weights) if rank == 0 else None
+        return write(run_dir, iteration, saved, {k: o for k, o in optimizers.items() if k not in sharded_opts},
+                     schedulers, {k: m for k, m in (modules or {}).items() if k not in held}, shards=write_shards,
+                     rank=rank, gather=gather, **kwargs)
     finally:
         gather_weights(policy)  # collective: every process reaches it, after a failed write too
 
@@ -355,12 +381,12 @@ def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, to
     sharding). Returns (iteration, extra); ValueError (one line) for an fsdp resume of a checkpoint without shards/."""
     from common.checkpoint import load_training_state
 
-    sharded = {k: o for k, o in optimizers.items() if is_sharded(policy) and holds_shards(policy, o)}
+    sharded_opts = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
     held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
-    iteration, extra = load_training_state(path, {k: o for k, o in optimizers.items() if k not in sharded},
+    iteration, extra = load_training_state(path, {k: o for k, o in optimizers.items() if k not in sharded_opts},
                                            schedulers, {k: m for k, m in (modules or {}).items() if k not in held},
                                            rank=rank)
-    if sharded:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
+    if sharded_opts:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
         shards = os.path.join(path, "shards")
         if not os.path.isdir(shards):
             raise ValueError(f"--resume: checkpoint {path} has no shards/ (the weights and optimizer state that "
@@ -368,11 +394,5 @@ def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, to
                              f"an older version; start a new run from its policy/ ({path}/policy)")
         fresh_file = os.path.join(shards, FRESH_OPTIMIZERS)
         fresh = json.load(open(fresh_file)) if os.path.isfile(fresh_file) else []  # never stepped: stay fresh
-        load_shards(policy, {k: o for k, o in sharded.items() if k not in fresh}, shards, held)
+        load_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, shards, held)
     return iteration, extra
-
-
-def holds_shards(policy: torch.nn.Module, opt: torch.optim.Optimizer) -> bool:
-    """Whether `opt` steps shards of the sharded `policy`."""
-    mine = {id(fp.sharded_param) for fp in _fsdp_params(policy)}
-    return any(id(p) in mine for g in opt.param_groups for p in g["params"])

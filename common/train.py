@@ -1,11 +1,13 @@
 """The pieces every training loop repeats, once: AdamW with linear warm-up, prompt sampling, rollout metrics over
-all processes, mini-batches and micro-batches, gradient averaging over processes, the optimizer step (averaged,
-clipped) and the mean of the update's statistics. What defines an algorithm stays in its script; the command line
+all processes, the update's context (train.strategy=fsdp: sharded weights, as many micro-batches on every process),
+mini-batches and micro-batches, gradient averaging over processes, the optimizer step (averaged, clipped) and the mean
+of the update's statistics. What defines an algorithm stays in its script; the command line
 and its checks are common/config.py's (parse_cli, exit_on_bad_config), the run's lifecycle common/run.py's."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -70,23 +72,88 @@ def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Calla
             yield perm[k * mini_batch_size:(k + 1) * mini_batch_size]
 
 
-def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int) -> List[Any]:
-    """A mini-batch's rows of `steps` as micro-batches of `size` rows (gradient accumulation)."""
-    return [steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)]
+class Padding(NamedTuple):
+    """train.strategy=fsdp: what a process runs to match the busiest process's number of micro-batches: `row`, one
+    row of the update's data (its own first row, or another process's when it has none; None when no process has
+    any), with weight 0. `sharded_update` makes it."""
+    policy: torch.nn.Module
+    row: Any
+    gather: Callable[[List], List]
+
+
+def padding(run: Any, policy: torch.nn.Module, steps: Any) -> Optional[Padding]:
+    """The update's Padding under fsdp (collective), None under ddp. `steps`: this process's rows (anything with
+    len() and take(index tensor), e.g. common.rollout.PolicySteps; None for none)."""
+    if not fsdp.is_sharded(policy):
+        return None
+    counts = run.gather([len(steps) if steps is not None else 0])
+    first = next((rank for rank, n in enumerate(counts) if n), None)
+    if first is None:
+        return Padding(policy, None, run.gather)
+    mine = steps.take(torch.tensor([0])) if counts[run.rank] else None
+    if min(counts) == 0:  # a process without rows borrows the first row of the first process that has some
+        lent = run.gather([mine] if run.rank == first else [])[0]
+        mine = lent if mine is None else mine
+    return Padding(policy, mine, run.gather)
+
+
+@contextlib.contextmanager
+def sharded_update(run: Any, policy: torch.nn.Module, steps: Any) -> Iterator[Optional[Padding]]:
+    """Every script's update loop runs in it. train.strategy=fsdp: the policy's layers sharded, gathered by FSDP for
+    each forward and backward (common/fsdp.py `sharded`), and the Padding that `micro_batches` needs so every process
+    runs as many of them; after it, the weights are gathered again for rollouts and evaluation. Collective on entry
+    and exit. ddp: yields None, nothing else."""
+    pad = padding(run, policy, steps)
+    with fsdp.sharded(policy):
+        yield pad
+
+
+class MicroBatches:
+    """A mini-batch's micro-batches, iterated as (rows, weight) pairs: this process's own (weight 1.0), then under
+    fsdp as many padding ones (`Padding.row`, weight 0.0: a loss times 0 gives exactly zero gradient) as make its
+    count the largest process's, so every process runs the same forwards and backwards. `count`: the number of this
+    process's own micro-batches (at least 1), the divisor of each script's mean over them. Under fsdp it tells FSDP
+    before each backward whether to reduce-scatter (common/fsdp.py `sync_gradients`)."""
+
+    def __init__(self, parts: List[Any], pad: Optional[Padding]):
+        self.parts, self.pad = parts, pad
+        self.count = max(1, len(parts))
+        self.total = len(parts) if pad is None else max(pad.gather([len(parts)]))  # collective under fsdp
+
+    def __iter__(self) -> Iterator[Tuple[Any, float]]:
+        for k in range(self.total):
+            if self.pad is not None:
+                fsdp.sync_gradients(self.pad.policy, k == self.total - 1)
+            yield (self.parts[k], 1.0) if k < len(self.parts) else (self.pad.row, 0.0)
+        if self.pad is not None:
+            fsdp.sync_gradients(self.pad.policy, True)
+
+
+def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Padding] = None) -> MicroBatches:
+    """A mini-batch's rows of `steps` as micro-batches of `size` rows (gradient accumulation); `pad` (fsdp, from
+    `sharded_update`): padded to the same number on every process (MicroBatches)."""
+    return MicroBatches([steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)], pad)
 
 
 def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) -> None:
-    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros); for a
-    policy sharded by train.strategy=fsdp the same mean, each process keeping its shard's slice (common/fsdp.py)."""
-    owners = fsdp.sharded_owners(params)
-    if owners:
-        return fsdp.average_sharded(accelerator, params, owners)
+    """Mean of every process's gradients through accelerate, in one reduction (missing grads count as zeros). The
+    shards of a policy sharded by train.strategy=fsdp hold that mean already (FSDP reduce-scattered it in the
+    mini-batch's last backward, common/fsdp.py); a shard without a gradient gets zeros, as under ddp."""
     if accelerator.num_processes == 1:
         return
-    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    plain = []
+    for p in params:
+        if fsdp.is_dtensor(p):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        else:
+            plain.append(p)
+    if not plain:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in plain]
     flat = accelerator.reduce(torch.cat([g.reshape(-1) for g in grads]), reduction="mean")
     offset = 0
-    for p, g in zip(params, grads):
+    for p, g in zip(plain, grads):
         p.grad = flat[offset:offset + g.numel()].view_as(g).clone()
         offset += g.numel()
 

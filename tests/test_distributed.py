@@ -61,21 +61,24 @@ SPLITS = [[range(0, 6), range(6, 8)], [range(0, 8), range(0, 0)]]
 
 def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_after: int = 2, resume=None,
            shards: str = ""):
-    """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes; returns the gathered
-    weights, the gradient norms and (after `stop_after` updates) what a checkpoint holds: under fsdp the shards of
-    weights and optimizer state each process wrote into the folder `shards` (torch.distributed.checkpoint)."""
+    """Two AdamW updates (clipped) of Toy on the global batch X, Y split over `world` processes, through the scripts'
+    update plumbing (sharded_update, micro_batches: under fsdp the short process runs zero-weight padding
+    micro-batches); returns the gathered weights, the gradient norms and (after `stop_after` updates) what a
+    checkpoint holds: under fsdp the shards of weights and optimizer state each process wrote into the folder
+    `shards` (torch.distributed.checkpoint)."""
     from accelerate import Accelerator
 
     from common import fsdp
-    from common.train import adamw_with_warmup, optimizer_step
+    from common.distributed import gather_objects
+    from common.train import adamw_with_warmup, micro_batches, optimizer_step, sharded_update
 
     accelerator = Accelerator(cpu=True)
-    fsdp.BUCKET = 40  # fsdp's gradient mean in several all-reduces (of 40+ elements) instead of one
     torch.manual_seed(0)
     model = Toy()
     if resume is not None:
         model.load_state_dict(resume["weights"])
-    run = SimpleNamespace(accelerator=accelerator, device=torch.device("cpu"), world=world,
+    run = SimpleNamespace(accelerator=accelerator, device=torch.device("cpu"), world=world, rank=rank,
+                          gather=lambda items: gather_objects(world, items),
                           cfg=SimpleNamespace(train=SimpleNamespace(strategy=strategy, fsdp_offload=offload)))
     model = fsdp.shard_policy(run, model)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -89,17 +92,16 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     fsdp.register(model, [optimizer])
     norms, saved = [], None
     for update in range(0 if resume is None else stop_after, 2):
-        optimizer.zero_grad(set_to_none=True)
-        rows = list(SPLITS[update][rank]) if world > 1 else list(range(8))
-        for s in range(0, len(rows), 4):
-            part = rows[s:s + 4]
-            loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
-            loss.backward()
-        norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
+        rows = torch.tensor(list(SPLITS[update][rank]) if world > 1 else list(range(8)), dtype=torch.long)
+        with sharded_update(run, model, rows) as pad:
+            optimizer.zero_grad(set_to_none=True)
+            for part, weight in micro_batches(rows, torch.arange(len(rows)), 4, pad):
+                loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
+                (loss * weight).backward()
+            norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
         if update + 1 == stop_after and resume is None:
             with fsdp.plain_state_dicts(model):
                 weights = {k: v.clone() for k, v in model.state_dict().items()}
-            fsdp.reshard(model)
             if fsdp.is_sharded(model):
                 fsdp.save_shards(model, {"actor": optimizer}, shards)
             states = {} if fsdp.is_sharded(model) else {"actor": optimizer.state_dict()}
@@ -110,11 +112,15 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
     return final, norms, saved
 
 
-def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards: str, results) -> None:
+def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, zero3: bool, shards: str, results) -> None:
     import os
+
+    from common import fsdp
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+    if zero3:  # a reduce-scatter in every micro-batch's backward (as on GPUs) and layers freed after their forward
+        fsdp.REDUCE_EVERY_MICRO_BATCH, fsdp.RESHARD_AFTER_FORWARD = True, True
     final, norms, saved = _train(rank, 2, strategy, offload, stop_after=1, shards=shards)
     shared = [saved]  # the weights as process 0 writes them into policy/ (fsdp: the optimizer state is in `shards`)
     torch.distributed.broadcast_object_list(shared, src=0)
@@ -123,7 +129,7 @@ def _on_two_processes(rank: int, port: int, strategy: str, offload: bool, shards
     torch.distributed.destroy_process_group()
 
 
-def _spawn(strategy: str, offload: bool = False):
+def _spawn(strategy: str, offload: bool = False, zero3: bool = False):
     import os
     import socket
     import tempfile
@@ -136,12 +142,13 @@ def _spawn(strategy: str, offload: bool = False):
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         results = manager.dict()
         shards = os.path.join(tmp, "shards")
-        mp.spawn(_on_two_processes, args=(port, strategy, offload, shards, results), nprocs=2, join=True)
+        mp.spawn(_on_two_processes, args=(port, strategy, offload, zero3, shards, results), nprocs=2, join=True)
         if strategy == "fsdp":  # one file per process, nothing gathered
             assert sorted(os.listdir(shards)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
         return dict(results)
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactly():
     import pytest
 
@@ -150,17 +157,27 @@ def test_ddp_and_fsdp_on_two_processes_equal_one_process_and_fsdp_resumes_exactl
     one, one_norms, _ = _train(0, 1, "ddp")
     assert max((one[k] - start[k]).abs().max() for k in start) > 0.05  # the updates really move the weights
     assert one_norms[0] > 1.0  # and the first one is clipped
-    for strategy, offload in (("ddp", False), ("fsdp", False), ("fsdp", True)):
-        results = _spawn(strategy, offload)
+    finals = {}
+    # fsdp: the CPU default (micro-batches accumulated unreduced, one reduce-scatter per mini-batch), with offload,
+    # and ZeRO-3 (a reduce-scatter in every micro-batch's backward, as on GPUs; layers freed after their forward)
+    for strategy, offload, zero3 in (("ddp", False, False), ("fsdp", False, False), ("fsdp", True, False),
+                                     ("fsdp", False, True)):
+        results = _spawn(strategy, offload, zero3)
         for rank in (0, 1):
             final, norms, resumed, norms2 = results[rank]
-            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload)
+            assert norms == pytest.approx(one_norms, rel=1e-5), (strategy, offload, zero3)
             for k in one:
-                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {k}")
+                torch.testing.assert_close(final[k], one[k], rtol=1e-5, atol=1e-6, msg=f"{strategy} {zero3} {k}")
                 if strategy == "fsdp":  # restarted after update 1 from its checkpoint: the uninterrupted run
-                    assert torch.equal(resumed[k], final[k]), (offload, k)
+                    assert torch.equal(resumed[k], final[k]), (offload, zero3, k)
             if strategy == "fsdp":
                 assert norms2 == norms[1:]
+        finals[strategy, offload, zero3] = results[0][0]
+    # process 1 ran one micro-batch and a zero-weight one in update 1, two borrowed zero-weight ones in update 2: on
+    # CPU fsdp adds ddp's sums in ddp's order, so its weights are ddp's bitwise
+    for k in one:
+        for offload in (False, True):
+            assert torch.equal(finals["fsdp", offload, False][k], finals["ddp", False, False][k]), (offload, k)
 
 
 # ---- train_srpo.py with train.strategy=fsdp on two accelerate processes: as ddp, sharded checkpoints, resumable,
@@ -222,6 +239,7 @@ def _resume_from_iteration_1(run_dir, tmp_path, port, *launch):
     return str(copy), _launch(["--resume", str(copy)], tmp_path / "resumed", port, *launch)
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_srpo_fsdp_on_two_processes_is_ddp_resumes_bitwise_after_an_interrupt_and_loads_in_one_process(
         tmp_path):
     import glob
@@ -315,6 +333,7 @@ def _evaluated(run_dir, out_dir):
     return {k: v for k, v in results.items() if k not in ("checkpoint", "seconds", "files")}
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise_and_loads_in_one_process(
         tmp_path):
     import os
@@ -433,6 +452,7 @@ def _save_on_two_processes(rank: int, port: int, run_dir: str, results) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sharded_save_is_one_atomic_checkpoint_and_a_failure_on_any_process_is_one_line_on_every_one(tmp_path):
     import os
     import socket
@@ -498,6 +518,7 @@ def _assert_adam_steps_match(got, expected, lr, steps, what):
     assert far <= 1e-3 * total, f"{what}: {far} of {total} weights differ by more than 1e-5"
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy_evaluates_in_one_process(
         tmp_path):
     import json
@@ -552,6 +573,7 @@ def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy
     assert results["trials"] == 2, results
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwise(tmp_path):
     import glob
     import os
@@ -603,6 +625,7 @@ def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwis
     assert [r for r in rows if r["charts/step"] <= step] == [r for r in expected if r["charts/step"] <= step]
 
 
+@pytest.mark.slow  # two processes: the full tier (python test_all.py --all)
 def test_srpo_fsdp_signal_during_the_update_of_one_process_finishes_and_saves_that_iteration_then_resumes_bitwise(
         tmp_path):
     """A SIGINT that lands inside iteration 2's update on process 0 only (tests/fixtures/signal_in_update.py): the
