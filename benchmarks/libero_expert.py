@@ -209,15 +209,18 @@ def main(argv: Optional[List[str]] = None) -> None:
     import_libero("egl")
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
 
+    from envs.libero_expert import unhandled_reason
+
     bench = _benchmark(args.suite)
     descriptions = list(task_descriptions(args.suite))
-    goals = [robosuite_parse_problem(bench.get_task_bddl_file_path(t))["goal_state"] for t in range(len(descriptions))]
-    handled = [t for t, g in enumerate(goals) if len(g) == 1 and g[0][0] in ("on", "in")]
+    reasons = [unhandled_reason(robosuite_parse_problem(bench.get_task_bddl_file_path(t)))
+               for t in range(len(descriptions))]
+    handled = [t for t, r in enumerate(reasons) if r is None]
     task_ids = args.task_ids if args.task_ids is not None else handled
     for t in task_ids:
-        if t not in handled:
-            raise SystemExit(f"error: task {t} of {args.suite} ('{descriptions[t]}') has the goal {goals[t]}; the "
-                             f"scripted expert handles one On/In predicate (tasks {handled})")
+        if reasons[t]:
+            raise SystemExit(f"error: the scripted expert cannot do task {t} of {args.suite} ('{descriptions[t]}'): "
+                             f"{reasons[t]}; it does tasks {handled}")
     if args.record:
         record(args, task_ids)
         return

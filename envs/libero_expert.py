@@ -34,6 +34,7 @@ HAND_HALF = (0.105, 0.032)  # the palm's half extents along and across the closi
 FINGER_SPAN = (0.032, 0.068)  # the open fingers' inner and outer distance from the site along the closing direction
 FINGER_HALF_WIDTH = 0.011  # the fingers' half extent across the closing direction
 CLEARANCE_CAP = 0.03  # more room than this counts the same
+EASY_REACH = 0.72  # horizontal distance from the robot's base beyond which the Panda, hand down, nears full stretch
 MAX_SPEED = 1.0  # fastest translation action (~0.25 m/s)
 DESCENT_SPEED = 0.7  # straight down to a grasp (faster drifts sideways)
 SLOW_SPEED = 0.5  # the last centimetres down to a grasp or a placement
@@ -51,23 +52,29 @@ class PickPlaceGoal:
     target: str
 
 
+def unhandled_reason(parsed_problem: Dict[str, Any]) -> Optional[str]:
+    """None when the scripted expert handles a task (its BDDL parsed by LIBERO's `robosuite_parse_problem`), else
+    why not: it places one movable object on or in something (`On` / `In`), but opens no drawer (`In` a fixture's
+    region, e.g. a cabinet's top drawer, which starts closed) and turns no knob."""
+    goal = parsed_problem["goal_state"]
+    movable = {name for names in parsed_problem["objects"].values() for name in names}
+    fixtures = {name for names in parsed_problem["fixtures"].values() for name in names}
+    if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0] not in ("on", "in") or goal[0][1] not in movable:
+        return f"its goal {goal} is not one (On obj target) or (In obj target) predicate on a movable object"
+    region = parsed_problem["regions"].get(goal[0][2], {})
+    if goal[0][0] == "in" and region.get("target") in fixtures:
+        return f"its goal {goal} puts the object into a region of the fixture '{region['target']}' (a drawer: the " \
+               f"expert does not open it first)"
+    return None
+
+
 def pick_place_goal(domain_env: Any) -> PickPlaceGoal:
     """The task's goal as a PickPlaceGoal, or ValueError naming what the expert cannot do."""
-    goal = domain_env.parsed_problem["goal_state"]
-    if len(goal) != 1 or len(goal[0]) != 3 or goal[0][0] not in ("on", "in") or \
-            goal[0][1] not in domain_env.objects_dict:
-        raise ValueError(f"the scripted expert handles goals of one (On obj target) or (In obj target) predicate on a "
-                         f"movable object; this task's goal is {goal}")
-    relation, obj, target = goal[0]
+    reason = unhandled_reason(domain_env.parsed_problem)
+    if reason:
+        raise ValueError(f"the scripted expert cannot do this task: {reason}")
+    relation, obj, target = domain_env.parsed_problem["goal_state"][0]
     return PickPlaceGoal(relation, obj, target)
-
-
-def handles_task(domain_env: Any) -> bool:
-    try:
-        pick_place_goal(domain_env)
-        return True
-    except ValueError:
-        return False
 
 
 # ------------------------------------------------------------------------------------------------ rotations
@@ -224,10 +231,11 @@ def gripper_clearance(obstacles: np.ndarray, xy: np.ndarray, z: float, yaw: floa
     return float(min(dist.min(), CLEARANCE_CAP))
 
 
-def plan_grasp(scene: Scene, obj: str, current_yaw: float) -> Grasp:
+def plan_grasp(scene: Scene, obj: str, current_yaw: float, place_xy: Optional[np.ndarray] = None) -> Grasp:
     """Where and how to take `obj`: whole, across a direction in which it fits the open fingers, or else (a bowl) by
     the rim, one finger inside; among those, the grasp with the most room around the hand and fingers, then the
-    narrowest, then the least turn from `current_yaw`."""
+    narrowest, then the least turn from `current_yaw`. A rim grasp also keeps the hand, here and over `place_xy`
+    (where the object's centre goes), within EASY_REACH of the robot's base where it can."""
     pts = scene.points(obj)
     bottom, top = float(pts[:, 2].min()), float(pts[:, 2].max())
     obstacles = scene.obstacle_points(exclude=(obj,))
@@ -253,13 +261,18 @@ def plan_grasp(scene: Scene, obj: str, current_yaw: float) -> Grasp:
     else:
         angle, width, centre = narrowest_direction(pts)
         radius = width / 2.0
-        z = top - 0.015
+        z = max(top - 0.015, bottom + FINGER_REACH + 0.002)  # the fingertips clear the support
+        base = scene.sim.data.body_xpos[scene.model.body("robot0_base").id][:2]
         for phi in np.radians(np.arange(0.0, 360.0, 10.0)):
             u = np.array([math.cos(phi), math.sin(phi)])
-            point = centre + (radius - 0.006) * u
+            offset = (radius - 0.006) * u
+            point = centre + offset
             yaw = _closest_yaw(float(phi), current_yaw)
             clearance = gripper_clearance(obstacles, point, z, yaw)
-            score = clearance - 0.002 * abs(_wrap(yaw - current_yaw))
+            # the hand stays on this side of the rim until the release: keep both ends within the arm's easy reach
+            reach = max(np.linalg.norm(point - base), np.linalg.norm(place_xy + offset - base) if place_xy is not None
+                        else 0.0)
+            score = clearance - 0.002 * abs(_wrap(yaw - current_yaw)) - 0.5 * max(0.0, reach - EASY_REACH)
             candidates.append((score, Grasp(point, z, yaw, True, clearance)))
     return max(candidates, key=lambda c: c[0])[1]
 
@@ -307,7 +320,7 @@ class LiberoExpert:
 
     def _plan_grasp(self) -> None:
         pos, rot = self._eef()
-        self.grasp = plan_grasp(self.scene, self.goal.obj, self._yaw(rot))
+        self.grasp = plan_grasp(self.scene, self.goal.obj, self._yaw(rot), self._target()[0])
         self.obj_start = self.scene.body_pos(self.goal.obj)
         obstacles = self.scene.obstacle_points(exclude=(self.goal.obj,))
         near = _distance_to_segment(obstacles[:, :2], pos[:2], self.grasp.xy) < 0.08 if len(obstacles) else []
