@@ -175,19 +175,20 @@ class Scene:
 
 
 def narrowest_direction(points: np.ndarray, step_deg: float = 3.0) -> Tuple[float, float, np.ndarray]:
-    """The horizontal direction (angle in [0, pi)) along which `points` are narrowest, that width, and the centre of
-    their tightest bounding rectangle in that orientation (xy)."""
-    xy = points[:, :2]
-    best = (math.inf, 0.0, xy.mean(axis=0))
-    for angle in np.radians(np.arange(0.0, 180.0, step_deg)):
-        u = np.array([math.cos(angle), math.sin(angle)])
-        v = np.array([-u[1], u[0]])
-        pu, pv = xy @ u, xy @ v
-        width = pu.max() - pu.min()
-        if width < best[0]:
-            centre = u * (pu.max() + pu.min()) / 2 + v * (pv.max() + pv.min()) / 2
-            best = (width, float(angle), centre)
-    return best[1], best[0], best[2]
+    """The horizontal direction (angle in [0, pi), in steps of `step_deg`) along which `points` are narrowest, that
+    width, and the centre of their tightest bounding rectangle in that orientation (xy)."""
+    angles = np.radians(np.arange(0.0, 180.0, step_deg))
+    extents = [_extent(points[:, :2], a) for a in angles]
+    k = int(np.argmin([width for width, _ in extents]))
+    return float(angles[k]), extents[k][0], extents[k][1]
+
+
+def _extent(xy: np.ndarray, angle: float) -> Tuple[float, np.ndarray]:
+    """Width of points `xy` along direction `angle` and the centre of their bounding rectangle in that orientation."""
+    u = np.array([math.cos(angle), math.sin(angle)])
+    v = np.array([-u[1], u[0]])
+    pu, pv = xy @ u, xy @ v
+    return float(pu.max() - pu.min()), u * (pu.max() + pu.min()) / 2 + v * (pv.max() + pv.min()) / 2
 
 
 def _distance_to_segment(points: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -246,14 +247,9 @@ def plan_grasp(scene: Scene, obj: str, current_yaw: float, place_xy: Optional[np
         z = min(max(top - PALM_HEIGHT + 0.01, bottom + 0.45 * (top - bottom)), top - 0.01)
         z = max(z, bottom + FINGER_REACH + 0.002)
         xy = pts[:, :2]
-        for angle in np.radians(np.arange(0.0, 180.0, 5.0)):
-            u = np.array([math.cos(angle), math.sin(angle)])
-            v = np.array([-u[1], u[0]])
-            pu, pv = xy @ u, xy @ v
-            width = float(pu.max() - pu.min())
-            if width > MAX_GRASP_WIDTH:
-                continue
-            centre = u * (pu.max() + pu.min()) / 2 + v * (pv.max() + pv.min()) / 2
+        fitting = [a for a in np.radians(np.arange(0.0, 180.0, 5.0)) if _extent(xy, a)[0] <= MAX_GRASP_WIDTH]
+        for angle in fitting or [narrowest_direction(pts)[0]]:  # (its best direction may lie between the steps)
+            width, centre = _extent(xy, angle)
             yaw = _closest_yaw(float(angle), current_yaw)
             clearance = gripper_clearance(obstacles, centre, z, yaw)
             score = clearance - 0.2 * width - 0.002 * abs(_wrap(yaw - current_yaw))
