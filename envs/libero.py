@@ -12,7 +12,6 @@ import contextlib
 import functools
 import inspect
 import io
-import json
 import multiprocessing
 import os
 import re
@@ -255,8 +254,9 @@ class LiberoEnv(gym.Env):
                                 raw["robot0_gripper_qpos"]]).astype(np.float32)
         self.raw_obs = raw  # robosuite's own observation (float64 proprio, images as rendered), e.g. to record demos
         size = self.cfg.image_size
-        agent = upright(raw[CAMERAS["agentview"]]) if "agentview" in self._cameras else np.zeros((size, size, 3), np.uint8)
-        wrist = upright(raw[CAMERAS["wrist"]]) if "wrist" in self._cameras else np.zeros_like(agent)
+        black = np.zeros((size, size, 3), np.uint8)
+        agent = upright(raw[CAMERAS["agentview"]]) if "agentview" in self._cameras else black
+        wrist = upright(raw[CAMERAS["wrist"]]) if "wrist" in self._cameras else np.zeros_like(black)
         return {"agentview": agent, "wrist": wrist, "state": state}
 
     @property

@@ -357,8 +357,8 @@ class LiberoExpert:
 
     def _smooth(self, action: np.ndarray) -> np.ndarray:
         out = action.copy()
-        out[:6] = np.clip(action[:6], self.prev_action[:6] - MAX_ACTION_CHANGE, self.prev_action[:6] + MAX_ACTION_CHANGE)
-        out[:6] = np.clip(out[:6], -1.0, 1.0)
+        prev = self.prev_action[:6]
+        out[:6] = np.clip(np.clip(action[:6], prev - MAX_ACTION_CHANGE, prev + MAX_ACTION_CHANGE), -1.0, 1.0)
         self.prev_action = out
         return out.astype(np.float32)
 

