@@ -55,7 +55,8 @@ def evaluate_episode(suite: str, task: int, trial: int) -> Dict[str, Any]:
 
 
 def record_episode(suite: str, task: int, seed: int, image_size: int, fast_render: bool) -> Dict[str, Any]:
-    """The expert from the random placement drawn with `seed`, recorded (both cameras); the file attributes once."""
+    """The expert from the random placement drawn with `seed`, recorded (both cameras); a success also carries the
+    file's attributes and the scene's MJCF."""
     from envs.libero_expert import demo_file_attrs, run_episode
 
     env, expert = _worker_env(suite, task, image_size, True, fast_render)
@@ -119,56 +120,23 @@ def evaluate(args: argparse.Namespace, task_ids: List[int], descriptions: List[s
 
 
 def record(args: argparse.Namespace, task_ids: List[int]) -> None:
-    """N successful demos per task; demo i is the i-th success in seed order, whatever order the workers finish."""
-    from envs.libero_expert import DemoFileWriter
-
+    """N successful demos per task, one file each; a file is written under a temporary name and renamed once
+    complete (an interrupted task leaves none)."""
     pool = _pool(args.workers)
     bar = tqdm(total=args.record * len(task_ids), unit="demo", desc=f"recording {args.suite}", dynamic_ncols=True)
     t0 = time.time()
     try:
         for task in task_ids:
-            writer: Optional[DemoFileWriter] = None
-            pending: Dict[int, Any] = {}
-            finished: Dict[int, Dict[str, Any]] = {}
-            next_seed, next_write, kept, attempts = args.seed, args.seed, 0, 0
-            while kept < args.record:
-                if attempts >= args.max_attempts:
-                    raise SystemExit(f"error: task {task}: only {kept} of {args.record} demos succeeded in "
-                                     f"{attempts} attempts (--max-attempts)")
-                while pool and len(pending) < args.workers and next_seed - args.seed < args.max_attempts:
-                    pending[next_seed] = pool.submit(record_episode, args.suite, task, next_seed, args.image_size,
-                                                     args.fast_render)
-                    next_seed += 1
-                if pool:
-                    done, _ = futures.wait(list(pending.values()), return_when=futures.FIRST_COMPLETED)
-                    for seed in [s for s, f in pending.items() if f in done]:
-                        finished[seed] = pending.pop(seed).result()
-                else:
-                    finished[next_seed] = record_episode(args.suite, task, next_seed, args.image_size,
-                                                         args.fast_render)
-                    next_seed += 1
-                while next_write in finished and kept < args.record:  # write in seed order: reproducible files
-                    r = finished.pop(next_write)
-                    attempts += 1
-                    next_write += 1
-                    if r["success"]:
-                        if writer is None:
-                            extra = {"recorder": "vla-rl scripted expert (envs/libero_expert.py)",
-                                     "suite": args.suite, "task_id": task, "image_size": args.image_size,
-                                     "fast_render": args.fast_render, "num_steps_wait": 10,
-                                     "first_placement_seed": args.seed}
-                            path = os.path.join(args.out, args.suite, f"{r['task_name']}_demo.hdf5")
-                            writer = DemoFileWriter(path, {**r["file_attrs"], **extra})
-                        writer.add(r["arrays"], {"placement_seed": r["seed"], "model_file": r["model_file"]})
-                        kept += 1
-                        bar.update(1)
-                    bar.set_postfix(task=task, attempts=attempts, kept=kept)
-            for f in pending.values():
-                f.cancel()
-            writer.close()
-            elapsed = time.time() - t0
-            tqdm.write(f"task {task}: {kept} demos in {attempts} attempts ({kept / attempts:.0%}) -> {writer.path} "
-                       f"({os.path.getsize(writer.path) / 2**20:.1f} MiB); {elapsed / 60:.1f} min so far")
+            writers: List[Any] = []
+            try:
+                attempts = _record_task(args, pool, task, bar, writers)
+            except BaseException:
+                for writer in writers:
+                    writer.abort()
+                raise
+            path = writers[0].path
+            tqdm.write(f"task {task}: {args.record} demos in {attempts} attempts ({args.record / attempts:.0%}) -> "
+                       f"{path} ({os.path.getsize(path) / 2**20:.1f} MiB); {(time.time() - t0) / 60:.1f} min so far")
     finally:
         bar.close()
         if pool:
@@ -176,6 +144,52 @@ def record(args: argparse.Namespace, task_ids: List[int]) -> None:
     minutes = (time.time() - t0) / 60
     print(f"recorded {args.record * len(task_ids)} demos in {minutes:.1f} min "
           f"({args.record * len(task_ids) / max(minutes, 1e-9):.2f} demos/min, {args.workers} workers)")
+
+
+def _record_task(args: argparse.Namespace, pool: Optional[futures.Executor], task: int, bar: Any,
+                 writers: List[Any]) -> int:
+    """One task's file: demo i is the i-th success in seed order, whatever order the workers finish in (the same
+    file every time); its writer goes into `writers` once it exists. -> episodes run."""
+    from envs import EnvConfig
+    from envs.libero_expert import DemoFileWriter
+
+    pending: Dict[int, Any] = {}  # seed -> future
+    finished: Dict[int, Dict[str, Any]] = {}  # seed -> result, not yet written
+    next_seed, next_write, kept, attempts = args.seed, args.seed, 0, 0
+    while kept < args.record:
+        if attempts >= args.max_attempts:
+            raise SystemExit(f"error: task {task}: only {kept} of {args.record} demos succeeded in {attempts} "
+                             f"attempts (--max-attempts)")
+        if pool:
+            needed = args.record - kept - sum(r["success"] for r in finished.values())  # no episode to spare
+            while len(pending) < min(args.workers, needed) and next_seed - args.seed < args.max_attempts:
+                pending[next_seed] = pool.submit(record_episode, args.suite, task, next_seed, args.image_size,
+                                                 args.fast_render)
+                next_seed += 1
+            done, _ = futures.wait(list(pending.values()), return_when=futures.FIRST_COMPLETED)
+            for seed in [seed for seed, future in pending.items() if future in done]:
+                finished[seed] = pending.pop(seed).result()
+        else:
+            finished[next_seed] = record_episode(args.suite, task, next_seed, args.image_size, args.fast_render)
+            next_seed += 1
+        while next_write in finished and kept < args.record:
+            r = finished.pop(next_write)
+            attempts, next_write = attempts + 1, next_write + 1
+            if r["success"]:
+                if not writers:
+                    extra = {"recorder": "vla-rl scripted expert (envs/libero_expert.py)", "suite": args.suite,
+                             "task_id": task, "image_size": args.image_size, "fast_render": args.fast_render,
+                             "num_steps_wait": EnvConfig().num_steps_wait, "first_placement_seed": args.seed}
+                    path = os.path.join(args.out, args.suite, f"{r['task_name']}_demo.hdf5")
+                    writers.append(DemoFileWriter(path, {**r["file_attrs"], **extra}))
+                writers[0].add(r["arrays"], {"placement_seed": r["seed"], "model_file": r["model_file"]})
+                kept += 1
+                bar.update(1)
+            bar.set_postfix(task=task, attempts=attempts, kept=kept)
+    for future in pending.values():
+        future.cancel()
+    writers[0].close()
+    return attempts
 
 
 def main(argv: Optional[List[str]] = None) -> None:
