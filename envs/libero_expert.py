@@ -3,14 +3,15 @@
 `LiberoExpert(env)` drives one `envs.libero.LiberoEnv`: after every `env.reset(...)` call `expert.reset()`, then
 `expert.act()` gives the next 7-D OSC_POSE delta action (Δxyz, Δaxis-angle, gripper -1 open / +1 closed) from the
 poses of the end effector, the objects and the fixtures in `env.raw_env.sim`. It handles every task whose BDDL goal
-is one `On` or `In` predicate of a movable object (all of libero_object and libero_spatial, libero_goal's bowl, wine
-bottle and cream cheese placements): a small state machine that turns the gripper to the grasp's yaw while it flies
-above the object, descends, closes, lifts high enough to clear what lies on the way, carries, lowers until the
-object nearly touches its target, opens and backs off upwards.
+is one `On` or `In` predicate of a movable object, unless it goes into a drawer (`unhandled_reason`): all of
+libero_object and libero_spatial, libero_goal's placements (tasks 1, 2, 4, 5, 6, 8, 9). A small state machine turns
+the gripper to the grasp's yaw while it flies above the object, descends, closes, lifts high enough to clear what
+lies on the way, carries, lowers until the object nearly touches its target, opens and backs off upwards.
 
-Grasps come from the object's collision geometry: the horizontal direction in which it is narrowest is the one the
-fingers close along; an object wider than the open gripper everywhere (a bowl) is taken by its rim, one finger inside
-and one outside, on the side with the most free room around the fingers.
+Grasps come from the collision geometry of the object and of everything around it: the fingers close across a
+direction in which the object fits between them, the one with the most room around the palm and fingers; an object
+wider than the open gripper everywhere (a bowl, the plate) is taken by its rim, one finger inside and one outside,
+on the side with the most room that keeps the arm within easy reach (`plan_grasp`).
 
 The controller's scale, measured on MuJoCo 3.3.7 (LIBERO's OSC_POSE, 20 Hz, output limits 0.05 m and 0.5 rad per
 unit action): a constant action a moves the end effector ~12.5 mm x a per step once it has sped up (about 2 steps)
@@ -28,7 +29,7 @@ METRES_PER_STEP = 0.0125  # end-effector travel per step for a unit action (stea
 RADIANS_PER_STEP = 0.1  # rotation per step for a unit rotation action (steady state, measured)
 FINGER_REACH = 0.013  # the fingertips lie this far below the end-effector site (pads: 0.005 below to 0.012 above)
 PALM_HEIGHT = 0.045  # the palm lies this far above the end-effector site
-MAX_GRASP_WIDTH = 0.07  # the open fingers are 0.08 apart: narrower objects are taken whole, wider ones by the rim
+MAX_GRASP_WIDTH = 0.07  # the open pads are 0.076 apart: narrower objects are taken whole, wider ones by the rim
 HAND_BOTTOM = 0.026  # the palm's underside lies this far above the end-effector site
 HAND_HALF = (0.105, 0.032)  # the palm's half extents along and across the closing direction
 FINGER_SPAN = (0.032, 0.068)  # the open fingers' inner and outer distance from the site along the closing direction
@@ -283,7 +284,8 @@ def _closest_yaw(angle: float, current_yaw: float) -> float:
 
 class LiberoExpert:
     """Closed-loop scripted pick-and-place on a `LiberoEnv` (privileged simulator state); see the module docstring.
-    Phases: approach, descend, grasp, lift, carry, lower, release, retreat (`self.phase`)."""
+    Phases: approach, descend, grasp, lift, carry, lower, release, retreat, and reopen (a missed grasp: open, rise,
+    plan again) (`self.phase`)."""
 
     def __init__(self, env: Any):
         self.env = env

@@ -248,10 +248,10 @@ def test_scripted_demo_in_released_layout_trains_sft_then_rl(tmp_path):
     assert os.path.isdir(tmp_path / "sft")
     run_script("train_srpo.py", ["--task-id", "0", "env.suite=libero_object", "env.fast_render=true",
                                  "init.mode=checkpoint", f"init.path={tmp_path}/sft", "reward.encoder.num_frames=4",
-                                 "env.num_envs=2", "rollout.n=2", "rollout.prompts_per_iteration=1",
+                                 "rollout.n=2", "rollout.prompts_per_iteration=1",
                                  "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0",
                                  "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=2",
-                                 *[a for a in tiny if not a.startswith(("policy.", "env.num_envs"))]],
+                                 *[a for a in tiny if not a.startswith("policy.")]],
                outputs=tmp_path / "rl_run", timeout=600)
     (run_dir,) = os.listdir(tmp_path / "rl_run" / "runs")
     (row,) = read_metrics(str(tmp_path / "rl_run" / "runs" / run_dir))
