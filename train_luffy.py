@@ -108,7 +108,7 @@ import numpy as np
 import torch
 
 from common.advantages import compute_advantage, make_action_mask, masked_mean
-from common.demos import rollout_demos
+from common.demos import load_hdf5_demos, rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
@@ -175,9 +175,7 @@ def luffy_loss(alg: AlgorithmConfig, log_prob: torch.Tensor, entropy: torch.Tens
 
 def load_libero_prompts(cfg: Config) -> List[dict]:
     """LIBERO demos of the trained tasks that know their start (data/demo_i/states, or a trial_id attribute)."""
-    from envs.libero import load_libero_demos
-
-    demos = [d for p in cfg.demos.paths for d in load_libero_demos(p) if d["task_id"] in cfg.env.task_ids]
+    demos = load_hdf5_demos(cfg.demos.paths, cfg.env, key="demos.paths", images=False)  # train_sft.py's checks
     demos = [d for d in demos if d["init_state"] is not None or d["trial_id"] >= 0]
     if not demos:
         raise ConfigError(f"demos.paths {cfg.demos.paths}: no demo of tasks {list(cfg.env.task_ids)} with a recorded "

@@ -35,7 +35,8 @@ class PolicySection:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = 10  # scripted-expert demos per task (starts 0..num_demos-1); LIBERO ships 50
+    num_demos: int = 10  # demos per task: the scripted expert's (starts 0..num_demos-1), or the first of each task in
+                        # sft.demo_paths (0 = all; LIBERO ships 50)
     demo_starts: bool = True  # record them from the suite's demo starts (disjoint from every evaluation trial, as
                               # LIBERO's demos are); false = from trials 0..num_demos-1
     demo_noise: float = 0.0  # std of noise on the expert's executed xyz deltas (labels stay clean: DART)
@@ -122,7 +123,7 @@ import numpy as np
 import torch
 
 from common.checkpoint import load_saved_policy
-from common.demos import demos_to_samples, generate_expert_demos
+from common.demos import demos_to_samples, generate_expert_demos, load_hdf5_demos
 from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
 from common.train import adamw, optimizer_step
@@ -149,12 +150,11 @@ def random_shift(images: np.ndarray, pad: int, rng: np.random.Generator, batch: 
 
 def load_demos(cfg: Config) -> List[Dict[str, Any]]:
     """LIBERO HDF5 demos when `sft.demo_paths` is set, else scripted-expert demos (tabletop only)."""
-    if cfg.sft.demo_paths:
-        from envs.libero import load_libero_demos
-
-        demos = [d for path in cfg.sft.demo_paths for d in load_libero_demos(path)]
-        demos = [d for d in demos if int(d["task_id"]) in cfg.env.task_ids] or demos
-        return demos[: cfg.sft.num_demos * len(cfg.env.task_ids)] if cfg.sft.num_demos > 0 else demos
+    if cfg.sft.demo_paths:  # sft.num_demos per task (0: all), images at env.image_size, each file of a trained task
+        try:
+            return load_hdf5_demos(cfg.sft.demo_paths, cfg.env, cfg.sft.num_demos, "sft.demo_paths")
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
     if cfg.env.suite != "tabletop":
         raise SystemExit(f"env.suite={cfg.env.suite} has no scripted expert: give LIBERO HDF5 files with "
                          f"sft.demo_paths=[path/to/task_demo.hdf5]")

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from envs import EnvConfig
+from envs.suites import ConfigError
 from models.action_tokenizer import ACTION_DIM
 
 DEMO_CACHE_DIR = os.path.join("cache", "demos")
@@ -123,6 +124,53 @@ def load_demos_npz(path: str) -> List[Dict[str, Any]]:
         arrays = {k: data[k] for k in _KEYS} if len(lengths) else {}
     ends = np.cumsum(lengths)
     return [{**{k: arrays[k][end - n:end] for k in _KEYS}, **m} for n, end, m in zip(lengths, ends, meta)]
+
+
+def select_task_demos(files: Sequence[Tuple[str, List[Dict[str, Any]]]], task_names: Dict[int, str],
+                      num_per_task: int = 0, key: str = "sft.demo_paths") -> List[Dict[str, Any]]:
+    """The demos of the trained tasks from `files` ((path, its demos) pairs), at most `num_per_task` per task in file
+    order (0 = all), each with `task_id` set to the trained task whose name it carries (`task_names`: task id ->
+    LIBERO task name of the run's suite, so a same-numbered task of another suite never passes). ConfigError in one
+    line, naming `key`, when a file holds no trained task's demos or a trained task has none."""
+    by_name = {name: t for t, name in task_names.items()}
+    selected: Dict[int, List[Dict[str, Any]]] = {t: [] for t in task_names}
+    for path, demos in files:
+        names = sorted({str(d["task_name"]) for d in demos})
+        if not any(n in by_name for n in names):
+            raise ConfigError(f"{key}: {path} holds demos of {', '.join(repr(n) for n in names)}, not of the trained "
+                              f"task(s) {', '.join(f'{t} ({task_names[t]!r})' for t in task_names)}: give those "
+                              f"tasks' *_demo.hdf5 files or train the file's task")
+        for d in demos:
+            t = by_name.get(str(d["task_name"]))
+            if t is not None and (num_per_task <= 0 or len(selected[t]) < num_per_task):
+                selected[t].append({**d, "task_id": t})
+    missing = [t for t, ds in selected.items() if not ds]
+    if missing:
+        raise ConfigError(f"{key}: no demo of task(s) {', '.join(f'{t} ({task_names[t]!r})' for t in missing)} in "
+                          f"{', '.join(p for p, _ in files)}: add each trained task's *_demo.hdf5 file")
+    return [d for t in task_names for d in selected[t]]
+
+
+def load_hdf5_demos(paths: Sequence[str], env_cfg: EnvConfig, num_per_task: int = 0, key: str = "sft.demo_paths",
+                    images: bool = True) -> List[Dict[str, Any]]:
+    """LIBERO-layout HDF5 demos (LIBERO's released files or benchmarks/libero_expert.py's) of the tasks
+    `env_cfg.task_ids` of `env_cfg.suite`, at most `num_per_task` per task (0 = all), images upright at
+    `env_cfg.image_size` (or none with `images=False`). ConfigError in one line naming `key` for a missing file, a
+    file not in LIBERO's layout (what is missing), a file of another task, or a trained task without demos."""
+    import envs
+    from envs.libero import load_libero_demos
+
+    files = []
+    for path in paths:
+        try:
+            files.append((path, load_libero_demos(path, env_cfg.image_size, images=images)))
+        except FileNotFoundError:
+            raise ConfigError(f"{key}: demo file {path} does not exist") from None
+        except ValueError as e:
+            raise ConfigError(f"{key}: {e}") from None
+    tasks = envs.suite_tasks(env_cfg)
+    return select_task_demos(files, {int(t): str(tasks[int(t)]["name"]) for t in env_cfg.task_ids}, num_per_task,
+                             key)
 
 
 def demos_to_samples(demos: List[Dict[str, Any]], chunk: int) -> Dict[str, Any]:

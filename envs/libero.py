@@ -12,7 +12,6 @@ import contextlib
 import functools
 import inspect
 import io
-import json
 import multiprocessing
 import os
 import re
@@ -202,9 +201,11 @@ class LiberoEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"]}
 
-    def __init__(self, cfg: EnvConfig, env_index: int = 0, render_mode: Optional[str] = None):
+    def __init__(self, cfg: EnvConfig, env_index: int = 0, render_mode: Optional[str] = None, cameras: bool = True):
+        """`cameras=False`: nothing is ever rendered and the images are black (~5x faster steps; for code that reads
+        the simulator, such as the scripted expert in envs/libero_expert.py)."""
         check_config(cfg)
-        self.cfg, self.env_index, self.render_mode = cfg, env_index, render_mode
+        self.cfg, self.env_index, self.render_mode, self.cameras = cfg, env_index, render_mode, cameras
         import_libero(cfg.render_backend)
         bench = _benchmark(cfg.suite)
         self.num_tasks = bench.get_num_tasks()
@@ -235,8 +236,9 @@ class LiberoEnv(gym.Env):
                                           camera_heights=size, camera_widths=size, hard_reset=False, ignore_done=True)
         if self.cfg.fast_render:
             self._fast_render()
-        if not self.cfg.wrist_camera:  # never rendered: not part of the observations robosuite returns
-            self.raw_env.env._observables[CAMERAS["wrist"]].set_enabled(False)
+        for key, name in CAMERAS.items():  # never rendered: not part of the observations robosuite returns
+            if key not in self._cameras:
+                self.raw_env.env._observables[name].set_enabled(False)
         self._built_task = task_id
 
     def _fast_render(self) -> None:
@@ -258,13 +260,18 @@ class LiberoEnv(gym.Env):
     def _obs(self, raw: Dict[str, np.ndarray]) -> Dict[str, np.ndarray]:
         state = np.concatenate([raw["robot0_eef_pos"], _quat2axisangle(raw["robot0_eef_quat"]),
                                 raw["robot0_gripper_qpos"]]).astype(np.float32)
-        agent = upright(raw[CAMERAS["agentview"]])
-        wrist = upright(raw[CAMERAS["wrist"]]) if self.cfg.wrist_camera else np.zeros_like(agent)
+        self.raw_obs = raw  # robosuite's own observation (float64 proprio, images as rendered), e.g. to record demos
+        size = self.cfg.image_size
+        black = np.zeros((size, size, 3), np.uint8)
+        agent = upright(raw[CAMERAS["agentview"]]) if "agentview" in self._cameras else black
+        wrist = upright(raw[CAMERAS["wrist"]]) if "wrist" in self._cameras else np.zeros_like(black)
         return {"agentview": agent, "wrist": wrist, "state": state}
 
     @property
     def _cameras(self) -> Dict[str, str]:
         """The rendered cameras: observation key -> robosuite observable (the wrist one only with env.wrist_camera)."""
+        if not self.cameras:
+            return {}
         return {key: name for key, name in CAMERAS.items() if key == "agentview" or self.cfg.wrist_camera}
 
     def _info(self, success: bool) -> Dict[str, Any]:
@@ -301,9 +308,15 @@ class LiberoEnv(gym.Env):
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Put the scene in LIBERO's init state `trial_id` of `task_id` (default 0, 0), or in options "init_states"
-        (one per env, e.g. demos' first states), then `num_steps_wait` no-op steps so objects settle."""
+        (one per env, e.g. demos' first states), or, with options "placement_seed" (single env), in a new scene that
+        LIBERO's own placement samplers draw from that seed (trial_id -1: none of the 50 evaluation states; how demos
+        are recorded); then `num_steps_wait` no-op steps so objects settle."""
         super().reset(seed=seed)
-        self.task_id, self.trial_id = self._pick_ids(options or {})
+        options = options or {}
+        self.task_id, self.trial_id = self._pick_ids(options)
+        placement_seed = options.get("placement_seed")
+        if placement_seed is not None:
+            self.trial_id = -1
         if self._built_task != self.task_id:
             self._build(self.task_id)
         env = self.raw_env
@@ -316,10 +329,14 @@ class LiberoEnv(gym.Env):
         # every time, and restore the caller's RNG.
         rng_state = np.random.get_state()
         try:
-            self._seed_fixtures()
-            env.reset()
+            if placement_seed is None:
+                self._seed_fixtures()
+            else:
+                np.random.seed(int(placement_seed))
+            env.reset()  # draws object placements from np.random: the seeded scene, or overwritten by an init state
             env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
-            env.set_init_state(self._init_state(options or {}))
+            if placement_seed is None:
+                env.set_init_state(self._init_state(options))
             wait = WAIT_ACTION[self.cfg.wait_action]
             for _ in range(self.cfg.num_steps_wait):
                 env.step(wait)
@@ -705,41 +722,63 @@ def _resize(frames: np.ndarray, size: int) -> np.ndarray:
     return x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
 
 
-def load_libero_demos(path: str, image_size: Optional[int] = None) -> List[Dict[str, Any]]:
-    """LIBERO robomimic-style HDF5 (data/demo_i/{actions, obs/...}) -> one dict per demo, images upright."""
+# what a demo must hold to be read: LIBERO's released files have every one of these (the end-effector pose also as
+# obs/ee_states, pos + axis-angle, which is read when ee_pos / ee_ori are absent)
+DEMO_KEYS = ("actions", "obs/agentview_rgb", "obs/eye_in_hand_rgb", "obs/gripper_states")
+
+
+def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool = True) -> List[Dict[str, Any]]:
+    """LIBERO robomimic-style HDF5 (data/demo_i/{actions, obs/...}) -> one dict per demo, images upright (resized
+    to `image_size` when given; left out with `images=False`). FileNotFoundError for a missing file, ValueError
+    naming what is missing for a file not in LIBERO's layout. The instruction is the task's (LIBERO's rule: the
+    task name, as the env prompts it), not the BDDL's `(:language ...)` in `problem_info`, which LIBERO's own
+    evaluation never shows (e.g. "pick the akita black bowl ..." for "pick up the black bowl ...")."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LIBERO demo file {path} does not exist")
     demos = []
-    with h5py.File(path, "r") as f:
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"{path} is not an HDF5 file ({e})") from None
+    with f:
         if "data" not in f:
-            raise ValueError(f"{path} is not a LIBERO/robomimic demo file: no 'data' group")
+            raise ValueError(f"{path} is not a LIBERO demo file: no 'data' group (LIBERO's layout: "
+                             f"data/demo_i/{{actions, obs/agentview_rgb, ...}})")
         data = f["data"]
-        info = json.loads(data.attrs["problem_info"]) if "problem_info" in data.attrs else {}
         bddl = data.attrs.get("bddl_file_name", "")
         name = os.path.basename(str(bddl))[:-5] if str(bddl).endswith(".bddl") else \
             os.path.basename(path).removesuffix(".hdf5").removesuffix("_demo")
-        description = str(info.get("language_instruction") or _language_from_name(name)).strip()
+        description = _language_from_name(name).strip()
         flip = str(data.attrs.get("macros_image_convention", "opengl")) == "opengl"
         task_id = -1
         keys = sorted((k for k in data if k.startswith("demo_")), key=lambda k: int(k.split("_")[1]))
+        if not keys:
+            raise ValueError(f"{path} is not a LIBERO demo file: its 'data' group has no demo_<i> group")
         for key in keys:
             demo = data[key]
-            missing = [k for k in ("actions", "obs/agentview_rgb", "obs/eye_in_hand_rgb", "obs/ee_pos", "obs/ee_ori",
-                                   "obs/gripper_states") if k not in demo]
+            missing = [k for k in DEMO_KEYS if k not in demo]
+            if not ("obs/ee_pos" in demo and "obs/ee_ori" in demo) and "obs/ee_states" not in demo:
+                missing.append("obs/ee_states (or obs/ee_pos and obs/ee_ori)")
             if missing:
                 raise ValueError(f"{path}:{key} lacks {', '.join(missing)}")
             obs = demo["obs"]
-            views = [np.asarray(obs[k][()], dtype=np.uint8) for k in ("agentview_rgb", "eye_in_hand_rgb")]
-            views = [upright(v) if flip else v for v in views]
-            if image_size is not None:
-                views = [_resize(v, image_size) for v in views]
-            state = np.concatenate([obs["ee_pos"][()], obs["ee_ori"][()], obs["gripper_states"][()]], axis=1)
+            if "ee_pos" in obs and "ee_ori" in obs:
+                pose = np.concatenate([obs["ee_pos"][()], obs["ee_ori"][()]], axis=1)
+            else:
+                pose = obs["ee_states"][()]
+            state = np.concatenate([pose, obs["gripper_states"][()]], axis=1)
             if task_id == -1 and "task_id" not in demo.attrs:
                 task_id = _task_index(name)
-            demos.append({"agentview": views[0], "wrist": views[1], "state": state.astype(np.float32),
-                          "actions": np.asarray(demo["actions"][()], dtype=np.float32), "task_description": description,
-                          "task_name": name, "task_id": int(demo.attrs.get("task_id", task_id)),
-                          "trial_id": int(demo.attrs.get("trial_id", -1)),
-                          # the simulator state the demo started from (robomimic's data/demo_i/states), if recorded
-                          "init_state": np.asarray(demo["states"][0], np.float64) if "states" in demo else None})
+            out = {"state": state.astype(np.float32), "actions": np.asarray(demo["actions"][()], dtype=np.float32),
+                   "task_description": description, "task_name": name,
+                   "task_id": int(demo.attrs.get("task_id", task_id)), "trial_id": int(demo.attrs.get("trial_id", -1)),
+                   # the simulator state the demo started from (robomimic's data/demo_i/states), if recorded
+                   "init_state": np.asarray(demo["states"][0], np.float64) if "states" in demo else None}
+            if images:
+                views = [np.asarray(obs[k][()], dtype=np.uint8) for k in ("agentview_rgb", "eye_in_hand_rgb")]
+                views = [upright(v) if flip else v for v in views]
+                if image_size is not None:
+                    views = [_resize(v, image_size) for v in views]
+                out["agentview"], out["wrist"] = views
+            demos.append(out)
     return demos

@@ -173,7 +173,8 @@ def test_load_libero_demos_reads_robomimic_layout_upright(tmp_path):
     assert d["agentview"].dtype == np.uint8 and d["state"].dtype == np.float32 and d["actions"].dtype == np.float32
     np.testing.assert_allclose(d["state"][0], [10.1, 10.2, 10.3, 3.1, 0.0, -0.1, 0.04, -0.04], rtol=1e-6)
     np.testing.assert_allclose(d["actions"], 1.0)
-    assert d["task_description"] == "pick up the black bowl and place it" and d["task_name"] == SPATIAL_0
+    # the instruction the env prompts (the task name), not problem_info's BDDL (:language ...)
+    assert d["task_description"] == SPATIAL_0.replace("_", " ") and d["task_name"] == SPATIAL_0
     assert d["task_id"] == (0 if HAVE_LIBERO else -1) and d["trial_id"] == -1
 
 
@@ -197,7 +198,8 @@ def test_load_libero_demos_names_missing_key(tmp_path):
     with h5py.File(path, "w") as f:
         f.create_group("data/demo_0/obs")
         f["data/demo_0"].create_dataset("actions", data=np.zeros((2, 7)))
-    with pytest.raises(ValueError, match="demo_0 lacks obs/agentview_rgb, obs/eye_in_hand_rgb, obs/ee_pos"):
+    with pytest.raises(ValueError, match=r"demo_0 lacks obs/agentview_rgb, obs/eye_in_hand_rgb, obs/gripper_states, "
+                                         r"obs/ee_states \(or obs/ee_pos and obs/ee_ori\)$"):
         load_libero_demos(str(path))
 
 
