@@ -133,9 +133,6 @@ def check_config(cfg: Config) -> None:
     if t.total_timesteps is not None and t.total_timesteps < 1:
         raise ConfigError(f"train.total_timesteps={t.total_timesteps} (--timesteps): must be >= 1 env step "
                           f"(leave it null to stop on train.iterations only)")
-    if not t.actor_lr >= 0 or not t.critic_lr >= 0:
-        raise ConfigError(f"train.actor_lr={t.actor_lr}, train.critic_lr={t.critic_lr} (--actor-lr/--critic-lr): "
-                          f"learning rates must be >= 0")
     if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
         raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
                           f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")

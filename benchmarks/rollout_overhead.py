@@ -24,6 +24,8 @@ from envs import make_vector_env  # noqa: E402
 class RandomPolicy:
     """Uniform random action chunks: costs almost nothing, so the loop's own work is what remains."""
 
+    kind, model_space_samples = "token", False  # the policy interface (models/policy.py)
+
     def __init__(self, chunk: int, seed: int = 0):
         self.action_chunk = chunk
         self.rng = np.random.default_rng(seed)

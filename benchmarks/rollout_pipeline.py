@@ -37,6 +37,8 @@ from envs import make_vector_env  # noqa: E402
 class SleepPolicy:
     """Random small arm motions, gripper open (no episode ends early), after sleeping `latency` seconds."""
 
+    kind, model_space_samples = "token", False  # the policy interface (models/policy.py)
+
     def __init__(self, chunk: int, latency: float = 0.0):
         self.action_chunk, self.latency = chunk, latency
 

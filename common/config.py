@@ -209,13 +209,13 @@ RANGES: Dict[str, str] = {
     "algorithm.flow_sar_ema_eta_rate": "[0, 1]", "algorithm.flow_sar_ema_eta_max": "[0, 1]",
     "algorithm.flow_sar_kl_coeff": "[0, inf)", "algorithm.flow_sar_t_min": "(0, 1)", "algorithm.flow_sar_t_max": "(0, 1)",
     "algorithm.flow_sar_w_min": "[0, 1]", "algorithm.flow_sar_w_max": "[0, 1]",
-    "train.iterations": "[1, inf)", "train.lr": "(0, inf)", "train.actor_lr": "(0, inf)", "train.critic_lr": "(0, inf)",
+    "train.iterations": "[1, inf)", "train.lr": "[0, inf)", "train.actor_lr": "[0, inf)", "train.critic_lr": "[0, inf)",
     "train.weight_decay": "[0, inf)", "train.lr_warmup_steps": "[0, inf)", "train.grad_clip": "(0, inf)",
     "train.actor_max_grad_norm": "(0, inf)", "train.critic_max_grad_norm": "(0, inf)",
     "train.critic_warmup_iterations": "[0, inf)",
     "sft.num_demos": "[0, inf)", "sft.demo_noise": "[0, inf)", "sft.batch_size": "[1, inf)",
     "sft.steps": "[1, inf); 0 steps would export the untrained policy as the best one",
-    "sft.lr": "(0, inf)", "sft.weight_decay": "[0, inf)", "sft.warmup_steps": "[0, inf)", "sft.min_lr_ratio": "[0, 1]",
+    "sft.lr": "[0, inf)", "sft.weight_decay": "[0, inf)", "sft.warmup_steps": "[0, inf)", "sft.min_lr_ratio": "[0, 1]",
     "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, inf)", "sft.log_every": "[1, inf)",
     "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, inf)", "sft.eval_trial_start": "[0, inf)",
     "value_head.dropout": "[0, 1)",
@@ -287,7 +287,7 @@ def check_run_config(cfg: Any) -> None:
                           f"multiple of 16 (64, 128, 224, 256)")
     policy = getattr(cfg, "policy", None)
     if cfg.init.mode == "scratch" and hasattr(policy, "image_size") and policy.image_size != cfg.env.image_size and \
-            policy.image_size != type(policy)().image_size:
+            policy.image_size != type(policy)().image_size and not getattr(policy, "pretrained_path", None):
         raise ConfigError(f"policy.image_size={policy.image_size} but env.image_size={cfg.env.image_size}: a new policy "
                           f"sees what the env renders, so its size is env.image_size; set env.image_size instead")
 

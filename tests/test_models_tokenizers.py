@@ -1,7 +1,6 @@
 """ActionTokenizer (bins, percentile stats, gripper, persistence) and the instruction tokenizers."""
 import numpy as np
 import pytest
-import torch
 
 from models.action_tokenizer import ActionTokenizer
 from models.text_tokenizer import ByteTokenizer, HFTextTokenizer, load_text_tokenizer

@@ -177,6 +177,7 @@ def test_l1_sft_loss_falls_and_the_saved_folder_reloads(golden, tmp_path):
         again.log_prob(obs, texts, torch.zeros(3, 56, dtype=torch.long))
 
 
+@pytest.mark.slow
 def test_evaluate_and_sft_scripts_run_the_folder(tmp_path):
     """evaluate.py acts with the L1 head on tabletop (wrist camera + 8-d state); train_sft.py fine-tunes the folder
     with the L1 loss (falls) and exports a folder evaluate.py loads again as the same family."""

