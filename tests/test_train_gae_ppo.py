@@ -199,6 +199,7 @@ def runs_in(folder):
     return sorted(os.listdir(folder))
 
 
+@pytest.mark.slow
 def test_freeze_vla_for_critic_keeps_the_value_loss_out_of_the_policy_gradient(tmp_path):
     """The script's first update three ways, from the same start and rollouts: the actor's gradient norm with the VLA
     frozen for the critic equals the one without any value loss (value_loss_coef=0), and differs from the one where
