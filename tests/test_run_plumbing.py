@@ -567,3 +567,40 @@ def test_an_empty_folder_is_one_line_for_sft(tmp_path):
                         f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots", "sft.num_demos=1",
                         "env.max_steps=8", f"sft.output_path={tmp_path}/out"])
     assert str(e.value).startswith("error: ") and "empty" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_end_of_an_iteration_keeps_no_copy_of_the_weights_or_the_optimizer(monkeypatch):
+    """#46: the old ddp path deep-copied the optimizer at every iteration that did not checkpoint (+56 GiB of moments
+    on the GPU at 7B: OOM in iteration 2). A stop now waits for the next safe point, so what an iteration's end keeps
+    is the run state and the RNG states: no tensor is copied, none is kept."""
+    from common import run as run_module
+    from common.run import Run, Schedule
+
+    policy = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(policy.parameters())
+    policy(torch.ones(1, 4)).sum().backward()
+    optimizer.step()  # moments exist
+    copied, deepcopy = [], run_module.copy.deepcopy
+    monkeypatch.setattr(run_module.copy, "deepcopy", lambda x, *a: copied.append(x) or deepcopy(x, *a))
+    saved = []
+    fake = SimpleNamespace(schedule=Schedule(10, 0, 5), device=torch.device("cpu"), gather=lambda items: list(items),
+                           _signals=0, _rng_states=lambda: [{"python": 1}], is_main=False, state={"best": 0.5},
+                           save=lambda it, rng: saved.append(it), accelerator=SimpleNamespace(
+                               wait_for_everyone=lambda: None), evaluate=lambda done: {},
+                           _tracked={"policy": policy, "optimizers": {"actor": optimizer}})
+    for iteration in range(5):  # four iterations without a checkpoint, then one with
+        Run.end_iteration(fake, iteration, {}, [])
+    assert saved == [5]
+
+    def tensors(x):
+        if isinstance(x, torch.Tensor):
+            return 1
+        if isinstance(x, dict):
+            return sum(tensors(v) for v in x.values())
+        if isinstance(x, (list, tuple)):
+            return sum(tensors(v) for v in x)
+        return 0
+
+    assert copied and all(tensors(x) == 0 and not isinstance(x, (torch.optim.Optimizer, torch.nn.Module))
+                          for x in copied), copied
+    assert tensors(fake._last_done) == 0 and fake._last_done["iteration"] == 5
