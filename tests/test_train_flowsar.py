@@ -135,6 +135,7 @@ def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
     assert any(not torch.equal(ema_2[k], ema_b[k]) for k in ema_b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant,schedule", [("mse_branch", "fixed"), ("softplus_kl", "linear")])
 def test_other_loss_variants_energies_and_schedules(tmp_path, variant, schedule):
     """One update from the same start and rollouts with energy sde and with mse; all 4 x 8 policy steps in one

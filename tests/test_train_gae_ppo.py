@@ -249,6 +249,7 @@ def test_smoke_two_updates_then_resume_is_exact(tmp_path):
                {k: v for k, v in b.items() if not k.startswith(timing)}
 
 
+@pytest.mark.slow
 def test_timesteps_budget_stops_evaluates_and_checkpoints_value_free_baseline(tmp_path):
     """--timesteps 200 with 128 env steps per iteration: stops after iteration 2 of 10 with an evaluation and a
     checkpoint there (eval every 5, checkpoint every 5). use_gae=false: no value head, no value or critic metrics (the

@@ -66,6 +66,7 @@ def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
     assert "iter_000003" in os.listdir(os.path.join(run_dir, "checkpoints"))
 
 
+@pytest.mark.slow
 def test_update_with_non_zero_advantages_moves_the_policy(tmp_path):
     """From a start that sometimes succeeds: 8 groups of 8 sampled episodes (P(no success at all) ~ 0.1% at ~10%),
     SRPO's rewards (success 1, failures their world-model progress in (0, 1)), groups with mixed outcomes kept,
@@ -90,6 +91,7 @@ def test_update_with_non_zero_advantages_moves_the_policy(tmp_path):
     assert zero["train/grad_norm"] > 0 and abs(zero["train/ppo_kl"]) < 1e-6, zero
 
 
+@pytest.mark.slow
 def test_cosine_lr_schedule_decays_over_the_run(tmp_path):
     run(["--task-id", "0", "train.iterations=3", "algorithm.filter_accuracy=false", "train.lr_warmup_steps=0",
          "train.lr_schedule=cosine", "train.lr=1e-3"], tmp_path)
@@ -165,6 +167,7 @@ def test_auto_sft_trains_the_missing_warm_start_first(tmp_path):
     assert [r["iteration"] for r in read_metrics(str(tmp_path / "runs" / runs[0]))] == [1]
 
 
+@pytest.mark.slow
 def test_lora_with_kl_to_the_adapter_free_reference(tmp_path):
     """policy.lora_rank > 0 and algorithm.use_kl_loss: reference log-probs come from the same model with adapters off.
     Fresh LoRA (B = 0) starts equal to the reference: KL ~0 in iteration 1. The entropy bonus moves the adapters, so in
