@@ -9,16 +9,19 @@ trials 0-9 (sparse success reward, gamma 0.99, lambda 0.95, actor lr 1e-4 after 
 never practised and never in a demo (1 greedy + 8 sampled episodes each).
 
 How the bounds were set: `python benchmarks/learning_seeds.py --tests gae_ppo --seeds 1 2 3` (AMD EPYC, AVX2 only),
-mean +- sd over the three seeds, and what an update that does nothing gives:
-- practice success, first -> last 5 iterations (320 episodes each): +0.29 +- 0.07 (0.28, 0.37, 0.23); do-nothing
-  noise sd 0.034. Asserted >= 0.12 (below mean - 2 sd = 0.15; 3.5 sd of that noise).
-- explained variance of the value head, mean over the last 10 iterations: 0.54 +- 0.09 (0.46, 0.52, 0.63); a fresh or
-  broken head explains ~0 (iteration 1: -0.003 to 0.001). Asserted >= 0.3 (mean - 2 sd = 0.36) and |EV| < 0.1 at
-  iteration 1.
-- held-out sampled success, start -> mean of the two evaluations: +0.10 +- 0.06 (0.09, 0.17, 0.05), mean - 2 sd
-  below 0: printed, not asserted (this start gets better first at the trials it practises). The value loss does not
-  fall reliably (the returns' spread grows as success rises): not asserted.
-- the last approx KL, 0.003-0.005: asserted < 0.05 (no collapse).
+mean +- sd over the three seeds, and what an update that does nothing gives. Re-measured 2026-11-27 after GAE-PPO
+began training only on the tokens of the actions the env executed (make_action_mask, #45); the figures of
+2026-11-26, before it, in brackets:
+- practice success, first -> last 5 iterations (320 episodes each): +0.31 +- 0.19 (0.09, 0.43, 0.40) [+0.29 +- 0.07
+  (0.28, 0.37, 0.23)]; do-nothing noise sd 0.034. mean - 2 sd is below 0 with this spread, so the bound comes from
+  the noise: asserted >= 0.07 (2 noise sd, below the lowest seed's 0.094, which is seed 1, the one run here).
+- explained variance of the value head, mean over the last 10 iterations: 0.49 +- 0.10 (0.55, 0.54, 0.38) [0.54 +-
+  0.09]; a fresh or broken head explains ~0 (iteration 1: -0.003 to 0.001). Asserted >= 0.3 (mean - 2 sd = 0.29,
+  lowest seed 0.38) and |EV| < 0.1 at iteration 1.
+- held-out sampled success, start -> mean of the two evaluations: +0.08 +- 0.03 (0.05, 0.08, 0.09) [+0.10 +- 0.06],
+  below 2 noise sd (0.042): printed, not asserted (this start gets better first at the trials it practises). The
+  value loss does not fall reliably (the returns' spread grows as success rises): not asserted.
+- the last approx KL, 0.003-0.006: asserted < 0.05 (no collapse).
 """
 import numpy as np
 import pytest
@@ -28,7 +31,7 @@ from tests.scripts import learning_run
 pytestmark = pytest.mark.slow  # a learning test: the full tier (python test_all.py --all)
 
 SCRIPT, START = "train_gae_ppo.py", "weak"  # tests/scripts.py SFT_STARTS
-BOUNDS = {"practice": 0.12, "ev_last10": 0.3}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)
+BOUNDS = {"practice": 0.07, "ev_last10": 0.3}  # asserted: measures(rows)[k] >= BOUNDS[k] (3 seeds: docstring)
 
 
 def args(seed: int, start: str) -> list:
