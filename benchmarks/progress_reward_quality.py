@@ -40,16 +40,27 @@ class ProgressRecorder(gym.vector.VectorWrapper):
     """Reads the tabletop simulator during rollouts: each env's target-to-goal distance at reset, and whether its
     target block has been grasped since."""
 
+    def __init__(self, env):
+        super().__init__(env)
+        core, step = env.core, env.core.step
+
+        def step_and_read(*args, **kwargs):  # every env step, whether the rollout steps chunks or single actions
+            out = step(*args, **kwargs)
+            self.grasped |= core.held == core.goals[:, 0, 0]
+            return out
+
+        core.step = step_and_read
+
+    def step_chunk_async(self, env_ids, actions, keep_frames=False):  # the rollout loop's chunked stepping
+        self.env.step_chunk_async(env_ids, actions, keep_frames)
+
+    def step_chunk_wait(self, env_ids):
+        return self.env.step_chunk_wait(env_ids)
+
     def reset(self, **kwargs):
         out = super().reset(**kwargs)
         self.grasped = np.zeros(self.num_envs, dtype=bool)
         self.d_start = self.goal_distance()
-        return out
-
-    def step(self, actions):
-        out = super().step(actions)
-        core = self.env.core
-        self.grasped |= core.held == core.goals[:, 0, 0]
         return out
 
     def goal_distance(self) -> np.ndarray:
@@ -141,5 +152,6 @@ if __name__ == "__main__":
     print(f"  {'encoder':36s} {'Spearman rho':>16s} {'reward | grasped':>17s} {'reward | never':>15s}")
     for name, values in rhos.items():
         g, ng = by_grasp[name]
+        values = [v for v in values if np.isfinite(v)]  # a batch whose failures all made the same progress: no rank
         print(f"  {name:36s} {np.mean(values):7.2f} +- {np.std(values) / max(1, len(values)) ** 0.5:.2f}"
               f" {np.mean(g) if g else float('nan'):17.3f} {np.mean(ng) if ng else float('nan'):15.3f}")
