@@ -15,6 +15,7 @@ import io
 import multiprocessing
 import os
 import re
+import signal
 import sys
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -676,6 +677,15 @@ class LiberoVectorEnv(AsyncVectorEnv):
         super().close_extras(timeout=timeout, terminate=terminate)
 
 
+def worker_env(cfg: EnvConfig, index: int) -> LiberoEnv:
+    """Env `index`, built where it runs. In a worker process Ctrl-C is ignored: a terminal sends SIGINT to the whole
+    foreground process group, workers included, and a worker that died of it took the rollout with it, so the
+    training script's stop at the next safe point saved nothing; the script owns the stop and closes its workers."""
+    if multiprocessing.parent_process() is not None:  # a worker (the parent builds a throw-away copy for the spaces)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return LiberoEnv(cfg, index)
+
+
 def make_libero_vector_env(cfg: EnvConfig, num_envs: int, context: str = "spawn") -> LiberoVectorEnv:
     """`num_envs` LiberoEnvs, one process each ("spawn": scripts need an `if __name__ == "__main__"` guard)."""
     if type(cfg).__name__ == "DictConfig":  # an OmegaConf structured config: workers need a plain, picklable one
@@ -685,7 +695,7 @@ def make_libero_vector_env(cfg: EnvConfig, num_envs: int, context: str = "spawn"
     check_config(cfg)
     if num_envs < 1:
         raise ValueError(f"num_envs must be >= 1, got {num_envs}")
-    return LiberoVectorEnv([functools.partial(LiberoEnv, cfg, i) for i in range(num_envs)], context=context)
+    return LiberoVectorEnv([functools.partial(worker_env, cfg, i) for i in range(num_envs)], context=context)
 
 
 # ------------------------------------------------------------------------------------------------------------ demos

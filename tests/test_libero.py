@@ -370,6 +370,21 @@ def test_killed_worker_is_restarted_and_its_episode_marked_invalid(venv):
     assert list(info["invalid"]) == [False, False] and not truncated.any()
 
 
+@pytest.mark.real_libero
+def test_a_ctrl_c_to_the_process_group_leaves_the_workers_running(venv):
+    """A terminal's Ctrl-C reaches every process of the foreground group: the workers ignore it (the training script
+    stops at its next safe point and needs them until then; they used to die of it mid-rollout, and the stop then
+    saved nothing)."""
+    venv.reset(options={"task_ids": [0, 0], "trial_ids": [1, 2]})
+    restarts = venv.num_restarts  # the module's envs: another test may have restarted one
+    for process in venv.processes:
+        os.kill(process.pid, signal.SIGINT)
+    time.sleep(1.0)
+    _, _, _, truncated, info = venv.step(np.zeros((2, 7), dtype=np.float32))
+    assert all(p.is_alive() for p in venv.processes) and venv.num_restarts == restarts
+    assert list(info["invalid"]) == [False, False] and not truncated.any()
+
+
 # --------------------------------------------------------------------------------------------------------- LIBERO-PRO
 
 def _object_positions(e: LiberoEnv) -> dict:
