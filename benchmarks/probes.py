@@ -282,6 +282,13 @@ def second_sigint_during_checkpoint_write(out: str) -> str:
     return f"exit 130, checkpoints {saved} verify, no .tmp; " + resumed_to_the_end(run_dir, stdout, stderr, 4)
 
 
+def no_temporary_copies(*folders: str) -> None:
+    """Broke when an interrupted write left a temporary copy (a *.tmp* name) in any of `folders`."""
+    left = [n for folder in folders for n in os.listdir(folder) if ".tmp" in n]
+    if left:
+        raise Broke(f"temporary copies left in {', '.join(folders)}: {left}")
+
+
 @probe("second_sigint_during_checkpoint_write_sft")
 def second_sigint_during_sft_checkpoint(out: str) -> str:
     """train_sft.py (one process): two SIGINTs in the middle of the step-10 checkpoint's write (sft.eval_every=10)."""
@@ -295,9 +302,7 @@ def second_sigint_during_sft_checkpoint(out: str) -> str:
     saved = check_checkpoints(run_dir)
     if 2 not in saved or os.path.exists(f"{out}/exported"):
         raise Broke(f"checkpoints {saved}; exported: {os.path.exists(f'{out}/exported')}")
-    leftovers = [n for n in os.listdir(run_dir) if ".tmp" in n]
-    if leftovers:
-        raise Broke(f"left in the run folder: {leftovers}")
+    no_temporary_copies(run_dir)
     said = resumed_to_the_end(run_dir, stdout, stderr, 6)
     from common.checkpoint import load_saved_policy
 
@@ -315,9 +320,7 @@ def second_sigint_during_sft_export(out: str) -> str:
     if "[test] 2 SIGINT sent" not in stdout:
         raise Broke(f"the signals were not sent (exit {code}): {tail(stderr)}")
     no_traceback(stderr)
-    leftovers = [n for n in os.listdir(run_dir) + os.listdir(out) if ".tmp" in n]
-    if leftovers:
-        raise Broke(f"temporary copies left: {leftovers}")
+    no_temporary_copies(run_dir, out)
     from common.checkpoint import load_saved_policy
 
     if code == 0:
