@@ -8,14 +8,16 @@ practises on trials 0-29 (8 prompts x 8 samples per iteration, no demonstrations
 every 10 iterations on trials 30-49, which it never practises on: one greedy and 8 sampled episodes per trial.
 
 How the bounds were set: `python benchmarks/learning_seeds.py --tests srpo --seeds 1 2 3` (AMD EPYC, AVX2 only; each
-seed one thread, ~9 minutes idle), gains mean +- sd over the three seeds, and what an update that does nothing gives:
-- practice success, first -> last 10 iterations (640 episodes each): +0.27 +- 0.09 (0.35, 0.28, 0.18); a do-nothing
-  update moves it by binomial noise only, sd 0.028. Asserted >= 0.1 (mean - 2 sd, 3.6 sd of that noise).
-- held-out sampled success, first evaluation -> mean of the last three (160 / 480 episodes): +0.22 +- 0.07 (0.29,
-  0.19, 0.16); do-nothing noise sd 0.045. Asserted >= 0.05, below mean - 2 sd (0.08): a guard that held-out success
-  does not fall, not a bound a broken update could never pass (the practice bound is that).
-- held-out greedy, same windows (20 episodes per evaluation): +0.14 +- 0.07 (0.22, 0.13, 0.08): mean - 2 sd is 0.01,
-  so it is printed, not asserted.
+seed one thread, ~9 minutes idle), gains mean +- sd over the three seeds, and what an update that does nothing gives.
+Re-measured on 2026-11-27 after the recorded-frame fix (#47; the figures before it in brackets, 2026-11-26):
+- practice success, first -> last 10 iterations (640 episodes each): +0.27 +- 0.03 (0.24, 0.28, 0.30) [+0.27 +- 0.09];
+  a do-nothing update moves it by binomial noise only, sd 0.028. Asserted >= 0.1 (below mean - 2 sd, 3.6 sd of that
+  noise).
+- held-out sampled success, first evaluation -> mean of the last three (160 / 480 episodes): +0.23 +- 0.04 (0.28,
+  0.22, 0.20) [+0.22 +- 0.07]; do-nothing noise sd 0.045. Asserted >= 0.05: a guard that held-out success does not
+  fall, not a bound a broken update could never pass (the practice bound is that).
+- held-out greedy, same windows (20 episodes per evaluation): +0.19 +- 0.06 (0.13, 0.25, 0.18) [+0.14 +- 0.07]: mean
+  - 2 sd is 0.07, so it is printed, not asserted.
 - the last iteration's PPO KL, 0.001-0.004: asserted < 0.1 (no collapse).
 """
 import numpy as np
