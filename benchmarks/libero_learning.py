@@ -81,8 +81,14 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=2, help="sampled evaluation episodes per held-out trial")
     p.add_argument("--max-steps", type=int, default=200, help="episode limit (libero_object's own: 280; the expert "
                                                                "needs ~115)")
+    p.add_argument("--prompts", type=int, default=1, help="init states (groups of 8 episodes) per iteration")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--temperature", type=float, default=1.0, help="rollout and sampled-evaluation temperature")
     p.add_argument("--out", default="runs/libero_learning")
     args = p.parse_args()
+    # one folder per RL setting beside the shared demos and SFT start: the defaults keep the first runs' names
+    arm = args.reward + "".join(f"_{k}{v:g}" for k, v, d in (("lr", args.lr, 1e-4), ("p", args.prompts, 1),
+                                                           ("t", args.temperature, 1.0)) if v != d)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     py = sys.executable
@@ -105,27 +111,28 @@ def main() -> None:
             os.path.join(out, "sft.log"))
     results = {}
     for seed in args.seeds:
-        runs = os.path.join(out, f"{args.reward}_s{seed}")
+        runs = os.path.join(out, f"{arm}_s{seed}")
         run_dir = finished(runs, args.iterations)
         if run_dir is None:
             run([py, "train_srpo.py", "--task-id", str(args.task_id), "--seed", str(seed), *env, "env.num_envs=2",
                  "init.mode=checkpoint", f"init.path={sft}", f"reward.mode={args.reward}",
                  "reward.encoder.kind=pixels", "eval.protocol=heldout", "rollout.n=8",
-                 "rollout.prompts_per_iteration=1", f"train.iterations={args.iterations}",
+                 f"rollout.prompts_per_iteration={args.prompts}", f"rollout.temperature={args.temperature}",
+                 f"train.lr={args.lr}", f"train.iterations={args.iterations}",
                  "train.ppo_mini_batch_size=16", "train.ppo_micro_batch_size=8", "train.lr_warmup_steps=5", f"eval.every={args.eval_every}",
                  "eval.trials_per_task=10", f"eval.samples_per_trial={args.samples}",
                  f"log.output_dir={runs}", f"log.plots_dir={out}/plots", "log.checkpoint_every=1"],
-                os.path.join(out, f"{args.reward}_s{seed}.log"))
+                os.path.join(out, f"{arm}_s{seed}.log"))
             run_dir = finished(runs, args.iterations)
         results[seed] = summary(rows_of(run_dir))
     print(f"\n{args.suite} task {args.task_id}, {args.demos} expert demos, SFT {args.sft_steps} steps, "
-          f"{args.reward} {args.iterations} iterations x 8 episodes, held-out init states 40..49")
+          f"{arm} {args.iterations} iterations x {args.prompts} x 8 episodes, held-out init states 40..49")
     print("| seed | evaluated at | held-out greedy | held-out sampled | practice, first 3 -> last 3 iterations |")
     print("|---|---|---|---|---|")
     for seed, r in results.items():
         print(f"| {seed} | {r['eval_iterations']} | {r['greedy']} | {r['sampled']} | "
               f"{r['practice_first']} -> {r['practice_last']} |")
-    with open(os.path.join(out, f"results_{args.reward}.json"), "w") as f:
+    with open(os.path.join(out, f"results_{arm}.json"), "w") as f:
         json.dump(results, f, indent=1)
 
 
