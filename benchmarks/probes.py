@@ -450,19 +450,36 @@ def sigterm_worker_slow_save(out: str) -> str:
 
 @probe("ctrl_c_launcher_slow_checkpoint")
 def ctrl_c_launcher_slow_save(out: str) -> str:
-    """Ctrl-C (SIGINT to the process group) with process 0's stop checkpoint taking 12 s and the launcher's shutdown
-    timeout 5 s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT; 30 s by default)."""
-    proc = start("train_srpo.py", [*SRPO, "train.iterations=3", "log.checkpoint_every=100"], out, 2,
-                 env={"SIGNAL_CHECKPOINT": "iter_000001", "SIGNALS": "0", "SAVE_SLEEP": "12",
-                      "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "5"}, wrapper="signal_in_save.py")
-    wait_for(logged(out, 1), proc, what="iteration 1")
-    os.killpg(proc.pid, signal.SIGINT)
-    code, stdout, stderr = finish(proc)
-    run_dir = one_run(out)
-    saved = check_checkpoints(run_dir)
-    if len(saved) != 1:
-        raise Broke(f"checkpoints after the stop: {saved} (launcher exit {code}); {tail(stderr)}")
-    return f"iteration {saved[0]} saved and verifies; " + resumed_to_the_end(run_dir, stdout, stderr, 3)
+    """Ctrl-C (SIGINT to the process group) with process 0's stop checkpoint taking 12 s. With torch's launcher
+    giving its processes 5 s (TORCH_ELASTIC_SHUTDOWN_TIMEOUT=5) it kills process 0 in the middle of the write: nothing
+    can be saved then, so the stop line must name the setting, and the killed write may leave only a `.tmp_iter_*`
+    folder (never read as a checkpoint, removed by the folder's next save), no `iter_*` one. With the launcher's
+    default 30 s the same stop saves the iteration and the advised resume finishes the run."""
+    slow = {"SIGNAL_CHECKPOINT": "iter_000001", "SIGNALS": "0", "SAVE_SLEEP": "12"}
+    said = []
+    for grace in ("5", "30"):
+        where = os.path.join(out, f"shutdown_timeout_{grace}")
+        os.makedirs(where, exist_ok=True)
+        proc = start("train_srpo.py", [*SRPO, "train.iterations=3", "log.checkpoint_every=100"], where, 2,
+                     env=dict(slow, TORCH_ELASTIC_SHUTDOWN_TIMEOUT=grace), wrapper="signal_in_save.py")
+        wait_for(logged(where, 1), proc, what="iteration 1")
+        os.killpg(proc.pid, signal.SIGINT)
+        code, stdout, stderr = finish(proc)
+        run_dir = one_run(where)
+        if grace == "5":
+            if f"ends every process {grace} s later" not in stdout or "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=" not in stdout:
+                raise Broke(f"the stop line does not say the launcher's {grace} s and how to give more: {tail(stdout)}")
+            written = [n for n in checkpoints(run_dir) if not n.startswith(".tmp_iter_")]
+            if written:
+                raise Broke(f"a write killed by the launcher left {written} in {run_dir}/checkpoints")
+            said.append(f"5 s: killed in its write as said, no checkpoint-like folder left (launcher exit {code})")
+        else:
+            saved = check_checkpoints(run_dir)
+            if len(saved) != 1:
+                raise Broke(f"30 s: checkpoints after the stop: {saved} (launcher exit {code}); {tail(stderr)}")
+            said.append(f"30 s: iteration {saved[0]} saved and verifies; " +
+                        resumed_to_the_end(run_dir, stdout, stderr, 3))
+    return "; ".join(said)
 
 
 @probe("fsdp_offload_run_and_resume")

@@ -122,10 +122,11 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
         if error is None:
             try:
                 write()
-            except BaseException as e:  # noqa: BLE001 - safetensors' SafetensorError, torch.save's RuntimeError, ...
+            except BaseException as e:  # noqa: BLE001 - safetensors' SafetensorError, torch.save's RuntimeError,
+                # DCP's CheckpointException (a BaseException: a full disk during an fsdp shards/ write), ...
                 if main:
                     shutil.rmtree(tmp, ignore_errors=True)
-                if not isinstance(e, Exception):  # KeyboardInterrupt / SystemExit: cleaned up, then on their way
+                if isinstance(e, (KeyboardInterrupt, SystemExit, GeneratorExit)):  # cleaned up, then on their way
                     raise
                 reason = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())[:200]
                 error = f"{type(e).__name__}: {reason}"

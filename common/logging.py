@@ -119,6 +119,10 @@ def _config_dict(config_obj: Any) -> Dict[str, Any]:
     return dict(config_obj)
 
 
+class MetricsWriteError(RuntimeError):
+    """metrics.jsonl could not take an iteration's row (a full disk, a folder gone read-only)."""
+
+
 class Logger:
     """Writes every `log(metrics, step)` to metrics.jsonl, PNG panels and (optionally) wandb; `close()` at the end."""
 
@@ -178,8 +182,12 @@ class Logger:
         """Record one update's scalar metrics (non-scalars are skipped) at iteration `step`."""
         scalars = {k: _to_float(v) for k, v in metrics.items()}
         clean = {k: (v if math.isfinite(v) else None) for k, v in scalars.items() if v is not None}  # NaN -> null
-        self._file.write(json.dumps({"iteration": int(step), **clean}) + "\n")
-        self._file.flush()
+        try:
+            self._file.write(json.dumps({"iteration": int(step), **clean}) + "\n")
+            self._file.flush()
+        except OSError as e:  # a row cut short is skipped when the run is resumed
+            raise MetricsWriteError(f"could not write iteration {int(step)}'s row to {self.metrics_path}: "
+                                    f"{e.strerror or e}") from None
         self.history.setdefault(int(step), {}).update({k: v for k, v in clean.items() if v is not None})
         if self.wandb_run is not None:
             try:
@@ -254,7 +262,10 @@ class Logger:
         if self.history:
             self.safe_plot()
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the flush of a row that already failed (MetricsWriteError): reported there
+                pass
         if self.wandb_run is not None:
             try:
                 self.wandb_run.finish()

@@ -50,7 +50,7 @@ from common.checkpoint import CheckpointError, capture_rng_state, latest_checkpo
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
 from common.evaluation import eval_trials, evaluate_policy
-from common.logging import Logger, duration, format_line
+from common.logging import Logger, MetricsWriteError, duration, format_line
 from common.rollout import RolloutBatch
 from common.run_folder import check_writable, create_run_dir, default_run_prefix, remove_if_empty, resolve_run_dir
 from models.saved import PolicyLoadError
@@ -293,10 +293,18 @@ class Run:
         if self.device.type == "cuda":  # peak since the start of the process, as verl's perf/max_memory_allocated_gb
             metrics["perf/max_memory_allocated_gb"] = torch.cuda.max_memory_allocated(self.device) / 2 ** 30
             metrics["perf/max_memory_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 2 ** 30
-        stop = any(self.gather([self._signals > 0]))  # every process decides the same
+        written = None
+        if self.is_main:
+            try:
+                self.logger.log(metrics, done)
+            except MetricsWriteError as e:
+                written = str(e)
+        flags = self.gather([(self._signals > 0, written)])  # every process decides the same
+        stop, written = any(f[0] for f in flags), next((f[1] for f in flags if f[1]), None)
+        if written:  # raised on every process, reported like a failed checkpoint write
+            raise CheckpointError(written)
         rng_states = self._rng_states()
         if self.is_main:
-            self.logger.log(metrics, done)
             eta = None
             if self._t_first is not None and done > self._t_first[1]:
                 per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])

@@ -130,6 +130,10 @@ def test_extra_must_be_json(tmp_path):
     ("torch.save", lambda: RuntimeError("[enforce fail at inline_container.cc:595] . unexpected pos 64 vs 0")),
     ("fsync", lambda: OSError(28, "No space left on device")),
     ("policy", lambda: KeyboardInterrupt()),
+    # an fsdp shards/ write on a full disk: DCP raises its CheckpointException, a BaseException (#47 probe
+    # full_disk_fsdp_shards: it went past the cleanup as if it were an interrupt, a traceback on every process)
+    ("shards", lambda: __import__("torch.distributed.checkpoint.api", fromlist=["x"]).CheckpointException(
+        "CheckpointException ranks:dict_keys([0, 1])", {})),
 ])
 def test_any_failed_write_removes_its_temporary_folder_and_keeps_the_earlier_checkpoint(tmp_path, monkeypatch, where,
                                                                                         error):
@@ -146,11 +150,12 @@ def test_any_failed_write_removes_its_temporary_folder_and_keeps_the_earlier_che
         monkeypatch.setattr(policy, "save", fail)
     elif where == "torch.save":
         monkeypatch.setattr(ck.torch, "save", fail)
-    else:
+    elif where == "fsync":
         monkeypatch.setattr(ck.os, "fsync", fail)
-    if isinstance(exc, Exception):
+    shards = fail if where == "shards" else None
+    if not isinstance(exc, KeyboardInterrupt):
         with pytest.raises(CheckpointError) as e:
-            save_checkpoint(str(tmp_path), 2, policy, {"actor": opt}, modules={"value": head})
+            save_checkpoint(str(tmp_path), 2, policy, {"actor": opt}, modules={"value": head}, shards=shards)
         msg = str(e.value)
         assert "\n" not in msg and msg.startswith(f"could not write checkpoint {tmp_path}/checkpoints/iter_000002: "
                                                   f"{type(exc).__name__}: ")

@@ -383,6 +383,40 @@ def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
     load_saved_policy(os.path.join(run_dir, "checkpoints", "iter_000001"))
 
 
+def test_a_failed_metrics_row_ends_training_with_one_line(tmp_path):
+    """#47 probe full_disk_sft_completely: a disk full to the last byte fails the next metrics.jsonl row (and the
+    file's close at exit) before any checkpoint write; it ended in two tracebacks. Now: one line with the advice to
+    continue from the last checkpoint, which stays intact."""
+    code = ("import runpy, sys\n"
+            "import common.logging as lg\n"
+            "class Full:\n"
+            "    closed = False\n"
+            "    def __init__(self, f): self.f = f\n"
+            "    def write(self, s): raise OSError(28, 'No space left on device')\n"
+            "    def flush(self): raise OSError(28, 'No space left on device')\n"
+            "    def close(self): self.f.close(); raise OSError(28, 'No space left on device')\n"
+            "real = lg.Logger.log\n"
+            "def log(self, metrics, step):\n"
+            "    if step == 2: self._file = Full(self._file)\n"
+            "    return real(self, metrics, step)\n"
+            "lg.Logger.log = log\n"
+            "sys.argv = sys.argv[1:]\n"
+            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=3",
+                          "eval.every=0", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    run_dir = the_run(tmp_path / "runs")
+    err = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert err[-1].startswith(f"error: could not write iteration 2's row to {run_dir}/metrics.jsonl: No space left "
+                              f"on device;"), err[-1]
+    assert "continue with:" in err[-1] and f"--resume {run_dir}" in err[-1], err[-1]
+    assert os.listdir(os.path.join(run_dir, "checkpoints")) == ["iter_000001"]
+    from common.checkpoint import verify_checkpoint
+
+    verify_checkpoint(os.path.join(run_dir, "checkpoints", "iter_000001"))
+
+
 def test_the_advice_after_a_stop_names_a_resume_only_when_a_checkpoint_exists():
     """#47: after a failed first checkpoint (full disk) the old line advised `--resume` to a run that had none (and
     the resume was refused); the advice now names --resume only when something is saved, else a new run."""
