@@ -235,13 +235,17 @@ def main(argv: Optional[List[str]] = None) -> None:
         if reasons[t]:
             raise SystemExit(f"error: the scripted expert cannot do task {t} of {args.suite} ('{descriptions[t]}'): "
                              f"{reasons[t]}; it does tasks {handled}")
-    if args.record:
-        record(args, task_ids)
-        return
-    table = evaluate(args, task_ids, descriptions)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(table, f, indent=1)
+    try:
+        if args.record:
+            record(args, task_ids)
+            return
+        table = evaluate(args, task_ids, descriptions)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(table, f, indent=1)
+    finally:  # episodes run here (--workers 1): close the simulator now, not while the interpreter tears EGL down
+        if "env" in _WORKER:  # (robosuite's render context then printed "Exception ignored ... EGLError" tracebacks)
+            _WORKER.pop("env").close()
 
 
 if __name__ == "__main__":
