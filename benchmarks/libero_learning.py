@@ -12,6 +12,7 @@ and at each evaluation, and practice success over the first and the last iterati
 
     python benchmarks/libero_learning.py --seeds 1 2 --out runs/libero_learning      # libero_object task 0, ~1 h/seed
     python benchmarks/libero_learning.py --reward binary --seeds 1 2                  # plain GRPO instead of SRPO
+    python benchmarks/libero_learning.py --reward binary --lr 2e-5 --prompts 2 --temperature 0.5 --iterations 20
 
 On this 2-core CPU one SRPO iteration (8 episodes of <= --max-steps steps at 64 px, two simulator workers) takes
 a few minutes and one evaluation (10 trials x (1 greedy + --samples sampled)) about as long; results and the exact
