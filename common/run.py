@@ -301,8 +301,8 @@ class Run:
                 written = str(e)
         flags = self.gather([(self._signals > 0, written)])  # every process decides the same
         stop, written = any(f[0] for f in flags), next((f[1] for f in flags if f[1]), None)
-        if written:  # raised on every process, reported like a failed checkpoint write
-            raise CheckpointError(written)
+        if written:  # raised on every process, reported like a failed checkpoint write (__exit__)
+            raise MetricsWriteError(written)
         rng_states = self._rng_states()
         if self.is_main:
             eta = None
@@ -413,7 +413,7 @@ class Run:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, (ConfigError, PolicyLoadError)):  # a bad input: one line
             raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
-        if exc_type is not None and issubclass(exc_type, CheckpointError):
+        if exc_type is not None and issubclass(exc_type, (CheckpointError, MetricsWriteError)):
             raise SystemExit(f"error: {exc}; {self._continue_advice('free the space (or fix the folder) and')}") \
                 from None
         if exc_type is None and self.is_main:

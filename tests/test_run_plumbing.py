@@ -343,6 +343,16 @@ def test_a_new_run_never_writes_into_an_existing_folder(tmp_path):
         save_config(Config(), str(tmp_path / "runs" / "mine" / "config.yaml"), script="srpo", exclusive=True)
 
 
+def train_srpo_with(patch: str, tmp_path) -> tuple:
+    """train_srpo.py (FAST, 3 iterations) in a process that first runs `patch` (code that breaks a write); its
+    (CompletedProcess, run folder, stderr lines)."""
+    code = f"import runpy, sys\n{patch}\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=3",
+                          "eval.every=0", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+    return out, the_run(tmp_path / "runs"), out.stderr.strip().splitlines()
+
+
 @pytest.mark.parametrize("error", ["OSError", "SafetensorError", "RuntimeError"])
 def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
     """The second checkpoint's write fails (full disk: OSError from a file write, safetensors' SafetensorError,
@@ -357,21 +367,14 @@ def test_a_failed_checkpoint_write_ends_training_with_one_line(tmp_path, error):
         "RuntimeError": "import common.checkpoint as ck; ck.torch.save = fail(RuntimeError('[enforce fail at "
                         "inline_container.cc:595] . unexpected pos 64 vs 0'), ck.torch.save)",
     }[error]
-    code = ("import runpy, sys\n"
-            "def fail(exc, real):\n"
-            "    def writer(*a, **k):\n"
-            "        if 'iter_000002' in ' '.join(str(x) for x in list(a) + list(k.values())):\n"
-            "            raise exc\n"
-            "        return real(*a, **k)\n"
-            "    return writer\n"
-            f"{inject}\n"
-            "sys.argv = sys.argv[1:]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=3",
-                          "eval.every=0", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    run_dir = the_run(tmp_path / "runs")
-    err = out.stderr.strip().splitlines()
+    out, run_dir, err = train_srpo_with("def fail(exc, real):\n"
+                                        "    def writer(*a, **k):\n"
+                                        "        if 'iter_000002' in ' '.join(str(x) for x in\n"
+                                        "                                     list(a) + list(k.values())):\n"
+                                        "            raise exc\n"
+                                        "        return real(*a, **k)\n"
+                                        "    return writer\n"
+                                        f"{inject}", tmp_path)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert err[-1].startswith("error: could not write checkpoint ") and f"{error}" in err[-1]
     assert "earlier checkpoints are intact" in err[-1] and f"--resume {run_dir}" in err[-1]
@@ -387,26 +390,20 @@ def test_a_failed_metrics_row_ends_training_with_one_line(tmp_path):
     """#47 probe full_disk_sft_completely: a disk full to the last byte fails the next metrics.jsonl row (and the
     file's close at exit) before any checkpoint write; it ended in two tracebacks. Now: one line with the advice to
     continue from the last checkpoint, which stays intact."""
-    code = ("import runpy, sys\n"
-            "import common.logging as lg\n"
-            "class Full:\n"
-            "    closed = False\n"
-            "    def __init__(self, f): self.f = f\n"
-            "    def write(self, s): raise OSError(28, 'No space left on device')\n"
-            "    def flush(self): raise OSError(28, 'No space left on device')\n"
-            "    def close(self): self.f.close(); raise OSError(28, 'No space left on device')\n"
-            "real = lg.Logger.log\n"
-            "def log(self, metrics, step):\n"
-            "    if step == 2: self._file = Full(self._file)\n"
-            "    return real(self, metrics, step)\n"
-            "lg.Logger.log = log\n"
-            "sys.argv = sys.argv[1:]\n"
-            "runpy.run_path(sys.argv[0], run_name='__main__')\n")
-    out = subprocess.run([sys.executable, "-c", code, os.path.join(ROOT, "train_srpo.py"), *FAST, "train.iterations=3",
-                          "eval.every=0", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
-                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
-    run_dir = the_run(tmp_path / "runs")
-    err = out.stderr.strip().splitlines()
+    out, run_dir, err = train_srpo_with("import common.logging as lg\n"
+                                        "class Full:\n"
+                                        "    closed = False\n"
+                                        "    def __init__(self, f): self.f = f\n"
+                                        "    def write(self, s): raise OSError(28, 'No space left on device')\n"
+                                        "    def flush(self): raise OSError(28, 'No space left on device')\n"
+                                        "    def close(self):\n"
+                                        "        self.f.close()\n"
+                                        "        raise OSError(28, 'No space left on device')\n"
+                                        "real = lg.Logger.log\n"
+                                        "def log(self, metrics, step):\n"
+                                        "    if step == 2: self._file = Full(self._file)\n"
+                                        "    return real(self, metrics, step)\n"
+                                        "lg.Logger.log = log", tmp_path)
     assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert err[-1].startswith(f"error: could not write iteration 2's row to {run_dir}/metrics.jsonl: No space left "
                               f"on device;"), err[-1]
