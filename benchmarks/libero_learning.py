@@ -203,7 +203,7 @@ def main() -> None:
              f"sft.output_path={sft}", "seed=0", f"log.output_dir={out}/sft_run", f"log.plots_dir={out}/plots"],
             os.path.join(out, "sft.log"))
     results: Dict[str, Dict[int, Dict]] = {}
-    finals = {"SFT start": sft}
+    finals = {"sft": sft}
     for reward in args.reward:
         arm = reward + setting
         results[arm] = {}
@@ -222,7 +222,7 @@ def main() -> None:
                     os.path.join(out, f"{arm}_s{seed}.log"))
                 run_dir = finished(runs, args.iterations)
             results[arm][seed] = summary(rows_of(run_dir))
-            finals[f"{arm} s{seed}"] = run_dir
+            finals[f"{arm}_s{seed}"] = run_dir
         with open(os.path.join(out, f"results_{arm}.json"), "w") as f:
             json.dump(results[arm], f, indent=1)
     title = (f"{args.suite} task {args.task_id}, {args.demos} expert demos, SFT {args.sft_steps} steps, "
