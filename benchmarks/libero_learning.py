@@ -9,7 +9,8 @@ The chain a researcher would run with LIBERO's released demos and a pretrained V
 4. (--pro) LIBERO-PRO: the SFT start and each run's final policy greedy on the task's held-out init states in the
    base suite and each perturbed variant (`evaluate.py --suites robustness`): does RL change robustness?
 Each step is skipped when its output is already there (demos file, SFT folder, a finished RL run, a robustness
-folder), so an interrupted benchmark continues where it stopped. At the end a table per arm and seed and its mean over
+folder), and an RL run that stopped early continues from its newest checkpoint (`train_srpo.py --resume`; one is saved
+every iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At the end a table per arm and seed and its mean over
 seeds: held-out greedy / sampled success at the start, the best and the mean of the last three evaluations, practice
 success over the first and last three iterations, env steps and wall time; and a PNG of the held-out curves
 (<out>/plots/libero_learning_<suite>_t<task><setting>.png).
@@ -34,6 +35,7 @@ import sys
 from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 
 def run(cmd: List[str], log: str) -> None:
@@ -59,6 +61,17 @@ def finished(runs: str, iterations: int):
     for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
         if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and \
                 any(r.get("iteration") == iterations for r in rows_of(run_dir)):
+            return run_dir
+    return None
+
+
+def resumable(runs: str):
+    """The newest run folder under `runs` with a complete checkpoint (an interrupted run, or a finished one to extend
+    to more iterations), else None."""
+    from common.checkpoint import latest_checkpoint
+
+    for run_dir in sorted(glob.glob(os.path.join(runs, "*")), reverse=True):
+        if os.path.isdir(os.path.join(run_dir, "checkpoints")) and latest_checkpoint(run_dir) is not None:
             return run_dir
     return None
 
@@ -210,6 +223,10 @@ def main() -> None:
         for seed in args.seeds:
             runs = os.path.join(out, f"{arm}_s{seed}")
             run_dir = finished(runs, args.iterations)
+            if run_dir is None and resumable(runs) is not None:  # continue it (train.iterations may grow)
+                run([py, "train_srpo.py", "--resume", resumable(runs), f"train.iterations={args.iterations}",
+                     "--no-wandb"], os.path.join(out, f"{arm}_s{seed}_resumed.log"))
+                run_dir = finished(runs, args.iterations)
             if run_dir is None:
                 run([py, "train_srpo.py", "--task-id", str(args.task_id), "--seed", str(seed), *env, "env.num_envs=2",
                      "init.mode=checkpoint", f"init.path={sft}", f"reward.mode={reward}",
@@ -221,7 +238,7 @@ def main() -> None:
                      f"log.output_dir={runs}", f"log.plots_dir={out}/plots", "log.checkpoint_every=1"],
                     os.path.join(out, f"{arm}_s{seed}.log"))
                 run_dir = finished(runs, args.iterations)
-            results[arm][seed] = summary(rows_of(run_dir))
+            results[arm][seed] = summary([r for r in rows_of(run_dir) if r["iteration"] <= args.iterations])
             finals[f"{arm}_s{seed}"] = run_dir
         with open(os.path.join(out, f"results_{arm}.json"), "w") as f:
             json.dump(results[arm], f, indent=1)
