@@ -15,7 +15,7 @@ seeds: held-out greedy / sampled success at the start, the best and the mean of 
 success over the first and last three iterations, env steps and wall time; and a PNG of the held-out curves
 (<out>/plots/libero_learning_<suite>_t<task><setting>.png).
 
-    python benchmarks/libero_learning.py --seeds 1 2 --out runs/libero_learning      # libero_object task 0, ~1 h/seed
+    python benchmarks/libero_learning.py --seeds 1 2       # libero_object task 0 in runs/libero_learning/libero_object_t0
     python benchmarks/libero_learning.py --reward srpo binary --seeds 1 2             # SRPO and plain GRPO
     python benchmarks/libero_learning.py --reward binary --lr 2e-5 --prompts 2 --temperature 0.5 --iterations 20 --pro
     python benchmarks/libero_learning.py --suite libero_spatial --reward binary --lr 2e-5 --prompts 2 --temperature 0.5
@@ -63,6 +63,18 @@ def finished(runs: str, iterations: int):
                 any(r.get("iteration") == iterations for r in rows_of(run_dir)):
             return run_dir
     return None
+
+
+def sft_task(sft: str):
+    """(suite, task id) the SFT start in `sft` was trained on, None when there is none yet."""
+    import yaml
+
+    path = os.path.join(sft, "train_config.yaml")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        env = yaml.safe_load(f)["env"]
+    return env["suite"], env["task_ids"][0]
 
 
 def resumable(runs: str):
@@ -190,13 +202,18 @@ def main() -> None:
     p.add_argument("--pro", action="store_true", help="then evaluate the SFT start and each run's final policy on "
                                                       "the LIBERO-PRO variants of the task")
     p.add_argument("--pro-trials", type=int, default=10, help="held-out init states per LIBERO-PRO suite (from 40)")
-    p.add_argument("--out", default="runs/libero_learning")
+    p.add_argument("--out", default=None, help="one task's chain (demos, SFT, runs, plots); default "
+                                                "runs/libero_learning/<suite>_t<task id>")
     args = p.parse_args()
     # one folder per RL setting beside the shared demos and SFT start: the defaults keep the first runs' names
     setting = "".join(f"_{k}{v:g}" for k, v, d in (("lr", args.lr, 1e-4), ("p", args.prompts, 1),
                                                    ("t", args.temperature, 1.0)) if v != d)
-    out = os.path.abspath(args.out)
+    out = os.path.abspath(args.out or os.path.join("runs", "libero_learning", f"{args.suite}_t{args.task_id}"))
     os.makedirs(out, exist_ok=True)
+    trained_on = sft_task(os.path.join(out, "sft"))
+    if trained_on not in (None, (args.suite, args.task_id)):
+        sys.exit(f"error: {out}/sft was trained on {trained_on[0]} task {trained_on[1]}, not {args.suite} task "
+                 f"{args.task_id}: give this task its own --out")
     py = sys.executable
 
     demo_dir = os.path.join(out, "demos")
