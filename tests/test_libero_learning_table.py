@@ -56,3 +56,18 @@ def test_table_has_a_mean_row_over_seeds_and_the_png_is_written(tmp_path, capsys
     png = tmp_path / "curves.png"
     ll.plot_curves(results, "title", str(png))
     assert png.stat().st_size > 1000
+
+
+def test_an_out_folder_holding_another_tasks_sft_start_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "train_config.yaml").write_text("env:\n  suite: libero_object\n  task_ids:\n  - 0\n")
+    assert load().sft_task(str(sft)) == ("libero_object", 0) and load().sft_task(str(tmp_path / "none")) is None
+    out = subprocess.run([sys.executable, "benchmarks/libero_learning.py", "--suite", "libero_spatial", "--out",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert out.stderr.strip() == (f"error: {tmp_path}/sft was trained on libero_object task 0, not libero_spatial "
+                                  f"task 0: give this task its own --out")
