@@ -10,12 +10,12 @@ The chain a researcher would run with LIBERO's released demos and a pretrained V
    base suite and each perturbed variant (`evaluate.py --suites robustness`): does RL change robustness?
 Each step is skipped when its output is already there (demos file, SFT folder, a finished RL run, a robustness
 folder), and an RL run that stopped early continues from its newest checkpoint (`train_srpo.py --resume`; one is saved
-every iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At the end a table per arm and seed and its mean over
-seeds: held-out greedy / sampled success at the start, the best and the mean of the last three evaluations, practice
-success over the first and last three iterations, env steps and wall time; and a PNG of the held-out curves
-(<out>/plots/libero_learning_<suite>_t<task><setting>.png).
+every iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At
+the end a table per arm and seed and its mean over seeds: held-out greedy / sampled success at the start, the best and
+the mean of the last three evaluations, practice success over the first and last three iterations, env steps and wall
+time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task><setting>.png).
 
-    python benchmarks/libero_learning.py --seeds 1 2       # libero_object task 0 in runs/libero_learning/libero_object_t0
+    python benchmarks/libero_learning.py --seeds 1 2    # libero_object 0, in runs/libero_learning/libero_object_t0
     python benchmarks/libero_learning.py --reward srpo binary --seeds 1 2             # SRPO and plain GRPO
     python benchmarks/libero_learning.py --reward binary --lr 2e-5 --prompts 2 --temperature 0.5 --iterations 20 --pro
     python benchmarks/libero_learning.py --suite libero_spatial --reward binary --lr 2e-5 --prompts 2 --temperature 0.5
@@ -69,7 +69,9 @@ def sft_task(sft: str):
     """(suite, task id) the SFT start in `sft` was trained on, None when there is none yet."""
     import yaml
 
-    path = os.path.join(sft, "train_config.yaml")
+    from models.saved import TRAIN_CONFIG
+
+    path = os.path.join(sft, TRAIN_CONFIG)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
@@ -119,9 +121,10 @@ def print_table(results: Dict[str, Dict[int, Dict]]) -> None:
     print("|---|---|---|---|---|---|---|")
     for arm, seeds in results.items():
         rows = list(seeds.items())
-        if len(rows) > 1:
-            rows.append(("mean", {k: mean([r[k] for r in seeds.values()]) for k in next(iter(seeds.values()))
-                                  if isinstance(next(iter(seeds.values()))[k], (int, float))}))
+        if len(rows) > 1:  # the mean over seeds of every number (the per-evaluation lists are not in the table)
+            first = rows[0][1]
+            rows.append(("mean", {k: mean([r[k] for r in seeds.values()]) for k, v in first.items()
+                                  if isinstance(v, (int, float))}))
         for seed, r in rows:
             print(f"| {arm} | {seed} | {r['greedy_start']:.2f} / {r['greedy_best']:.2f} / {r['greedy_last']:.2f} | "
                   f"{r['sampled_start']:.2f} / {r['sampled_best']:.2f} / {r['sampled_last']:.2f} | "
@@ -240,8 +243,9 @@ def main() -> None:
         for seed in args.seeds:
             runs = os.path.join(out, f"{arm}_s{seed}")
             run_dir = finished(runs, args.iterations)
-            if run_dir is None and resumable(runs) is not None:  # continue it (train.iterations may grow)
-                run([py, "train_srpo.py", "--resume", resumable(runs), f"train.iterations={args.iterations}",
+            stopped = resumable(runs) if run_dir is None else None
+            if stopped is not None:  # continue it (train.iterations may grow)
+                run([py, "train_srpo.py", "--resume", stopped, f"train.iterations={args.iterations}",
                      "--no-wandb"], os.path.join(out, f"{arm}_s{seed}_resumed.log"))
                 run_dir = finished(runs, args.iterations)
             if run_dir is None:
