@@ -13,7 +13,7 @@ folder), and an RL run that stopped early continues from its newest checkpoint (
 every iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At
 the end a table per arm and seed and its mean over seeds: held-out greedy / sampled success at the start, the best and
 the mean of the last three evaluations, practice success over the first and last three iterations, env steps and wall
-time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task><setting>.png).
+time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task>_<arms><setting>.png).
 
     python benchmarks/libero_learning.py --seeds 1 2    # libero_object 0, in runs/libero_learning/libero_object_t0
     python benchmarks/libero_learning.py --reward srpo binary --seeds 1 2             # SRPO and plain GRPO
@@ -267,8 +267,9 @@ def main() -> None:
              f"{args.iterations} iterations x {args.prompts} x 8 episodes, held-out init states 40..49")
     print("\n" + title)
     print_table(results)
-    plot_curves(results, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}"
-                                                            f"{setting}.png"))
+    # one PNG per command's arms: an SRPO command does not overwrite the GRPO command's figure
+    plot_curves(results, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
+                                                            f"{'_'.join(args.reward)}{setting}.png"))
     if args.pro:
         robustness(py, finals, args, out)
 
