@@ -67,16 +67,12 @@ def finished(runs: str, iterations: int):
 
 def sft_task(sft: str):
     """(suite, task id) the SFT start in `sft` was trained on, None when there is none yet."""
-    import yaml
-
-    from models.saved import TRAIN_CONFIG
-
-    path = os.path.join(sft, TRAIN_CONFIG)
-    if not os.path.isfile(path):
+    if not os.path.isdir(sft):
         return None
-    with open(path) as f:
-        env = yaml.safe_load(f)["env"]
-    return env["suite"], env["task_ids"][0]
+    from evaluate import saved_env_config  # the one reader of the training config saved with a policy
+
+    env = saved_env_config(sft)
+    return None if env is None else (env.suite, env.task_ids[0])
 
 
 def resumable(runs: str):

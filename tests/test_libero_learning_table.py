@@ -65,6 +65,8 @@ def test_an_out_folder_holding_another_tasks_sft_start_is_refused_in_one_line(tm
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "train_config.yaml").write_text("env:\n  suite: libero_object\n  task_ids:\n  - 0\n")
+    (sft / "config.json").write_text("{}")  # a saved policy's files (their contents are not read here)
+    (sft / "model.safetensors").write_bytes(b"")
     assert load().sft_task(str(sft)) == ("libero_object", 0) and load().sft_task(str(tmp_path / "none")) is None
     out = subprocess.run([sys.executable, "benchmarks/libero_learning.py", "--suite", "libero_spatial", "--out",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
