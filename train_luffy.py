@@ -33,6 +33,9 @@ class RolloutConfig:
     prompts_per_iteration: int = 8  # prompts per iteration and process
     temperature: float = 1.0  # rollout sampling temperature; log-probs use the same
     train_trials: int = 10  # tabletop: trials 0..train_trials-1 train, the rest are held out (LIBERO: demo starts)
+    refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
+                          # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
+    max_rounds: int = 10  # refill: at most this many rounds per iteration (then the update trains on what was kept)
 
 
 @dataclass
@@ -74,9 +77,13 @@ class TrainConfig:
     iterations: int = 60
     lr: float = 1e-4
     lr_warmup_steps: int = 50  # linear warmup over the first N optimizer steps
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
+    adam_beta2: float = 0.999  # AdamW beta2 (torch's default)
     ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 64  # policy steps per optimizer step
+    mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
+                                   # whole episodes (LUFFY's mini-batches of responses)
+    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = 1.0
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -115,8 +122,8 @@ from common.fsdp import shard_policy
 from common.init import initial_policy
 from common.run import start_run
 from common.srpo import filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step, rollout_metrics,
-                          sample_prompts, sharded_update)
+from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
+                          outcomes, refill_more, rollout_metrics, sample_prompts, sharded_update, trim_to_quota)
 from models import ACTION_DIM
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
@@ -193,7 +200,7 @@ if __name__ == "__main__":
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
-                                                 cfg.train.lr_warmup_steps)
+                                                 cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         temp = cfg.rollout.temperature
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
@@ -208,57 +215,86 @@ if __name__ == "__main__":
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
-            # 1. prompts: tabletop (task, practice trial); LIBERO a demo (its task, reset to its first state)
-            if libero_prompts is None:
-                tasks, trials = sample_prompts(run, P)
-                reset_options, demo_actions = None, None
-            else:
-                picked = [libero_prompts[i] for i in run.prompt_rng.integers(0, len(libero_prompts), P)]
-                tasks, trials = [d["task"] for d in picked], [d["trial"] for d in picked]
-                reset_options = {"init_states": [d["init_state"] for d in picked]}
-                demo_actions = [d["actions"] for d in picked]
-
-            # 2. rollout: n - n_off on-policy samples per prompt, and the prompt's demonstration executed as the
-            #    policy acts (tokens, chunks, padding), its success verified in the simulator
-            policy.eval()
+            # 1.-3. in rounds: prompts, rollouts and demonstrations, dynamic sampling. With rollout.refill, further
+            #    rounds of fresh prompts until every process's kept groups together reach the quota (P per process),
+            #    at most rollout.max_rounds; then the first quota groups in the order (round, process)
+            rounds, kept, kept_demo, seen, group_rounds, env_steps, demo_ok, demo_bad = 0, [], [], [], [], 0.0, [], 0
             t0 = time.perf_counter()
-            on_batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=n_on, temperature=temp,
-                                        progress=run.is_main, desc=f"rollout {iteration}", reset_options=reset_options)
-            on_batch.extras["prefix_mask"] = np.zeros(on_batch.tokens.shape, dtype=bool)
-            demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
-                                       demo_actions, reset_options) if n_off else None
-            metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
-                                metrics, metrics["time/rollout"])
-            rollout_metrics(run, on_batch, metrics)
+            while True:
+                # 1. prompts: tabletop (task, practice trial); LIBERO a demo (its task, reset to its first state)
+                if libero_prompts is None:
+                    tasks, trials = sample_prompts(run, P)
+                    reset_options, demo_actions = None, None
+                else:
+                    picked = [libero_prompts[i] for i in run.prompt_rng.integers(0, len(libero_prompts), P)]
+                    tasks, trials = [d["task"] for d in picked], [d["trial"] for d in picked]
+                    reset_options = {"init_states": [d["init_state"] for d in picked]}
+                    demo_actions = [d["actions"] for d in picked]
 
-            # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
-            task_max = np.array([task_max_steps[int(t)] for t in on_batch.task_ids])
-            horizon = int(task_max.max())
-            keep_on = filter_groups(torch.as_tensor(on_batch.complete),
-                                    torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,
-                                    alg.filter_accuracy, alg.filter_truncated, alg.accuracy_lower_bound,
-                                    alg.accuracy_upper_bound).numpy()
-            complete_all, keep_all = zip(*run.gather(list(zip(on_batch.complete.tolist(), keep_on.tolist()))))
+                # 2. rollout: n - n_off on-policy samples per prompt, and the prompt's demonstration executed as the
+                #    policy acts (tokens, chunks, padding), its success verified in the simulator
+                policy.eval()
+                on_batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=n_on, temperature=temp,
+                                            progress=run.is_main, reset_options=reset_options,
+                                            desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
+                on_batch.extras["prefix_mask"] = np.zeros(on_batch.tokens.shape, dtype=bool)
+                demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
+                                           demo_actions, reset_options) if n_off else None
+                round_metrics: dict = {}
+                run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
+                                    round_metrics, time.perf_counter() - t0)  # a safe stop point per round
+                env_steps += round_metrics["rollout/env_steps"]
+
+                # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
+                task_max = np.array([task_max_steps[int(t)] for t in on_batch.task_ids])
+                horizon = int(task_max.max())
+                keep_on = filter_groups(torch.as_tensor(on_batch.complete),
+                                        torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,
+                                        alg.filter_accuracy, alg.filter_truncated, alg.accuracy_lower_bound,
+                                        alg.accuracy_upper_bound).numpy()
+                seen.append((outcomes(on_batch), keep_on))  # every round's outcomes, for the metrics
+                shift = (rounds * run.world + run.rank) * P  # group ids unique over processes and rounds
+                on_batch.group_ids = on_batch.group_ids + shift
+                kept.append(on_batch.select(keep_on & ~on_batch.invalid))
+                if demo_batch is not None:  # keep n_off copies of each verified demo of a kept group; drop failed ones
+                    ok = demo_batch.complete & ~demo_batch.invalid
+                    demo_ok += ok.tolist()
+                    limit = np.array([task_max_steps[int(t)] for t in demo_batch.task_ids])
+                    demo_bad += int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())
+                    demo_batch.group_ids = demo_batch.group_ids + shift
+                    kept_demo.append(demo_batch.select(np.repeat(np.flatnonzero(
+                        ok & np.isin(demo_batch.group_ids, kept[-1].group_ids)), n_off)))
+                rounds += 1
+                group_rounds += [rounds - 1] * len(np.unique(kept[-1].group_ids))
+                if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
+                                   cfg.rollout.refill):
+                    break
+            metrics["time/rollout"] = time.perf_counter() - t0
+            metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
+            metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
+                                                                                               1e-9)
+            metrics["sampling/rounds"] = float(rounds)
+            rollout_metrics(run, [b for b, _ in seen], metrics)
+            complete_all, keep_all = zip(*run.gather([row for b, k in seen
+                                                      for row in zip(b.complete.tolist(), k.tolist())]))
             metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), n_on))
-            kept_groups = on_batch.group_ids[keep_on]
-            batch = on_batch.select(keep_on & ~on_batch.invalid)
-            num_demo_rows = 0
-            if demo_batch is not None:  # keep n_off copies of each verified demo of a kept group; drop failed ones
-                ok = demo_batch.complete & ~demo_batch.invalid
-                metrics["demos/success_rate"] = float(np.mean(run.gather(ok.tolist())))
-                metrics["demos/dropped"] = float(sum(run.gather([int((~ok).sum())])))
-                limit = np.array([task_max_steps[int(t)] for t in demo_batch.task_ids])
-                cut = sum(run.gather([int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())]))
+            if n_off:
+                metrics["demos/success_rate"] = float(np.mean(run.gather(demo_ok)))
+                metrics["demos/dropped"] = float(sum(run.gather([len(demo_ok) - int(np.sum(demo_ok))])))
+                cut = sum(run.gather([demo_bad]))
                 if cut and not warned_short and run.is_main:  # once: dropped demos silently turn LUFFY into GRPO
                     print(f"[luffy] warning: {cut} demonstration(s) reached env.max_steps={cfg.env.max_steps} before "
                           f"succeeding and were dropped; raise env.max_steps (null = the suite's limit) so the "
                           f"demos fit, or LUFFY learns without them (plain GRPO)", flush=True)
                 warned_short = warned_short or cut > 0
-                rows = np.repeat(np.flatnonzero(ok & np.isin(demo_batch.group_ids, kept_groups)), n_off)
-                batch, num_demo_rows = RolloutBatch.concat([batch, demo_batch.select(rows)]), len(rows)
-            is_demo = np.arange(len(batch)) >= len(batch) - num_demo_rows  # demo rows come last
-            batch.group_ids = batch.group_ids + run.rank * P  # unique over processes
+            batch = RolloutBatch.concat(kept + kept_demo) if len(kept + kept_demo) > 1 else kept[0]
+            is_demo = np.arange(len(batch)) >= sum(len(b) for b in kept)  # demo rows come last
+            if cfg.rollout.refill:  # the surplus of the last round over the quota is dropped
+                trained = trim_to_quota(run.gather, run.rank, group_rounds, P)
+                groups = list(dict.fromkeys(np.concatenate([b.group_ids for b in kept]).tolist()))  # round order
+                rows = np.isin(batch.group_ids, np.array(groups, dtype=np.int64)[trained])
+                batch, is_demo = batch.select(rows), is_demo[rows]
+                metrics["sampling/trained_groups"] = float(sum(run.gather([int(trained.sum())])))
             kept_counts = run.gather([len(batch)])
             metrics["train/skipped_update"] = float(sum(kept_counts) == 0)
 
@@ -292,14 +328,17 @@ if __name__ == "__main__":
                     if chunks:
                         steps.data["old_log_probs"][on_rows] = torch.cat(chunks).cpu().numpy()
 
-            # 6. update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            # 6. update: epochs -> shuffled mini-batches of policy steps, or of whole episodes (train.mini_batch_unit=
+            #    trajectory) -> micro-batches of policy steps (gradient accumulation, the mean over them)
             t0 = time.perf_counter()
             policy.train()
             stats = {k: [] for k in LOSS_KEYS + ("entropy", "sft_loss", "grad_norm")}
             if sum(kept_counts) > 0:
                 with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
+                    by_trajectory = cfg.train.mini_batch_unit == "trajectory"
                     for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                               cfg.train.ppo_epochs, run.gather):
+                                               cfg.train.ppo_epochs, run.gather,
+                                               episodes=steps.episode if by_trajectory and steps else None):
                         optimizer.zero_grad(set_to_none=True)
                         micro = micro_batches(steps, mb_inds, mb, pad)
                         for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
@@ -308,7 +347,7 @@ if __name__ == "__main__":
                             loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
                                                    part.tensor("advantages", device), part.tensor("mask", device),
                                                    part.tensor("prefix_mask", device))
-                            (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                            (loss * weight).backward()  # weight: 1 / micro.count, the mean over the micro-batches
                             for k in LOSS_KEYS + ("entropy", "sft_loss"):
                                 if k in out and weight:
                                     stats[k].append(out[k].detach())  # read once after the update: no host sync

@@ -28,6 +28,9 @@ class RolloutConfig:
     temperature: float = 1.0  # rollout sampling temperature, log-probs use the same (siiRL's LIBERO recipe: 1.6 for
                               # OpenVLA-OFT; the tiny policy is sharper, docs/results.md)
     train_trials: int = 30  # trials 0..train_trials-1 are practised; eval.trial_start on are held out
+    refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
+                          # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
+    max_rounds: int = 10  # refill: at most this many rounds per iteration (then the update trains on what was kept)
 
 
 @dataclass
@@ -53,6 +56,8 @@ class AlgorithmConfig:
     clip_ratio_high: float = 0.28
     clip_ratio_c: float = 3.0  # dual clip for negative advantages
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
+                                       # | traj-token-mean (each episode's token mean, then the mean over the
+                                       # mini-batch's episodes: siiRL's embodied actor)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False  # KL to the policy RL started from (LoRA adapters off); needs policy.lora_rank > 0
     kl_loss_coef: float = 0.01
@@ -66,9 +71,14 @@ class TrainConfig:
     lr_warmup_steps: int = 50  # linear warmup over the first N optimizer steps (verl's lr_warmup_steps): Adam's first
                               # steps move every weight by about lr, enough to knock a sharp SFT policy off its skill
     lr_schedule: str = "constant"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
+    adam_beta2: float = 0.999  # AdamW beta2 (torch's default)
     ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 64  # policy steps (observation + its chunk of action tokens) per optimizer step
+    mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
+                                   # whole episodes (siiRL, SimpleVLA-RL)
+    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps (observation + its chunk of action tokens), or
+                                   # episodes with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation inside a mini-batch)
     grad_clip: float = 1.0
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -104,14 +114,15 @@ import numpy as np
 import torch
 
 from common.advantages import compute_advantage, make_action_mask, masked_mean
-from common.losses import agg_loss, compute_policy_loss_vanilla, kl_penalty
-from common.rollout import collect_rollouts, flatten_steps
+from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
+from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.init import initial_policy
 from common.run import start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
-from common.train import (adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches, optimizer_step,
-                          rollout_metrics, sample_prompts, sharded_update)
+from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
+                          optimizer_step, outcomes, refill_more, rollout_metrics, sample_prompts, sharded_update,
+                          trim_to_quota)
 from envs import max_steps
 from models import ACTION_DIM, make_trajectory_encoder
 
@@ -131,6 +142,9 @@ def check_config(cfg: Config) -> None:
     if cfg.algorithm.use_kl_loss and cfg.policy.lora_rank <= 0:
         raise ConfigError("algorithm.use_kl_loss needs policy.lora_rank > 0: the reference policy is the same model "
                           "with its LoRA adapters disabled")
+    if cfg.algorithm.loss_agg_mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"algorithm.loss_agg_mode={cfg.algorithm.loss_agg_mode!r}: use one of "
+                          f"{', '.join(LOSS_AGG_MODES)}")
     if cfg.train.lr_schedule not in ("constant", "cosine"):
         raise ConfigError(f"train.lr_schedule={cfg.train.lr_schedule!r}: use constant or cosine")
 
@@ -141,41 +155,65 @@ if __name__ == "__main__":
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay, cfg.train.lr_warmup_steps)
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay, cfg.train.lr_warmup_steps,
+                                                 adam_betas(cfg.train))
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
+        P, agg = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode
 
         for iteration in run.iterations():
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
-            # 1. rollout: prompts (task, trial) x n samples, temperature sampling
-            tasks, trials = sample_prompts(run, cfg.rollout.prompts_per_iteration)
-            policy.eval()
+            # 1. rollout: prompts (task, trial) x n samples, temperature sampling; 2. dynamic sampling: keep prompts
+            #    whose group success lies in [lower, upper] (binary success). With rollout.refill, further rounds of
+            #    fresh prompts until every process's kept groups together reach the quota (prompts_per_iteration per
+            #    process), at most rollout.max_rounds; then the first quota groups in the order (round, process)
+            rounds, kept, seen, group_rounds, env_steps = 0, [], [], [], 0.0
             t0 = time.perf_counter()
-            batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, temperature=temp,
-                                     keep_frames=cfg.reward.mode == "srpo", progress=run.is_main,
-                                     desc=f"rollout {iteration}")
-            batch.group_ids = batch.group_ids + run.rank * cfg.rollout.prompts_per_iteration  # unique over processes
+            while True:
+                tasks, trials = sample_prompts(run, P)
+                policy.eval()
+                batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, temperature=temp,
+                                         keep_frames=cfg.reward.mode == "srpo", progress=run.is_main,
+                                         desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
+                batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
+                round_metrics: dict = {}
+                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)  # a safe stop point per round
+                env_steps += round_metrics["rollout/env_steps"]
+                task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
+                horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
+                keep = filter_groups(torch.as_tensor(batch.complete),
+                                     torch.as_tensor(batch.finish_step + horizon - task_max), cfg.rollout.n, horizon,
+                                     cfg.algorithm.filter_accuracy, cfg.algorithm.filter_truncated,
+                                     cfg.algorithm.accuracy_lower_bound, cfg.algorithm.accuracy_upper_bound).numpy()
+                keep &= ~batch.invalid  # episodes of a crashed simulator worker never enter an update
+                seen.append((outcomes(batch), keep))  # every round's outcomes, for the metrics
+                kept.append(batch.select(keep))
+                rounds += 1
+                group_rounds += [rounds - 1] * len(np.unique(kept[-1].group_ids))
+                if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
+                                   cfg.rollout.refill):
+                    break
             metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(batch, metrics, metrics["time/rollout"])
-            rollout_metrics(run, batch, metrics)
-
-            # 2. dynamic sampling: keep prompts whose group success lies in [lower, upper] (binary success)
-            task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
-            horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
-            keep = filter_groups(torch.as_tensor(batch.complete),
-                                 torch.as_tensor(batch.finish_step + horizon - task_max), cfg.rollout.n, horizon,
-                                 cfg.algorithm.filter_accuracy, cfg.algorithm.filter_truncated,
-                                 cfg.algorithm.accuracy_lower_bound, cfg.algorithm.accuracy_upper_bound).numpy()
-            keep &= ~batch.invalid  # episodes of a crashed simulator worker never enter an update
-            complete_all, keep_all = zip(*run.gather(list(zip(batch.complete.tolist(), keep.tolist()))))
+            metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
+            metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
+                                                                                               1e-9)
+            metrics["sampling/rounds"] = float(rounds)
+            rollout_metrics(run, [b for b, _ in seen], metrics)
+            complete_all, keep_all = zip(*run.gather([row for b, k in seen
+                                                      for row in zip(b.complete.tolist(), k.tolist())]))
             metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), cfg.rollout.n))
-            batch = batch.select(keep)
+            batch = RolloutBatch.concat(kept) if len(kept) > 1 else kept[0]
+            if cfg.rollout.refill:  # the surplus of the last round over the quota is dropped
+                trained = trim_to_quota(run.gather, run.rank, group_rounds, P)
+                groups = [g for g in dict.fromkeys(batch.group_ids.tolist())]  # kept groups in round order
+                batch = batch.select(np.isin(batch.group_ids, np.array(groups, dtype=np.int64)[trained]))
+                metrics["sampling/trained_groups"] = float(sum(run.gather([int(trained.sum())])))
             kept_counts = run.gather([len(batch)])  # kept episodes per process
             metrics["train/skipped_update"] = float(sum(kept_counts) == 0)  # all groups filtered: nothing to learn
 
@@ -206,9 +244,10 @@ if __name__ == "__main__":
             #    x 7: a chunk cut by success or max_steps keeps only its executed actions); then the valid policy
             #    steps as rows (an observation with its chunk of A action tokens)
             steps = None
-            rows_per_process = run.gather([int(batch.valid_steps.sum())])  # policy steps (update rows) per process
+            by_trajectory = cfg.train.mini_batch_unit == "trajectory"  # mini-batches of episodes, else of steps
+            units = run.gather([len(batch) if by_trajectory else int(batch.valid_steps.sum())])  # per process
             on_policy = cfg.train.ppo_epochs == 1 and \
-                max(rows_per_process) <= cfg.train.ppo_mini_batch_size  # one optimizer step: see 5.
+                max(units) <= cfg.train.ppo_mini_batch_size  # one optimizer step: see 5.
             if len(batch):
                 T = batch.num_steps
                 response_mask = make_action_mask(batch.finish_step, T, policy.action_chunk)  # (B, T*A)
@@ -238,8 +277,10 @@ if __name__ == "__main__":
                             steps.data["ref_log_probs"] = torch.cat([log_probs(c) for c in chunks]).cpu().numpy()
                 metrics["time/old_log_prob"] = time.perf_counter() - t0
 
-            # 6. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation),
-            #    at the warm-up's lr times train.lr_schedule's decay over the iterations
+            # 6. PPO update: epochs -> shuffled mini-batches of policy steps, or of whole episodes (train.
+            #    mini_batch_unit=trajectory) -> micro-batches of policy steps (gradient accumulation, each weighted by
+            #    its share of the mini-batch's loss under algorithm.loss_agg_mode), at the warm-up's lr times
+            #    train.lr_schedule's decay over the iterations
             t0 = time.perf_counter()
             lr_scale = cosine_decay(iteration, cfg.train.iterations) if cfg.train.lr_schedule == "cosine" else 1.0
             policy.train()
@@ -248,9 +289,10 @@ if __name__ == "__main__":
             if sum(kept_counts) > 0:
                 with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
                     for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                               cfg.train.ppo_epochs, run.gather):
+                                               cfg.train.ppo_epochs, run.gather,
+                                               episodes=steps.episode if by_trajectory and steps else None):
                         optimizer.zero_grad(set_to_none=True)
-                        micro = micro_batches(steps, mb_inds, mb, pad)
+                        micro = micro_batches(steps, mb_inds, mb, pad, agg)
                         for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
                             log_prob, entropy = policy.log_prob(part.obs, part.instructions, part.tensor("tokens"),
                                                                 temp)
@@ -258,6 +300,8 @@ if __name__ == "__main__":
                                 entropy = entropy.detach()  # logged only: no backward through it (its gradient is 0)
                             old_log_prob = log_prob.detach() if on_policy else part.tensor("old_log_probs", device)
                             mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
+                            if agg == "traj-token-mean":  # each token weighted by 1 / (its episode's tokens x episodes)
+                                mask = mask * part.tensor("traj_weight", device)[:, None]
                             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                                 old_log_prob, log_prob, adv, mask, clip_ratio_low=cfg.algorithm.clip_ratio_low,
                                 clip_ratio_high=cfg.algorithm.clip_ratio_high, clip_ratio_c=cfg.algorithm.clip_ratio_c,
@@ -269,7 +313,7 @@ if __name__ == "__main__":
                                                 cfg.algorithm.kl_loss_type)
                                 kl_loss = agg_loss(kl, mask, cfg.algorithm.loss_agg_mode)
                                 loss = loss + cfg.algorithm.kl_loss_coef * kl_loss
-                            (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                            (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's loss
                             if not weight:
                                 continue  # padding: no statistics
                             for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),

@@ -219,6 +219,8 @@ RANGES: Dict[str, str] = {
     "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, inf)", "sft.log_every": "[1, inf)",
     "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, inf)", "sft.eval_trial_start": "[0, inf)",
     "value_head.dropout": "[0, 1)",
+    "train.adam_beta1": "[0, 1)", "train.adam_beta2": "[0, 1)",
+    "rollout.max_rounds": "[1, inf); rollout.refill's cap on rollout rounds per iteration (1 = no refill)",
 }
 
 
@@ -263,13 +265,18 @@ def check_run_config(cfg: Any) -> None:
     if hasattr(rollout, "temperature") and not rollout.temperature > 0:
         raise ConfigError(f"rollout.temperature={rollout.temperature}: must be > 0 (it divides the logits; greedy "
                           f"evaluation is separate, eval.*)")
+    unit = getattr(train, "mini_batch_unit", "step")
+    if unit not in ("step", "trajectory"):
+        raise ConfigError(f"train.mini_batch_unit={unit!r}: use step (mini-batches of policy steps) or trajectory "
+                          f"(of whole episodes)")
     sizes = [k for k in ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "update_epochs",
                          "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
     if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
         epochs, mini, micro = (getattr(train, k) for k in sizes)
-        if min(epochs, mini, micro) < 1 or mini % micro:
+        if min(epochs, mini, micro) < 1 or (mini % micro and unit == "step"):
             raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: each "
-                              f"must be >= 1 and the mini-batch a multiple of the micro-batch")
+                              f"must be >= 1 and the mini-batch a multiple of the micro-batch")  # trajectory
+            # mini-batches count episodes, micro-batches policy steps: no multiple to check
     if protocol["practice_on_eval_trials"]:  # the reference practises on every trial it evaluates: nothing held out
         pass
     elif hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):

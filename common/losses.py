@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from common.advantages import check_same_shape, masked_mean, masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "traj-token-mean")
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -23,10 +24,19 @@ def on_host(t: torch.Tensor) -> bool:
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """verl's agg_loss: token-mean, seq-mean-token-sum, seq-mean-token-mean (rows without valid tokens left out), or
-    seq-mean-token-sum-norm = total masked sum / L (Dr.GRPO)."""
+    seq-mean-token-sum-norm = total masked sum / L (Dr.GRPO); and traj-token-mean = the masked sum, `loss_mask`
+    weighting each token by 1 / (tokens of its trajectory x trajectories in the mini-batch) (the mask times
+    common/train.py micro_batches' traj_weight), so the sum over a mini-batch's micro-batches is the mean over its
+    trajectories of each one's token mean. That is siiRL's embodied actor with its one trajectory per micro-batch
+    (ppo_micro_batch_size_per_gpu 1, siirl/params/model_args.py:278@af00a77): a trajectory's loss is the sum of its
+    token losses / its valid tokens (siirl/engine/actor/embodied_actor.py:417, 476-480), divided by the mini-batch's
+    trajectories (gradient_accumulation, :384, :482); SimpleVLA-RL's the same (verl/workers/actor/dp_rob.py:405,
+    412, 440, 507-513@7c51662)."""
     check_same_shape(loss_mat=loss_mat, loss_mask=loss_mask)
     if loss_agg_mode == "token-mean":
         return masked_mean(loss_mat, loss_mask)
+    if loss_agg_mode == "traj-token-mean":
+        return masked_sum(loss_mat, loss_mask)
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
     if loss_mat.ndim != 2:

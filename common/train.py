@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -15,21 +16,30 @@ import torch
 from common import fsdp
 
 
-def adamw(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """AdamW as every script builds it: fused on CUDA (the multi-tensor version's temporaries hold a second copy of
-    the moments: OpenVLA-OFT 7B full fine-tuning ran out of memory on a 141 GB GPU in its first step), the
-    for-loop version elsewhere (CPU numerics as before)."""
+def adamw(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float = 0.0,
+          betas: Tuple[float, float] = (0.9, 0.999)) -> torch.optim.AdamW:
+    """AdamW as every script builds it (`betas`: train.adam_beta1, train.adam_beta2; torch's defaults 0.9, 0.999):
+    fused on CUDA (the multi-tensor version's temporaries hold a second copy of the moments: OpenVLA-OFT 7B full
+    fine-tuning ran out of memory on a 141 GB GPU in its first step), the for-loop version elsewhere (CPU numerics
+    as before)."""
     params = list(params)
     on_cuda = bool(params) and all(p.is_cuda and p.dtype.is_floating_point for p in params)
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True) if on_cuda else \
-        torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, foreach=False)
+    betas = (float(betas[0]), float(betas[1]))
+    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=True) if on_cuda else \
+        torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, foreach=False)
 
 
-def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int
+def adam_betas(train: Any) -> Tuple[float, float]:
+    """(train.adam_beta1, train.adam_beta2) of a script's train section."""
+    return train.adam_beta1, train.adam_beta2
+
+
+def adamw_with_warmup(params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float, warmup_steps: int,
+                      betas: Tuple[float, float] = (0.9, 0.999)
                       ) -> Tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW and its warm-up: lr * min(1, (step + 1) / warmup_steps) (verl's lr_warmup_steps); a decay over the
     iterations is `optimizer_step`'s lr_scale."""
-    optimizer = adamw(params, lr, weight_decay)
+    optimizer = adamw(params, lr, weight_decay, betas)
     warmup = max(1, warmup_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
     return optimizer, scheduler
@@ -47,10 +57,49 @@ def sample_prompts(run: Any, count: int) -> Tuple[List[int], List[int]]:
     return tasks, trials
 
 
+def refill_more(gather: Callable[[List], List], kept_groups: int, quota: int, rounds: int, max_rounds: int,
+                refill: bool) -> bool:
+    """Dynamic sampling with refill (rollout.refill): whether to roll out another round of fresh prompts. Collective
+    (every process gets the same answer from the gathered kept counts): refill is on, the kept groups of all
+    processes so far fall short of quota x processes (rollout.prompts_per_iteration per process), and fewer than
+    `max_rounds` rounds ran (rollout.max_rounds; at the cap the update trains on the groups kept so far).
+
+    The references refill without a cap: siiRL's DataCoordinator returns nothing until the filtered samples reach
+    train_batch_size x n (siirl/data_coordinator/data_buffer.py:180-183@af00a77) and the step is rolled out again
+    (siirl/dag_worker/dagworker.py:296-305); SimpleVLA-RL loops `while len(valid_batch) < batch_size * n_samples`
+    (verl/trainer/ppo/ray_trainer.py:513@7c51662) until the epoch's prompts run out, then skips the step (:594)."""
+    counts = gather([int(kept_groups)])
+    return bool(refill) and sum(counts) < quota * len(counts) and rounds < max_rounds
+
+
+def trim_to_quota(gather: Callable[[List], List], rank: int, group_rounds: Sequence[int], quota: int) -> np.ndarray:
+    """Which of this process's kept groups (`group_rounds`: the round each was rolled out in, in this process's
+    order) the update keeps: the first quota x processes of all processes' kept groups in the order (round, process,
+    group), the surplus of the last round dropped, as the references keep the first train_batch_size groups and drop
+    the rest: siiRL's coordinator takes potential_items[:global_batch_size] (data_buffer.py:183@af00a77) and clears
+    its queue after the step (dagworker.py:398, reset_cache); SimpleVLA-RL's add_to_buffer keeps the first
+    batch_size groups (ray_trainer.py:596-597, 818-829@7c51662; its buffer is commented out). Collective."""
+    mine = [(int(r), rank, i) for i, r in enumerate(group_rounds)]
+    everyone = gather(mine)
+    processes = len(gather([0]))
+    kept = {(r, p, i) for r, p, i in sorted(everyone)[:quota * processes]}
+    return np.array([(r, p, i) in kept for r, p, i in mine], dtype=bool)
+
+
+def outcomes(batch: Any) -> Any:
+    """The per-episode outcomes `rollout_metrics` reads (task_ids, complete, finish_step, truncated, invalid), without
+    observations or frames: what a refilled iteration keeps of every round for its metrics."""
+    return SimpleNamespace(task_ids=batch.task_ids, complete=batch.complete, finish_step=batch.finish_step,
+                           truncated=batch.truncated, invalid=batch.invalid)
+
+
 def rollout_metrics(run: Any, batch: Any, metrics: Dict[str, float]) -> None:
-    """rollout/success_rate, mean_length, truncated_fraction, invalid and success_task{t} over every process."""
-    rows = run.gather(list(zip(batch.task_ids.tolist(), batch.complete.tolist(), batch.finish_step.tolist(),
-                               batch.truncated.tolist(), batch.invalid.tolist())))
+    """rollout/success_rate, mean_length, truncated_fraction, invalid and success_task{t} over every process;
+    `batch`: a RolloutBatch, or a list of them (the rounds of a refilled iteration)."""
+    batches = batch if isinstance(batch, (list, tuple)) else [batch]
+    rows = run.gather([row for b in batches for row in zip(b.task_ids.tolist(), b.complete.tolist(),
+                                                           b.finish_step.tolist(), b.truncated.tolist(),
+                                                           b.invalid.tolist())])
     task, complete, length, truncated, invalid = (np.array(c) for c in zip(*rows)) if rows else [np.zeros(0)] * 5
     metrics["rollout/success_rate"] = float(np.mean(complete.tolist()))
     metrics["rollout/mean_length"] = float(np.mean(length.tolist()))
@@ -61,15 +110,39 @@ def rollout_metrics(run: Any, batch: Any, metrics: Dict[str, float]) -> None:
         metrics[f"rollout/success_task{int(t)}"] = float(complete[ok].mean()) if ok.any() else math.nan
 
 
-def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Callable[[List], List]
-                ) -> Iterator[torch.Tensor]:
-    """Shuffled index sets of this process's `num_local` samples, `epochs` times; every process gets the same number
-    of mini-batches (the largest share decides; a process that runs out yields empty ones, contributing zeros)."""
-    steps = max(1, math.ceil(max(gather([num_local])) / mini_batch_size))
+MINI_BATCH_UNITS = ("step", "trajectory")
+
+
+def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Callable[[List], List],
+                episodes: Optional[np.ndarray] = None) -> Iterator[torch.Tensor]:
+    """Shuffled index sets of this process's `num_local` rows, `epochs` times; every process gets the same number
+    of mini-batches (the largest share decides; a process that runs out yields empty ones, contributing zeros).
+
+    train.mini_batch_unit=step (`episodes` None): `mini_batch_size` rows (policy steps) shuffled across episodes.
+    trajectory (`episodes`: each row's episode, e.g. PolicySteps.episode): the episodes are shuffled and each
+    mini-batch takes `mini_batch_size` whole episodes, their rows episode by episode in step order (siiRL and
+    SimpleVLA-RL split a batch of trajectories into mini-batches of trajectories: siiRL embodied_actor.py:393@af00a77,
+    SimpleVLA-RL dp_rob.py:416@7c51662); the count of mini-batches is the largest process's episodes / size."""
+    if episodes is None:
+        steps = max(1, math.ceil(max(gather([num_local])) / mini_batch_size))
+        for _ in range(epochs):
+            perm = torch.randperm(num_local)
+            for k in range(steps):
+                yield perm[k * mini_batch_size:(k + 1) * mini_batch_size]
+        return
+    episodes = np.asarray(episodes)
+    if len(episodes) != num_local:
+        raise ValueError(f"minibatches: {len(episodes)} episode ids for {num_local} rows")
+    ids, first = np.unique(episodes, return_index=True)
+    ids = ids[np.argsort(first)]  # in order of appearance
+    rows_of = [np.flatnonzero(episodes == e) for e in ids]
+    steps = max(1, math.ceil(max(gather([len(ids)])) / mini_batch_size))
     for _ in range(epochs):
-        perm = torch.randperm(num_local)
+        perm = torch.randperm(len(ids)).tolist()
         for k in range(steps):
-            yield perm[k * mini_batch_size:(k + 1) * mini_batch_size]
+            chosen = perm[k * mini_batch_size:(k + 1) * mini_batch_size]
+            yield torch.as_tensor(np.concatenate([rows_of[i] for i in chosen]) if chosen else np.zeros(0, np.int64),
+                                  dtype=torch.int64)
 
 
 class Padding(NamedTuple):
@@ -109,30 +182,74 @@ def sharded_update(run: Any, policy: torch.nn.Module, steps: Any) -> Iterator[Op
 
 
 class MicroBatches:
-    """A mini-batch's micro-batches, iterated as (rows, weight) pairs: this process's own (weight 1.0), then under
-    fsdp as many padding ones (`Padding.row`, weight 0.0: a loss times 0 gives exactly zero gradient) as make its
-    count the largest process's, so every process runs the same forwards and backwards. `count`: the number of this
-    process's own micro-batches (at least 1), the divisor of each script's mean over them. Under fsdp it tells FSDP
-    before each backward whether to reduce-scatter (common/fsdp.py `sync_gradients`)."""
+    """A mini-batch's micro-batches, iterated as (rows, weight) pairs: this process's own, each weighted by its share
+    of the mini-batch's loss (`shares`: the weights sum to 1; a script backpropagates loss x weight), then under fsdp
+    as many padding ones (`Padding.row`, weight 0.0: a loss times 0 gives exactly zero gradient) as make its count the
+    largest process's, so every process runs the same forwards and backwards. `count`: the number of this process's
+    own micro-batches (at least 1); `rows`: its rows. Under fsdp it tells FSDP before each backward whether to
+    reduce-scatter (common/fsdp.py `sync_gradients`)."""
 
-    def __init__(self, parts: List[Any], pad: Optional[Padding]):
+    def __init__(self, parts: List[Any], pad: Optional[Padding], shares: Optional[List[float]] = None):
         self.parts, self.pad = parts, pad
         self.count = max(1, len(parts))
+        self.rows = sum(len(p) for p in parts)
+        self.shares = list(shares) if shares is not None else [1.0 / self.count] * len(parts)
         self.total = len(parts) if pad is None else max(pad.gather([len(parts)]))  # collective under fsdp
+
+    def row_share(self, k: int) -> float:
+        """Micro-batch k's fraction of the mini-batch's rows: the weight of a per-row mean (a value loss)."""
+        return len(self.parts[k]) / self.rows if k < len(self.parts) and self.rows else 0.0
 
     def __iter__(self) -> Iterator[Tuple[Any, float]]:
         for k in range(self.total):
             if self.pad is not None:
                 fsdp.sync_gradients(self.pad.policy, k == self.total - 1)
-            yield (self.parts[k], 1.0) if k < len(self.parts) else (self.pad.row, 0.0)
+            yield (self.parts[k], self.shares[k]) if k < len(self.parts) else (self._padding_row(), 0.0)
         if self.pad is not None:
             fsdp.sync_gradients(self.pad.policy, True)
 
+    def _padding_row(self) -> Any:
+        """fsdp's padding row, with a zero traj_weight (the key a traj-token-mean loss reads)."""
+        row = self.pad.row.take(slice(None))
+        row.data.setdefault("traj_weight", np.zeros(len(row), np.float32))
+        return row
 
-def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Padding] = None) -> MicroBatches:
+
+def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Padding] = None,
+                  loss_agg_mode: Optional[str] = None, mask_key: str = "mask") -> MicroBatches:
     """A mini-batch's rows of `steps` as micro-batches of `size` rows (gradient accumulation); `pad` (fsdp, from
-    `sharded_update`): padded to the same number on every process (MicroBatches)."""
-    return MicroBatches([steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)], pad)
+    `sharded_update`): padded to the same number on every process (MicroBatches).
+
+    Each micro-batch's weight makes the sum over micro-batches of (its loss x weight) the loss of the whole
+    mini-batch under `loss_agg_mode` (algorithm.loss_agg_mode; `mask_key`: the rows' (N, L) token mask):
+    - token-mean: its share of the mini-batch's valid tokens (the token mean of a micro-batch x its tokens / the
+      mini-batch's tokens = its part of the mini-batch's token mean, whatever the micro-batches' sizes);
+    - traj-token-mean: 1, and each row gets data["traj_weight"] = 1 / (valid tokens of its episode in the mini-batch
+      x episodes in the mini-batch); agg_loss(..., "traj-token-mean") sums loss x mask x traj_weight, so the sum over
+      micro-batches is the mean over the mini-batch's episodes of each one's token mean, even when an episode's steps
+      fall in several micro-batches;
+    - anything else (None, the seq-mean modes, a script's own mean per micro-batch): 1 / count, the mean over them."""
+    parts = [steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)]
+    shares = None
+    if parts and loss_agg_mode == "token-mean":
+        tokens = [float(np.asarray(p.data[mask_key], dtype=np.float64).sum()) for p in parts]
+        total = sum(tokens)
+        shares = [t / total for t in tokens] if total > 0 else None
+    elif loss_agg_mode == "traj-token-mean":
+        shares = [1.0] * len(parts)
+        if parts:
+            episodes = np.concatenate([p.episode for p in parts])
+            tokens = np.concatenate([np.asarray(p.data[mask_key], dtype=np.float64).reshape(len(p), -1).sum(-1)
+                                     for p in parts])
+            ids, inverse = np.unique(episodes, return_inverse=True)
+            per_episode = np.bincount(inverse, weights=tokens, minlength=len(ids))
+            counted = max(1, int((per_episode > 0).sum()))  # episodes with valid tokens
+            weight = np.where(per_episode[inverse] > 0, 1.0 / np.maximum(per_episode[inverse], 1e-12) / counted, 0.0)
+            offset = 0
+            for p in parts:
+                p.data["traj_weight"] = weight[offset:offset + len(p)].astype(np.float32)
+                offset += len(p)
+    return MicroBatches(parts, pad, shares)
 
 
 def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) -> None:
