@@ -57,9 +57,13 @@ class TrainConfig:
     iterations: int = 80
     lr: float = 3e-4  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
     lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay
+    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
+    adam_beta2: float = 0.999  # AdamW beta2 (torch's default; RLinf: 0.95)
     update_epochs: int = 1  # passes over the iteration's policy steps
-    mini_batch_size: int = 64  # policy steps per optimizer step
+    mini_batch_unit: str = "step"  # step: mini-batches of policy steps (chunk-steps, as RLinf) shuffled across
+                                   # episodes | trajectory: of whole episodes
+    mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
     micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation), also self-annotation
     grad_clip: float = 1.0
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -95,7 +99,7 @@ from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.init import initial_policy
 from common.run import start_run
-from common.train import (adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
+from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
 
@@ -171,7 +175,7 @@ if __name__ == "__main__":
         named = [(n, p) for n, p in policy.named_parameters() if p.requires_grad]
         params = [p for _, p in named]
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
-                                                 cfg.train.lr_warmup_steps)
+                                                 cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         # theta_old: a frozen copy of the trainable weights (LoRA + heads, or all), one buffer per parameter; under
         # fsdp a copy of each process's shards (DTensors like the parameters), saved in the checkpoint's shards/
         ema = torch.nn.Module()
@@ -240,14 +244,18 @@ if __name__ == "__main__":
                     metrics[f"train/flow_sar_recon_error_{name}"] = float(steps.data["recon_error"][m].mean())
 
             # 4. mirror update: v_theta(x_t, t | s) with gradient against the stored v_old and u = eps - a;
-            #    epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            #    epochs -> shuffled mini-batches of policy steps, or of whole episodes (train.mini_batch_unit=
+            #    trajectory) -> micro-batches of policy steps (gradient accumulation, each weighted by its share of the
+            #    mini-batch's rows: the loss is a mean over rows)
             t0 = time.perf_counter()
             policy.train()
             stats = {}
             with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
-                for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather):
+                by_trajectory = cfg.train.mini_batch_unit == "trajectory"
+                for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather,
+                                           episodes=steps.episode if by_trajectory else None):
                     optimizer.zero_grad(set_to_none=True)
-                    micro, logged = micro_batches(steps, mb_inds, mb, pad), None
+                    micro, logged = micro_batches(steps, mb_inds, mb, pad, "row-mean"), None
                     for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
                         v_theta = policy.velocity(part.obs, part.instructions, part.tensor("x_t", device),
                                                   part.tensor("flow_t", device))
@@ -263,7 +271,7 @@ if __name__ == "__main__":
                             part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
                             loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
                             flow_t=part.tensor("flow_t", device), element_mask=ran)
-                        (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                        (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's rows
                         logged = loss_metrics if weight else logged
                     grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
                     if logged is not None:  # this process's last micro-batch's loss terms and the gradient norm

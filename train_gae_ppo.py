@@ -50,13 +50,18 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     use_gae: bool = True  # false = the GAE-PPO reference's value-free baseline: discounted reward-to-go, no value head
-    gamma: float = 0.99  # discount per policy step (one action chunk)
+    gamma: float = 0.99  # discount per policy step (one action chunk), or per env action with gae_unit=action
     gae_lambda: float = 0.95
+    gae_unit: str = "step"  # step: GAE over policy steps (gamma, lambda per chunk) | action: over env actions, each
+                            # with its chunk's value and advantage per action (the GAE-PPO reference's buffer)
+    ratio_unit: str = "token"  # token: one PPO ratio per action token | step: one per policy step, from the mean of
+                               # its chunk's token log-probs (the GAE-PPO reference)
     normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
     clip_ratio_low: float = 0.2
     clip_ratio_high: float = 0.2
     clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1; a huge value switches it off)
-    loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens
+    loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens (common/losses.py
+                                       # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean)
     entropy_coeff: float = 0.0
     value_loss_coef: float = 0.5  # total = policy + value_loss_coef * value - entropy_coeff * entropy
     cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = plain MSE
@@ -71,9 +76,13 @@ class TrainConfig:
     actor_lr: float = 1e-4  # the tiny policy's; the reference: 1e-5 for LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
     critic_lr: float = 1e-3  # the GAE-PPO reference: 3e-4
     lr_warmup_steps: int = 50  # linear actor-lr warmup over the first N actor steps
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # AdamW weight decay (actor and critic)
+    adam_beta1: float = 0.9  # AdamW beta1 (actor and critic; torch's default)
+    adam_beta2: float = 0.999  # AdamW beta2 (actor and critic; torch's default)
     ppo_epochs: int = 1
-    ppo_mini_batch_size: int = 64  # policy steps per optimizer step
+    mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
+                                   # whole episodes
+    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
     actor_max_grad_norm: float = 1.0
     critic_max_grad_norm: float = 1.0
@@ -120,7 +129,7 @@ from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.init import initial_policy
 from common.run import start_run
-from common.train import (adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches, minibatches,
+from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches, minibatches,
                           rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, ValueHead
 from models.policy import action_kind
@@ -141,6 +150,12 @@ def check_config(cfg: Config) -> None:
     if a.clip_ratio_c <= 1 or a.loss_agg_mode not in LOSS_AGG_MODES:
         raise ConfigError(f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 and algorithm.loss_agg_mode="
                           f"{a.loss_agg_mode!r} one of {', '.join(LOSS_AGG_MODES)}")
+    if a.gae_unit not in ("step", "action") or a.ratio_unit not in ("token", "step"):
+        raise ConfigError(f"algorithm.gae_unit={a.gae_unit!r}, algorithm.ratio_unit={a.ratio_unit!r}: use gae_unit "
+                          f"step or action and ratio_unit token or step")
+    if a.gae_unit == "action" and action_kind(cfg.policy.type) == "flow":
+        raise ConfigError("algorithm.gae_unit=action needs a token policy (one advantage per action's tokens); a flow "
+                          "policy has one log-density per chunk: use algorithm.gae_unit=step (RLinf's chunk level)")
     if t.critic_warmup_iterations > 0 and not a.use_gae:
         raise ConfigError(f"train.critic_warmup_iterations={t.critic_warmup_iterations} needs a critic: set "
                           f"algorithm.use_gae=true or critic_warmup_iterations=0")
@@ -173,6 +188,24 @@ def gae_advantages(rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, s
     advantages, returns = np.zeros(step_mask.shape, adv.dtype), np.zeros(step_mask.shape, np.float32)
     advantages[b, t], returns[b, t] = adv, ret
     return advantages, returns
+
+
+def per_action(env_rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, step_mask: np.ndarray,
+               executed: np.ndarray, chunk: int, step_penalty: float = 0.0
+               ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """algorithm.gae_unit=action: the (B, T) policy-step arrays as (B, T * chunk) env-action arrays (rewards, values,
+    dones, mask of executed actions), for `gae_advantages` with gamma and lambda per env action. Action j of step t
+    ran when j < executed[b, t]; each gets -step_penalty, its chunk's value V(s_t), and the chunk's env reward (the
+    success at the episode's end) and done land on its last executed action. The GAE-PPO reference stores one entry
+    per env action with its chunk's observation, value and log-prob (OpenVLA_PPO.py:1047-1063, 1080-1107@b19d5c0)
+    and runs GAE over those entries (ppo/gae_ppo_trainer.py:291-305)."""
+    j = np.arange(chunk)[None, None, :]
+    mask = (j < executed[:, :, None]) & step_mask[:, :, None]
+    last = mask & (j == executed[:, :, None] - 1)
+    rewards = np.where(last, env_rewards[:, :, None], 0.0) - step_penalty * mask
+    flat = lambda x: x.reshape(x.shape[0], -1)  # noqa: E731
+    return (flat(rewards.astype(np.float32)), flat(np.where(mask, values[:, :, None], 0.0).astype(np.float32)),
+            flat(last & dones[:, :, None]), flat(mask))
 
 
 @torch.no_grad()
@@ -209,8 +242,9 @@ def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], tr
     optimizer holds its own parameters."""
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = list(value_head.parameters()) if value_head is not None else []
-    actor, actor_sched = adamw_with_warmup(actor_params, train.actor_lr, train.weight_decay, train.lr_warmup_steps)
-    critic = adamw(critic_params, train.critic_lr, train.weight_decay) if critic_params else None
+    actor, actor_sched = adamw_with_warmup(actor_params, train.actor_lr, train.weight_decay, train.lr_warmup_steps,
+                                           adam_betas(train))
+    critic = adamw(critic_params, train.critic_lr, train.weight_decay, adam_betas(train)) if critic_params else None
     return actor_params, critic_params, actor, critic, actor_sched
 
 
@@ -277,23 +311,35 @@ if __name__ == "__main__":
                 values, last_values = record_values(policy, value_head, batch, device, mb)
             metrics["time/values"] = time.perf_counter() - t0
 
-            # 4. advantages: GAE over policy steps (gae_lambda=1 with V=0 for the value-free baseline: discounted
-            #    reward-to-go), broadcast to the step's A action tokens, of which only the executed actions' count
-            #    (finish_step x 7; flow: the executed actions of the chunk's log-density); returns = A + V are the
-            #    value targets
-            advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated, last_values,
-                                                 alg.gamma, alg.gae_lambda if use_gae else 1.0, normalize=False)
-            if alg.normalize_advantages:  # one mean and std over every process's valid steps, in float64 as compute_gae
-                valid = torch.tensor(run.gather(advantages[step_mask].tolist()), dtype=torch.float64)
+            # 4. advantages: GAE over policy steps, or over env actions (algorithm.gae_unit=action: each action its
+            #    chunk's value, gamma and lambda per action) (gae_lambda=1 with V=0 for the value-free baseline:
+            #    discounted reward-to-go), broadcast to the tokens (of each action, or of the step), of which only the
+            #    executed actions' count (finish_step x 7; flow: the executed actions of the chunk's log-density);
+            #    returns = A + V are the value targets (per action: the mean over the step's executed actions)
+            lam = alg.gae_lambda if use_gae else 1.0
+            if alg.gae_unit == "action":
+                a_rewards, a_values, a_dones, unit_mask = per_action(batch.rewards, values, batch.dones, step_mask,
+                                                                     env_steps, policy.action_chunk,
+                                                                     cfg.reward.step_penalty)
+                advantages, a_returns = gae_advantages(a_rewards, a_values, a_dones, unit_mask, batch.truncated,
+                                                       last_values, alg.gamma, lam, normalize=False)
+                per_step = a_returns.reshape(len(batch), batch.num_steps, -1).sum(-1)
+                returns = np.where(step_mask, per_step / np.maximum(env_steps, 1), 0.0).astype(np.float32)
+            else:
+                unit_mask = step_mask
+                advantages, returns = gae_advantages(rewards, values, batch.dones, step_mask, batch.truncated,
+                                                     last_values, alg.gamma, lam, normalize=False)
+            if alg.normalize_advantages:  # one mean and std over every process's valid steps (or actions), in
+                valid = torch.tensor(run.gather(advantages[unit_mask].tolist()), dtype=torch.float64)  # float64
                 if valid.numel():
                     mean, std = valid.mean().item(), valid.std(unbiased=False).item()
-                    advantages = np.where(step_mask, (advantages - mean) / (std + 1e-8), 0.0)
-            advantages = advantages.astype(np.float32)
+                    advantages = np.where(unit_mask, (advantages - mean) / (std + 1e-8), 0.0)
+            advantages = advantages.astype(np.float32).reshape(len(batch), batch.num_steps, -1)  # (B, T, 1 or chunk)
             mask = np.ones(step_mask.shape + (1,), np.float32) if flow else \
                 make_action_mask(batch.finish_step, batch.num_steps, policy.action_chunk).view(
                     len(batch), batch.num_steps, A).float().numpy()
-            steps = flatten_steps(batch, advantages=np.repeat(advantages[:, :, None], A, axis=2), returns=returns,
-                                  values=values, mask=mask, executed=env_steps)
+            steps = flatten_steps(batch, advantages=np.repeat(advantages, A // advantages.shape[-1], axis=2),
+                                  returns=returns, values=values, mask=mask, executed=env_steps)
             if flow and len(steps):  # a chunk cut short: its old log-density over the executed actions only (the
                 partial = np.flatnonzero(steps.data["executed"] < policy.action_chunk)  # rollout's is the whole chunk)
                 with torch.no_grad():
@@ -308,7 +354,10 @@ if __name__ == "__main__":
                 metrics["train/explained_variance"] = explained_variance(pred, true)
                 metrics["train/value_mean"], metrics["train/return_mean"] = float(pred.mean()), float(true.mean())
 
-            # 5. PPO update: epochs -> shuffled mini-batches of policy steps -> micro-batches (gradient accumulation)
+            # 5. PPO update: epochs -> shuffled mini-batches of policy steps, or of whole episodes (train.
+            #    mini_batch_unit=trajectory) -> micro-batches of policy steps (gradient accumulation, each weighted by
+            #    its share of the mini-batch's policy loss under algorithm.loss_agg_mode, and of its rows for the
+            #    value loss, a mean over rows)
             t0 = time.perf_counter()
             move_actor = iteration >= cfg.train.critic_warmup_iterations  # critic warm-up: the actor waits
             policy.train()
@@ -317,11 +366,13 @@ if __name__ == "__main__":
             stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
                                      "value_clipfrac", "grad_norm", "critic_grad_norm")}
             with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
-                for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather):
+                by_trajectory = cfg.train.mini_batch_unit == "trajectory"
+                for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather,
+                                           episodes=steps.episode if by_trajectory else None):
                     actor_opt.zero_grad(set_to_none=True)
                     if use_gae:
                         critic_opt.zero_grad(set_to_none=True)
-                    micro = micro_batches(steps, mb_inds, mb, pad)
+                    micro = micro_batches(steps, mb_inds, mb, pad, alg.loss_agg_mode)
                     for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
                         if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
                             log_prob, hidden = policy.transition_log_prob(
@@ -333,7 +384,13 @@ if __name__ == "__main__":
                             log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions,
                                                                         part.tensor("tokens"), temp, return_hidden=True)
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
+                        if alg.ratio_unit == "step":  # one ratio per policy step: the mean of its chunk's token
+                            # log-probs (the GAE-PPO reference, OpenVLA_PPO.py:875, 1320-1353@b19d5c0), on each token
+                            log_prob = log_prob.mean(-1, keepdim=True).expand_as(log_prob)
+                            old_log_prob = old_log_prob.mean(-1, keepdim=True).expand_as(old_log_prob)
                         mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
+                        if alg.loss_agg_mode == "traj-token-mean":  # tokens weighted 1 / (episode's tokens x episodes)
+                            mask = mask * part.tensor("traj_weight", device)[:, None]
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
@@ -342,15 +399,16 @@ if __name__ == "__main__":
                         if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
                             entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
                             actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
-                        loss = actor_loss if move_actor else torch.zeros((), device=device)
-                        if use_gae:
+                        loss = weight * actor_loss if move_actor else torch.zeros((), device=device)  # its share
+                        if use_gae:  # a mean over the micro-batch's rows: weighted by its share of the rows
                             features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                             vpreds = value_head(features)
                             vf_loss, vf_clipfrac = compute_value_loss(
                                 vpreds, part.tensor("returns", device), part.tensor("values", device),
                                 torch.ones_like(vpreds), alg.cliprange_value)
-                            loss = loss + alg.value_loss_coef * vf_loss
-                        (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
+                            row_share = len(part) / micro.rows if weight else 0.0  # padding: 0
+                            loss = loss + row_share * alg.value_loss_coef * vf_loss
+                        loss.backward()  # weight: this micro-batch's share of the mini-batch's policy loss
                         if not weight:
                             continue  # padding: no statistics
                         for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),

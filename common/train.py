@@ -196,10 +196,6 @@ class MicroBatches:
         self.shares = list(shares) if shares is not None else [1.0 / self.count] * len(parts)
         self.total = len(parts) if pad is None else max(pad.gather([len(parts)]))  # collective under fsdp
 
-    def row_share(self, k: int) -> float:
-        """Micro-batch k's fraction of the mini-batch's rows: the weight of a per-row mean (a value loss)."""
-        return len(self.parts[k]) / self.rows if k < len(self.parts) and self.rows else 0.0
-
     def __iter__(self) -> Iterator[Tuple[Any, float]]:
         for k in range(self.total):
             if self.pad is not None:
@@ -228,6 +224,7 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
       x episodes in the mini-batch); agg_loss(..., "traj-token-mean") sums loss x mask x traj_weight, so the sum over
       micro-batches is the mean over the mini-batch's episodes of each one's token mean, even when an episode's steps
       fall in several micro-batches;
+    - row-mean (a loss that is a mean over a micro-batch's rows: FlowSAR's, a value loss): its share of the rows;
     - anything else (None, the seq-mean modes, a script's own mean per micro-batch): 1 / count, the mean over them."""
     parts = [steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)]
     shares = None
@@ -235,6 +232,8 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
         tokens = [float(np.asarray(p.data[mask_key], dtype=np.float64).sum()) for p in parts]
         total = sum(tokens)
         shares = [t / total for t in tokens] if total > 0 else None
+    elif parts and loss_agg_mode == "row-mean":
+        shares = [len(p) / len(mb_inds) for p in parts]
     elif loss_agg_mode == "traj-token-mean":
         shares = [1.0] * len(parts)
         if parts:
