@@ -208,6 +208,15 @@ def per_action(env_rewards: np.ndarray, values: np.ndarray, dones: np.ndarray, s
             flat(last & dones[:, :, None]), flat(mask))
 
 
+def chunk_mean(log_prob: torch.Tensor) -> torch.Tensor:
+    """algorithm.ratio_unit=step: every token's log-prob replaced by its policy step's mean over the chunk's tokens,
+    so the PPO ratio exp(mean - old mean) is one per policy step, as the GAE-PPO reference computes it (the mean of
+    the chunk's token log-probs at rollout and update: OpenVLA_PPO.py:875, 1320-1353@b19d5c0); each executed token
+    then carries the step's ratio with its action's advantage, so token-mean weighs a step by its executed actions as
+    the reference's one entry per env action does."""
+    return log_prob.mean(-1, keepdim=True).expand_as(log_prob)
+
+
 @torch.no_grad()
 def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int) -> Tuple[np.ndarray, np.ndarray]:
     """V(s_t) at every valid policy step (B, T), from the pooled hidden states the rollout kept (`extras["hidden"]`,
@@ -384,10 +393,8 @@ if __name__ == "__main__":
                             log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions,
                                                                         part.tensor("tokens"), temp, return_hidden=True)
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
-                        if alg.ratio_unit == "step":  # one ratio per policy step: the mean of its chunk's token
-                            # log-probs (the GAE-PPO reference, OpenVLA_PPO.py:875, 1320-1353@b19d5c0), on each token
-                            log_prob = log_prob.mean(-1, keepdim=True).expand_as(log_prob)
-                            old_log_prob = old_log_prob.mean(-1, keepdim=True).expand_as(old_log_prob)
+                        if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
+                            log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)
                         mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
                         if alg.loss_agg_mode == "traj-token-mean":  # tokens weighted 1 / (episode's tokens x episodes)
                             mask = mask * part.tensor("traj_weight", device)[:, None]

@@ -25,6 +25,17 @@ def test_agg_loss_four_modes_hand_values():
     assert agg_loss(loss, mask, "seq-mean-token-sum-norm").item() == pytest.approx(7 / 3)  # total / L, L = 3
 
 
+def test_agg_loss_traj_token_mean_is_the_mean_of_trajectories_token_means():
+    """traj-token-mean sums loss x mask, the mask carrying 1 / (tokens of the row's trajectory x trajectories): rows 0
+    and 1 are one trajectory (3 valid tokens: 1 + 2 + 4 = 7, mean 7/3), row 2 another (1 token: 7) -> (7/3 + 7) / 2
+    = 4.6667; the plain token mean of the same tokens is 14 / 4 = 3.5 (the long trajectory weighs more)."""
+    loss = torch.tensor([[1.0, 2.0], [4.0, 9.0], [7.0, 8.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    weight = torch.tensor([1 / (3 * 2), 1 / (3 * 2), 1 / (1 * 2)])
+    assert agg_loss(loss, mask * weight[:, None], "traj-token-mean").item() == pytest.approx((7 / 3 + 7) / 2)
+    assert agg_loss(loss, mask, "token-mean").item() == pytest.approx(3.5)
+
+
 def test_agg_loss_all_masked_rows_and_empty():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, float("nan"), 6.0]])
     mask = torch.tensor([[1, 1, 0], [0, 0, 0]], dtype=torch.bool)

@@ -1,6 +1,7 @@
 """train_gae_ppo.py: the script's pure pieces with hand-computed values (truncation bootstrap, values per policy step,
 two optimizers), then the script as a user runs it (CleanRL-style subprocess tests): run folder, metric and PNG names,
 exact resume, freeze_vla_for_critic, the env-step budget, the value-free baseline, bad input, 2 processes, LIBERO."""
+import math
 import os
 import subprocess
 import sys
@@ -14,8 +15,8 @@ from common.rollout import collect_rollouts
 from envs import EnvConfig, make_vector_env
 from models import TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
 from tests.scripts import read_metrics, run_script
-from train_gae_ppo import (Config, check_config, explained_variance, gae_advantages, make_optimizers, record_values,
-                           TrainConfig)
+from train_gae_ppo import (Config, check_config, chunk_mean, explained_variance, gae_advantages, make_optimizers,
+                           per_action, record_values, TrainConfig)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
@@ -164,6 +165,46 @@ def test_two_optimizers_step_their_own_parameters_only():
     # without GAE there is no critic at all
     _, no_params, _, no_critic, _ = make_optimizers(policy, None, TrainConfig())
     assert no_params == [] and no_critic is None
+
+
+def test_gae_unit_action_discounts_per_env_action_with_the_chunks_value():
+    """One episode of 5 env actions in chunks of 3 (executed 3, then 2), success reward 1 at the end, V = 0.5 for the
+    first chunk's state, 0.8 for the second's; gamma 0.9, lambda 1 (A = discounted return - V).
+    gae_unit=action: actions' rewards 0 0 0 0 1, returns 0.9^4 .. 1 = 0.6561 0.729 0.81 0.9 1, advantages minus each
+    action's chunk value: 0.1561 0.229 0.31 0.1 0.2; the value target of a step = the mean of its actions' returns:
+    0.7317, 0.95. gae_unit=step: returns 0.9, 1 -> advantages 0.4, 0.2."""
+    step_mask, executed = np.array([[True, True]]), np.array([[3, 2]])
+    values, rewards, dones = np.array([[0.5, 0.8]], np.float32), np.array([[0.0, 1.0]], np.float32), \
+        np.array([[False, True]])
+    a_rewards, a_values, a_dones, mask = per_action(rewards, values, dones, step_mask, executed, 3)
+    assert a_rewards.tolist() == [[0, 0, 0, 0, 1, 0]] and a_dones.tolist() == [[0, 0, 0, 0, 1, 0]]
+    assert a_values[0].tolist() == pytest.approx([0.5, 0.5, 0.5, 0.8, 0.8, 0]) and mask.sum() == 5
+    none = np.array([False])
+    adv, ret = gae_advantages(a_rewards, a_values, a_dones, mask, none, np.zeros(1), 0.9, 1.0, normalize=False)
+    assert adv[0].tolist() == pytest.approx([0.1561, 0.229, 0.31, 0.1, 0.2, 0], abs=1e-6)
+    per_step = ret.reshape(1, 2, 3).sum(-1) / executed
+    assert per_step[0].tolist() == pytest.approx([(0.6561 + 0.729 + 0.81) / 3, 0.95], abs=1e-6)
+    adv, _ = gae_advantages(rewards, values, dones, step_mask, none, np.zeros(1), 0.9, 1.0, normalize=False)
+    assert adv[0].tolist() == pytest.approx([0.4, 0.2], abs=1e-6)
+    shaped = per_action(rewards, values, dones, step_mask, executed, 3, step_penalty=0.5)[0]  # -0.5 per action
+    assert shaped[0].tolist() == pytest.approx([-0.5, -0.5, -0.5, -0.5, 0.5, 0])
+
+
+def test_ratio_unit_step_is_one_ratio_per_policy_step_from_the_chunks_mean_log_prob():
+    """Two policy steps of 2 tokens, advantage 1, clip 0.2. Per token (ratio_unit=token): ratios e^1 (clipped: -1.2),
+    e^-1 (-0.368), 1, 1 -> token mean (-1.2 - 0.3679 - 1 - 1) / 4 = -0.8920. Per step: the chunk means -2 vs -2 and
+    -2 vs -2 give ratio 1 on every token -> -1, and ppo_kl 0."""
+    from common.losses import compute_policy_loss_vanilla
+
+    log_prob = torch.tensor([[-1.0, -3.0], [-2.0, -2.0]])
+    old = torch.full((2, 2), -2.0)
+    adv, mask = torch.ones(2, 2), torch.ones(2, 2)
+    token = compute_policy_loss_vanilla(old, log_prob, adv, mask, clip_ratio_low=0.2, clip_ratio_high=0.2)
+    assert token[0].item() == pytest.approx((-1.2 - math.exp(-1) - 2) / 4, abs=1e-6)
+    assert chunk_mean(log_prob).tolist() == [[-2.0, -2.0], [-2.0, -2.0]]
+    step = compute_policy_loss_vanilla(chunk_mean(old), chunk_mean(log_prob), adv, mask, clip_ratio_low=0.2,
+                                       clip_ratio_high=0.2)
+    assert step[0].item() == pytest.approx(-1.0) and step[2].item() == 0.0
 
 
 @pytest.mark.parametrize("override, message", [

@@ -111,6 +111,27 @@ def test_every_group_filtered_out_skips_the_update(tmp_path):
     assert "train/pg_loss" not in row
 
 
+def test_refill_to_the_cap_then_trajectory_mini_batches(tmp_path):
+    """rollout.refill: from scratch every episode fails, the filter drops every group, so the iteration rolls out
+    rollout.max_rounds = 3 rounds of 2 prompts x 4 (6 groups seen, 3 x 8 x 16 = 384 env steps counted) and skips the
+    update. Filter off: the quota (2 groups) is kept in round 1, and train.mini_batch_unit=trajectory with 2 episodes
+    per mini-batch gives 8 / 2 = 4 optimizer steps (warm-up lr = 1e-4 x (4 + 1) / 1000), traj-token-mean aggregated."""
+    refill = ["--task-id", "0", "train.iterations=1", "eval.every=0", "rollout.refill=true", "rollout.max_rounds=3",
+              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=3",
+              "algorithm.loss_agg_mode=traj-token-mean", "train.lr_warmup_steps=1000", "reward.encoder.kind=pixels"]
+    run(refill, tmp_path / "cap")
+    _, run_dir = only_run(tmp_path / "cap")
+    (row,) = read_metrics(run_dir)
+    assert row["sampling/rounds"] == 3 and row["sampling/groups"] == 6 and row["rollout/env_steps"] == 384
+    assert row["sampling/kept_groups"] == 0 and row["sampling/trained_groups"] == 0
+    assert row["train/skipped_update"] == 1.0 and "train/pg_loss" not in row
+    run([*refill, "algorithm.filter_accuracy=false"], tmp_path / "quota")
+    _, run_dir = only_run(tmp_path / "quota")
+    (row,) = read_metrics(run_dir)
+    assert row["sampling/rounds"] == 1 and row["sampling/trained_groups"] == 2 and row["rollout/env_steps"] == 128
+    assert row["train/skipped_update"] == 0.0 and row["train/lr"] == pytest.approx(1e-4 * 5 / 1000)
+
+
 def test_group_of_one_is_refused_with_the_reason():
     from common.config import ConfigError, load_config
     from train_srpo import Config, check_config
