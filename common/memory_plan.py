@@ -704,6 +704,7 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
         model, _ = policy_model(cfg, script)
     micro, mini = micro_batch(cfg, script, world)
     micro = override.get("micro", micro)
+    by_trajectory = getattr(cfg.train, "mini_batch_unit", "step") == "trajectory"  # mini counts episodes of steps
     extras = run_extras(cfg, script, model, world, strategy == "fsdp", offload)
     rollout = cfg.env.num_envs // (2 if getattr(cfg.env, "pipeline", False) else 1)
     section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
@@ -712,11 +713,11 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
         variant = "action expert only" + ("" if variant == "full fine-tuning" else f" + {variant}")
     title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
-             f"{micro} of {mini}")
+             f"{micro} of {mini}{' episodes' if by_trajectory else ''}")
     # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights imply it)
     autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
     return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
-                    grads_in_forward=script == "train_sft" or mini > micro, inference_batch=rollout,
+                    grads_in_forward=script == "train_sft" or mini > micro or by_trajectory, inference_batch=rollout,
                     extras=extras, title=title, capacity=capacity, device_name=device_name)
 
 
