@@ -347,7 +347,7 @@ if __name__ == "__main__":
                             loss, out = luffy_loss(alg, log_prob, entropy, part.tensor("old_log_probs", device),
                                                    part.tensor("advantages", device), part.tensor("mask", device),
                                                    part.tensor("prefix_mask", device))
-                            (loss * weight).backward()  # weight: 1 / micro.count, the mean over the micro-batches
+                            (loss * weight / micro.count).backward()  # the mean over this process's micro-batches
                             for k in LOSS_KEYS + ("entropy", "sft_loss"):
                                 if k in out and weight:
                                     stats[k].append(out[k].detach())  # read once after the update: no host sync

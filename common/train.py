@@ -183,17 +183,18 @@ def sharded_update(run: Any, policy: torch.nn.Module, steps: Any) -> Iterator[Op
 
 class MicroBatches:
     """A mini-batch's micro-batches, iterated as (rows, weight) pairs: this process's own, each weighted by its share
-    of the mini-batch's loss (`shares`: the weights sum to 1; a script backpropagates loss x weight), then under fsdp
-    as many padding ones (`Padding.row`, weight 0.0: a loss times 0 gives exactly zero gradient) as make its count the
-    largest process's, so every process runs the same forwards and backwards. `count`: the number of this process's
-    own micro-batches (at least 1); `rows`: its rows. Under fsdp it tells FSDP before each backward whether to
-    reduce-scatter (common/fsdp.py `sync_gradients`)."""
+    of the mini-batch's loss (`shares`, summing to 1: a script backpropagates loss x weight; None: 1.0 each, the
+    caller divides, e.g. by `count`), then under fsdp as many padding ones (`Padding.row`, weight 0.0: a loss times 0
+    gives exactly zero gradient) as make its count the largest process's, so every process runs the same forwards
+    and backwards. `count`: the number of this process's own micro-batches (at least 1); `rows`: its rows. Under fsdp
+    it tells FSDP before each backward whether to reduce-scatter (common/fsdp.py `sync_gradients`)."""
 
-    def __init__(self, parts: List[Any], pad: Optional[Padding], shares: Optional[List[float]] = None):
-        self.parts, self.pad = parts, pad
+    def __init__(self, parts: List[Any], pad: Optional[Padding], shares: Optional[List[float]] = None,
+                 traj_weight: bool = False):
+        self.parts, self.pad, self.traj_weight = parts, pad, traj_weight
         self.count = max(1, len(parts))
         self.rows = sum(len(p) for p in parts)
-        self.shares = list(shares) if shares is not None else [1.0 / self.count] * len(parts)
+        self.shares = list(shares) if shares is not None else [1.0] * len(parts)
         self.total = len(parts) if pad is None else max(pad.gather([len(parts)]))  # collective under fsdp
 
     def __iter__(self) -> Iterator[Tuple[Any, float]]:
@@ -205,9 +206,11 @@ class MicroBatches:
             fsdp.sync_gradients(self.pad.policy, True)
 
     def _padding_row(self) -> Any:
-        """fsdp's padding row, with a zero traj_weight (the key a traj-token-mean loss reads)."""
-        row = self.pad.row.take(slice(None))
-        row.data.setdefault("traj_weight", np.zeros(len(row), np.float32))
+        """fsdp's padding row; under traj-token-mean with a zero traj_weight (the key its loss reads)."""
+        row = self.pad.row
+        if self.traj_weight and "traj_weight" not in row.data:
+            row = row.take(slice(None))
+            row.data["traj_weight"] = np.zeros(len(row), np.float32)
         return row
 
 
@@ -225,13 +228,14 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
       micro-batches is the mean over the mini-batch's episodes of each one's token mean, even when an episode's steps
       fall in several micro-batches;
     - row-mean (a loss that is a mean over a micro-batch's rows: FlowSAR's, a value loss): its share of the rows;
-    - anything else (None, the seq-mean modes, a script's own mean per micro-batch): 1 / count, the mean over them."""
+    - the seq-mean modes: 1 / count, the mean over them (as before);
+    - None: 1.0 each (the caller divides: LUFFY's own loss by `count`)."""
     parts = [steps.take(mb_inds[s:s + size]) for s in range(0, len(mb_inds), size)]
-    shares = None
+    shares = None if loss_agg_mode is None else [1.0 / max(1, len(parts))] * len(parts)
     if parts and loss_agg_mode == "token-mean":
         tokens = [float(np.asarray(p.data[mask_key], dtype=np.float64).sum()) for p in parts]
         total = sum(tokens)
-        shares = [t / total for t in tokens] if total > 0 else None
+        shares = [t / total for t in tokens] if total > 0 else shares
     elif parts and loss_agg_mode == "row-mean":
         shares = [len(p) / len(mb_inds) for p in parts]
     elif loss_agg_mode == "traj-token-mean":
@@ -248,7 +252,7 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
             for p in parts:
                 p.data["traj_weight"] = weight[offset:offset + len(p)].astype(np.float32)
                 offset += len(p)
-    return MicroBatches(parts, pad, shares)
+    return MicroBatches(parts, pad, shares, traj_weight=loss_agg_mode == "traj-token-mean")
 
 
 def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) -> None:
