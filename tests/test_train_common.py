@@ -159,6 +159,15 @@ def test_micro_batch_shares_make_token_mean_and_traj_token_mean_exact_across_mic
     assert micro.shares == pytest.approx([1 / 3] * 3)
     micro = micro_batches(steps, order, 2, None, "row-mean")  # a mean over rows (FlowSAR, a value loss): 2/5 2/5 1/5
     assert micro.shares == pytest.approx([0.4, 0.4, 0.2]) and micro.rows == 5
+    assert micro_batches(steps, order, 2, None).shares == [1.0, 1.0, 1.0]  # no mode: the caller divides
+    # fsdp: a process with these 3 micro-batches and one whose share is 1 row pads to 3 with weight-0 rows that
+    # carry a zero traj_weight (the key its traj-token-mean loss reads)
+    from common.train import Padding
+
+    pad = Padding(torch.nn.Linear(1, 1), steps.take([4]), lambda items: [3, 1])
+    short = micro_batches(steps, torch.tensor([4]), 2, pad, "traj-token-mean")
+    got = [(part.data["traj_weight"].tolist(), weight) for part, weight in short]
+    assert got == [([1.0], 1.0), ([0.0], 0.0), ([0.0], 0.0)]  # its own row: 1 token, 1 episode
 
 
 def test_refill_rounds_until_the_quota_or_the_cap_then_trims_the_surplus():
@@ -245,6 +254,10 @@ def test_new_update_keys_have_defaults_help_and_ranges():
     cfg.train.adam_beta2 = 1.0
     with pytest.raises(ConfigError, match=r"train.adam_beta2=1.0: must be in \[0, 1\)"):
         check_ranges(cfg)
+    cfg = train_gae_ppo.Config()
+    cfg.algorithm.ratio_unit = "chunk"
+    with pytest.raises(ConfigError, match="use gae_unit step or action and ratio_unit token or step"):
+        train_gae_ppo.check_config(cfg)
     cfg = train_srpo.Config()
     cfg.train.mini_batch_unit = "episode"
     with pytest.raises(ConfigError, match="train.mini_batch_unit='episode': use step"):
