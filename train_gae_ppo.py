@@ -129,8 +129,8 @@ from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.init import initial_policy
 from common.run import start_run
-from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches, minibatches,
-                          rollout_metrics, sample_prompts, sharded_update)
+from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches,
+                          minibatches, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, ValueHead
 from models.policy import action_kind
 

@@ -155,8 +155,8 @@ if __name__ == "__main__":
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
         params = [p for p in policy.parameters() if p.requires_grad]
-        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay, cfg.train.lr_warmup_steps,
-                                                 adam_betas(cfg.train))
+        optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
+                                                 cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
                    eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
