@@ -132,6 +132,25 @@ def test_refill_to_the_cap_then_trajectory_mini_batches(tmp_path):
     assert row["train/skipped_update"] == 0.0 and row["train/lr"] == pytest.approx(1e-4 * 5 / 1000)
 
 
+@pytest.mark.slow
+def test_refill_is_deterministic_and_resumes_exactly(tmp_path):
+    """From a start that sometimes succeeds, refill rounds depend on the outcomes: two iterations straight, and one
+    then --resume to two, log the same second iteration (rounds, kept groups, env steps of all rounds, losses): the
+    prompt RNG and the rollouts' torch RNG are saved with the checkpoint."""
+    common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
+              "eval.every=0", "reward.encoder.kind=pixels", "rollout.refill=true", "rollout.max_rounds=4",
+              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2",
+              "algorithm.loss_agg_mode=traj-token-mean", "log.checkpoint_every=1"]
+    run([*common, "train.iterations=2"], tmp_path / "straight")
+    run([*common, "train.iterations=1"], tmp_path / "resumed")
+    _, run_dir = only_run(tmp_path / "resumed")
+    run([*common, "train.iterations=2", "--resume", run_dir], tmp_path / "resumed")
+    keys = ("sampling/rounds", "sampling/kept_groups", "rollout/env_steps", "train/pg_loss", "train/grad_norm")
+    rows = [read_metrics(only_run(tmp_path / name)[1])[-1] for name in ("straight", "resumed")]
+    assert rows[0]["iteration"] == rows[1]["iteration"] == 2 and "train/pg_loss" in rows[0]
+    assert [rows[0].get(k) for k in keys] == [rows[1].get(k) for k in keys]
+
+
 def test_group_of_one_is_refused_with_the_reason():
     from common.config import ConfigError, load_config
     from train_srpo import Config, check_config
