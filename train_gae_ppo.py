@@ -332,7 +332,7 @@ if __name__ == "__main__":
                                                                      cfg.reward.step_penalty)
                 advantages, a_returns = gae_advantages(a_rewards, a_values, a_dones, unit_mask, batch.truncated,
                                                        last_values, alg.gamma, lam, normalize=False)
-                per_step = a_returns.reshape(len(batch), batch.num_steps, -1).sum(-1)
+                per_step = a_returns.reshape(len(batch), batch.num_steps, policy.action_chunk).sum(-1)
                 returns = np.where(step_mask, per_step / np.maximum(env_steps, 1), 0.0).astype(np.float32)
             else:
                 unit_mask = step_mask
@@ -343,7 +343,8 @@ if __name__ == "__main__":
                 if valid.numel():
                     mean, std = valid.mean().item(), valid.std(unbiased=False).item()
                     advantages = np.where(unit_mask, (advantages - mean) / (std + 1e-8), 0.0)
-            advantages = advantages.astype(np.float32).reshape(len(batch), batch.num_steps, -1)  # (B, T, 1 or chunk)
+            per = policy.action_chunk if alg.gae_unit == "action" else 1  # advantages per policy step
+            advantages = advantages.astype(np.float32).reshape(len(batch), batch.num_steps, per)
             mask = np.ones(step_mask.shape + (1,), np.float32) if flow else \
                 make_action_mask(batch.finish_step, batch.num_steps, policy.action_chunk).view(
                     len(batch), batch.num_steps, A).float().numpy()
