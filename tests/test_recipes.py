@@ -2,6 +2,7 @@
 value the config runs (the YAML's, else the script's default for the policy family the YAML selects), each row cites
 a file:line, each ✗ says why, and every key of every configs/<algo>_libero*.yaml (the SFT ones excepted: they follow
 no training reference) has a row in that config's table. A change to a config is then a change to its table too."""
+import functools
 import importlib
 import os
 import re
@@ -17,6 +18,7 @@ AUDITED = sorted(n for n in os.listdir(os.path.join(ROOT, "configs"))
 FILE_LINE = re.compile(r"[\w./-]+:\d+")
 
 
+@functools.lru_cache(maxsize=None)
 def tables():
     """{config file name: [(key or None, ours cell, source cell, verdict cell)]}: the table under each heading that
     names one config in backticks (`## ` or `### `)."""
