@@ -223,7 +223,8 @@ def format_table(results: Dict[str, Any]) -> str:
 def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_cfg: EnvConfig) -> Dict[str, Any]:
     """The protocol (--protocol, else `protocols.default_protocol` for this folder) resolved for the suite and the
     policy's kind, applied in place to `env_cfg` (episode limit, settling steps and action, fixture seeding, 256 px
-    normal rendering) and to the policy's image size; ValueError for what the protocol cannot run. Returns the resolved
+    normal rendering) and to the policy (image size; OpenVLA-OFT's image path; a flow policy's actions per call);
+    ValueError for what the protocol cannot run. Returns the resolved
     settings with its "name" (envs/protocols.py `resolve`)."""
     kind = policy.kind
     name = args.protocol or protocols.default_protocol(policy.paper_protocol(), saved, env_cfg.suite)
@@ -253,6 +254,19 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # e.g. OpenVLA-OFT's LIBERO pipeline
     if policy.cfg.image_size != size:  # OpenVLA-OFT and flow policies resize to their vision tower themselves
         policy.cfg = dataclasses.replace(policy.cfg, image_size=size)
+    if p["image_pipeline"] and hasattr(policy.cfg, "image_pipeline"):  # OpenVLA-OFT: the reference's image path
+        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline=p["image_pipeline"])
+    chunk = p["action_chunk"]  # a flow policy: the actions the reference executes per call
+    if chunk and chunk != getattr(policy, "action_chunk", chunk):
+        horizon = getattr(policy, "horizon", chunk)
+        if chunk > horizon:
+            raise ValueError(f"--protocol {name} executes {chunk} actions per call on {env_cfg.suite} "
+                             f"({source['action_chunk']}), but this policy predicts {horizon}: use --protocol heldout "
+                             f"(its own {policy.action_chunk})")
+        policy.action_chunk = chunk
+        policy.cfg = dataclasses.replace(policy.cfg, action_chunk=chunk)
+    if chunk:
+        env_cfg.action_chunk = chunk
     return p
 
 
