@@ -464,13 +464,17 @@ def _reference_env(suite: str, task: int):
 def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
     """libero_goal task 0 (a cabinet, a stove, a wine rack). `0`: SimpleVLA-RL / siiRL build an env per episode,
     env.seed(0), reset; `stream:0`: OpenVLA-OFT builds one env per task, env.seed(0), then resets it once per episode in
-    trial order (episodes stepped in between). Our env, soft-resetting, must place the fixtures where those do, for a
-    trial reached directly, and put trials 0 and 1 (seed trial, the default) elsewhere than each other."""
+    trial order (episodes stepped in between); `env:0`: RLinf seeds sub-env i of its vector env with 0 + i before every
+    reset (env 1 here: seed 1). Our env, soft-resetting, must place the fixtures where those do, for a trial reached
+    directly, and put trials 0 and 1 (seed trial, the default) elsewhere than each other."""
     from envs.libero import LiberoEnv, _init_states
 
     suite, task = "libero_goal", 0
     ref = _reference_env(suite, task)
     try:
+        ref.seed(1)
+        ref.reset()
+        seed1 = _fixtures(ref)  # RLinf's scene in sub-env 1 of its first env worker
         ref.seed(0)
         ref.reset()
         fresh_seed0 = _fixtures(ref)  # SimpleVLA-RL's scene for any trial (a fresh env, seeded 0, reset once)
@@ -486,8 +490,9 @@ def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
     finally:
         ref.close()
     cfg = EnvConfig(suite=suite, task_ids=[task], image_size=32, fast_render=True)
-    for seed, expected in (("0", {2: fresh_seed0, 0: fresh_seed0}), ("stream:0", {2: stream[2], 1: stream[1]})):
-        env = LiberoEnv(EnvConfig(**{**cfg.__dict__, "fixture_seed": seed}))
+    for seed, expected, index in (("0", {2: fresh_seed0, 0: fresh_seed0}, 0),
+                                  ("stream:0", {2: stream[2], 1: stream[1]}, 0), ("env:0", {2: seed1, 0: seed1}, 1)):
+        env = LiberoEnv(EnvConfig(**{**cfg.__dict__, "fixture_seed": seed}), env_index=index)
         try:
             for trial, scene in expected.items():  # stream: trial 2 first (two resets replayed), then 1 (cached)
                 env.reset(options={"task_id": task, "trial_id": trial})
@@ -498,6 +503,97 @@ def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
         finally:
             env.close()
     assert not all(np.array_equal(stream[1][n], stream[2][n]) for n in stream[1])  # the stream moves on
+    assert not all(np.array_equal(seed1[n], fresh_seed0[n]) for n in seed1)  # env 1 under env:0 is another scene
+
+
+@pytest.mark.slow
+@pytest.mark.real_libero
+def test_soft_reset_draws_the_fixtures_and_state_of_a_hard_reset():
+    """The references build LIBERO's env with hard resets (the model reloaded at every reset) and render the cameras
+    at every settling step; ours soft-resets a simulator built once per task, with the cameras off until the scene
+    has settled. Seeded alike (5) on libero_goal task 0 (fixtures: a cabinet, a stove, a wine rack), our reset of
+    trial 2, after another trial was played, must leave numpy's RNG where the hard reset does (the same draws: what
+    `stream:N` replays), put the fixtures in the same place, and give the bit-identical MuJoCo state after
+    set_init_state and the 10 settling steps, and after 8 more actions (the controller and gripper filter alike)."""
+    from envs.libero import WAIT_ACTION, LiberoEnv, _init_states
+
+    suite, task, trial = "libero_goal", 0, 2
+    actions = np.random.default_rng(0).uniform(-1, 1, (8, 7)).astype(np.float32)  # what LiberoEnv.step sends on
+    ref = _reference_env(suite, task)  # hard_reset=True: LIBERO's default, as the references build it
+    try:
+        np.random.seed(5)
+        ref.reset()
+        rng_hard, fixtures_hard = np.random.get_state()[1].copy(), _fixtures(ref)
+        ref.set_init_state(_init_states(suite, task)[trial])
+        for _ in range(10):
+            ref.step(WAIT_ACTION["open"])
+        settled_hard = ref.sim.get_state().flatten()
+        for a in actions:
+            ref.step(a)
+        moved_hard = ref.sim.get_state().flatten()
+    finally:
+        ref.close()
+    env = LiberoEnv(EnvConfig(suite=suite, task_ids=[task], image_size=32, fast_render=True, fixture_seed="5"))
+    try:
+        env.reset(options={"task_id": task, "trial_id": 4})  # another episode first: what follows is a soft reset
+        for a in np.random.default_rng(1).uniform(-1, 1, (12, 7)):
+            env.step(a)
+        env.reset(options={"task_id": task, "trial_id": trial})
+        assert env.raw_env.env.hard_reset is False
+        np.testing.assert_array_equal(env.raw_env.sim.get_state().flatten(), settled_hard)
+        got = _fixtures(env.raw_env)
+        assert got.keys() == fixtures_hard.keys() and len(got) == 3
+        for name in got:
+            np.testing.assert_array_equal(got[name], fixtures_hard[name], err_msg=name)
+        for a in actions:
+            env.step(a)
+        np.testing.assert_array_equal(env.raw_env.sim.get_state().flatten(), moved_hard)
+        state = np.random.get_state()
+        try:  # the soft reset's own draws, seeded as the wrapper seeds them
+            np.random.seed(5)
+            env.raw_env.reset()
+            np.testing.assert_array_equal(np.random.get_state()[1], rng_hard)
+        finally:
+            np.random.set_state(state)
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.real_libero
+def test_skipping_the_camera_renders_leaves_the_physics_bit_identical():
+    """libero_spatial task 0, trial 1, 13 actions: stepped one by one with both cameras rendered at every step, as an
+    action chunk of 8 then 5 (renders skipped but at the chunk's end), and with no camera ever rendered
+    (LiberoEnv(cameras=False), the scripted expert's env): the MuJoCo state (time, qpos, qvel) and the proprioceptive
+    observation are bitwise the same after the reset and after every chunk."""
+    from envs.libero import LiberoEnv
+
+    cfg = EnvConfig(suite="libero_spatial", task_ids=[0], image_size=32, fast_render=True, max_steps=40)
+    actions = np.random.default_rng(2).uniform(-0.8, 0.8, (13, 7)).astype(np.float32)
+    runs = {}
+    rendered = LiberoEnv(cfg)
+    blind = LiberoEnv(cfg, cameras=False)
+    try:
+        for name, env, chunked in (("every step", rendered, False), ("chunks", rendered, True),
+                                   ("no cameras", blind, False)):
+            states = [env.reset(options={"task_id": 0, "trial_id": 1})[0]["state"]]
+            sims = [env.raw_env.sim.get_state().flatten()]
+            for chunk in (actions[:8], actions[8:]):
+                if chunked:
+                    obs = env.step_chunk(chunk)["obs"]
+                else:
+                    obs = [env.step(a)[0] for a in chunk][-1]
+                states.append(obs["state"])
+                sims.append(env.raw_env.sim.get_state().flatten())
+            runs[name] = (states, sims)
+    finally:
+        rendered.close()
+        blind.close()
+    states, sims = runs["every step"]
+    assert not np.array_equal(sims[0], sims[1])  # the actions moved the arm
+    for name in ("chunks", "no cameras"):
+        for got, want in zip(runs[name][0] + runs[name][1], states + sims):
+            np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 @pytest.mark.slow
