@@ -12,7 +12,10 @@ newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Suc
 protocol (simplevla-rl, siirl, openvla-oft, openpi, rlinf) sets exactly what that paper's code does: every task of the
 suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--trials narrow), its episode limit,
 settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding (greedy or
-deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6) and a pi0 policy's ODE steps. `heldout`, this project's own,
+deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6), a pi0 policy's ODE steps and actions per call (openpi 5;
+rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip + centre crop; rlinf: resize only).
+Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate). `heldout`,
+this project's own,
 evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
 rollout.train_trials onwards; overlap is refused unless --allow-practice-trials) with the checkpoint's env settings and
 fixtures seeded by the trial id. Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a

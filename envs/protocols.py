@@ -40,8 +40,9 @@ def _per_suite(spatial: int, obj: int, goal: int, long: int, ninety: int) -> Dic
 # OpenVLA-OFT policy's image path (models/openvla_oft.py: `libero` = JPEG round trip + Lanczos + centre crop, `resize`
 # = the processor's resize to 224 only), None = the policy's own; `action_chunk`: actions a flow (pi0) policy
 # executes per call, the first of its horizon, per suite (None = the policy's own; a token policy's chunk is its
-# architecture: OpenVLA-OFT's 8, as every reference that runs it executes, SOURCES); `eval_batch`: an evaluation runs a random eval_batch x k of the (task, trial)
-# pairs (shuffled, the remainder dropped), None = all. `by_kind` overrides for one policy kind.
+# architecture: OpenVLA-OFT's 8, as every reference that runs it executes, SOURCES); `eval_batch`: an RL evaluation
+# runs a random eval_batch x k of the (task, trial) pairs (shuffled, the remainder dropped: `eval_pairs`), None = all.
+# `by_kind` overrides for one policy kind.
 PROTOCOLS: Dict[str, Dict[str, Any]] = {
     "simplevla-rl": dict(
         reference="SimpleVLA-RL (PRIME-RL/SimpleVLA-RL @7c51662)",
@@ -195,8 +196,8 @@ def resolve(name: str, suite: str, kind: str = "token") -> Dict[str, Any]:
     the config's own for heldout), num_steps_wait, wait_action, fixture_seed, image_size, fast_render,
     practice_on_eval_trials, decoding ("greedy" | "sampled"), temperature, flow_steps (None = the policy's own),
     image_pipeline (an OpenVLA-OFT policy's; None = the policy's own), action_chunk (a flow policy's actions per
-    call; None = the policy's own, and for every other kind), eval_batch, reference. A reference protocol on the embedded suite is refused: none of its settings exists
-    there."""
+    call; None = the policy's own, and for every other kind), eval_batch, reference. A reference protocol on the
+    embedded suite is refused: none of its settings exists there."""
     check_name(name)
     if suite not in SUITES:
         raise ConfigError(f"env.suite={suite!r}: unknown suite")
@@ -320,7 +321,8 @@ def _source_key(key: str) -> str:
     return field
 
 
-def eval_pairs(name: str, task_ids: List[int], trial_ids: List[int], seed: int, iteration: int) -> List[Tuple[int, int]]:
+def eval_pairs(name: str, task_ids: List[int], trial_ids: List[int], seed: int,
+               iteration: int) -> List[Tuple[int, int]]:
     """The (task, trial) pairs one RL evaluation under protocol `name` runs, in task-then-trial order: every pair, or
     under a protocol with an `eval_batch` b (SimpleVLA-RL: 496) what its shuffled, drop-last validation loader runs: a
     random floor(n / b) * b of the n pairs (a random 496 of the 500 of a 10-task suite; 4464 of libero_90's 4500), a
