@@ -12,7 +12,10 @@ newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Suc
 protocol (simplevla-rl, siirl, openvla-oft, openpi, rlinf) sets exactly what that paper's code does: every task of the
 suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--trials narrow), its episode limit,
 settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding (greedy or
-deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6) and a pi0 policy's ODE steps. `heldout`, this project's own,
+deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6), a pi0 policy's ODE steps and actions per call (openpi 5;
+rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip + centre crop; rlinf: resize only).
+Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate). `heldout`,
+this project's own,
 evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
 rollout.train_trials onwards; overlap is refused unless --allow-practice-trials) with the checkpoint's env settings and
 fixtures seeded by the trial id. Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a
@@ -223,7 +226,8 @@ def format_table(results: Dict[str, Any]) -> str:
 def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_cfg: EnvConfig) -> Dict[str, Any]:
     """The protocol (--protocol, else `protocols.default_protocol` for this folder) resolved for the suite and the
     policy's kind, applied in place to `env_cfg` (episode limit, settling steps and action, fixture seeding, 256 px
-    normal rendering) and to the policy's image size; ValueError for what the protocol cannot run. Returns the resolved
+    normal rendering) and to the policy (image size; OpenVLA-OFT's image path; a flow policy's actions per call);
+    ValueError for what the protocol cannot run. Returns the resolved
     settings with its "name" (envs/protocols.py `resolve`)."""
     kind = policy.kind
     name = args.protocol or protocols.default_protocol(policy.paper_protocol(), saved, env_cfg.suite)
@@ -253,6 +257,19 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # e.g. OpenVLA-OFT's LIBERO pipeline
     if policy.cfg.image_size != size:  # OpenVLA-OFT and flow policies resize to their vision tower themselves
         policy.cfg = dataclasses.replace(policy.cfg, image_size=size)
+    if p["image_pipeline"] and hasattr(policy.cfg, "image_pipeline"):  # OpenVLA-OFT: the reference's image path
+        policy.cfg = dataclasses.replace(policy.cfg, image_pipeline=p["image_pipeline"])
+    chunk = p["action_chunk"]  # a flow policy: the actions the reference executes per call
+    if chunk and chunk != getattr(policy, "action_chunk", chunk):
+        horizon = getattr(policy, "horizon", chunk)
+        if chunk > horizon:
+            raise ValueError(f"--protocol {name} executes {chunk} actions per call on {env_cfg.suite} "
+                             f"({source['action_chunk']}), but this policy predicts {horizon}: use --protocol heldout "
+                             f"(its own {policy.action_chunk})")
+        policy.action_chunk = chunk
+        policy.cfg = dataclasses.replace(policy.cfg, action_chunk=chunk)
+    if chunk:
+        env_cfg.action_chunk = chunk
     return p
 
 

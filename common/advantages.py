@@ -69,10 +69,11 @@ def make_action_mask(finish_step: ArrayOrTensor | Sequence[int], num_steps: int,
                      action_dim: int = 7) -> torch.Tensor:
     """Bool (B, L) mask of the action tokens whose action the env executed, L = num_steps * chunk * action_dim:
     position p (policy step p // (chunk*action_dim), action p // action_dim overall) is kept iff
-    p < finish_step[b] * action_dim, finish_step = env steps taken (SimpleVLA-RL dp_rob.py:435-438, siiRL
-    core_algos.py:1449-1453). A success or truncation in the middle of a chunk leaves that chunk's later actions
-    unexecuted: their tokens get no advantage and no loss. Tokens must be action-major within a step (action a's
-    dims at a*action_dim .. a*action_dim + action_dim - 1), as every token policy here lays them out."""
+    p < finish_step[b] * action_dim, finish_step = env steps taken (SimpleVLA-RL dp_rob.py:435-438; siiRL's actor
+    loss, siirl/engine/actor/embodied_actor.py:411-415 @af00a77). A success or truncation in the middle of a chunk
+    leaves that chunk's later actions unexecuted: their tokens get no advantage and no loss. Tokens must be
+    action-major within a step (action a's dims at a*action_dim .. a*action_dim + action_dim - 1), as every token
+    policy here lays them out."""
     finish_step = torch.as_tensor(finish_step)
     if finish_step.ndim != 1:
         raise ValueError(f"finish_step must be 1-D (B,), got shape {tuple(finish_step.shape)}")

@@ -22,12 +22,17 @@ def _identity(items: List) -> List:
 def evaluate_policy(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], samples_per_trial: int = 0,
                     temperature: float = 1.0, greedy: bool = True, rank: int = 0, world: int = 1,
                     gather: Callable[[List], List] = _identity, keep_frames: bool = False, progress: bool = False,
-                    desc: str = "eval", flow_steps: Optional[int] = None, flow_noise_level: float = 0.0
+                    desc: str = "eval", flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
+                    pairs: Optional[Sequence[Tuple[int, int]]] = None
                     ) -> Tuple[Dict[str, float], Dict[str, RolloutBatch]]:
-    """Success on every (task, trial): one greedy episode each (if `greedy`) and `samples_per_trial` sampled ones.
-    Process `rank` of `world` runs its share of the starts; `gather` (accelerate's gather_object) joins the results.
-    Returns (metrics named as in the module docstring, {"greedy"/"sampled": this process's RolloutBatch})."""
-    pairs = [(int(t), int(j)) for t in task_ids for j in trial_ids][rank::world]
+    """Success on every (task, trial): one greedy episode each (if `greedy`) and `samples_per_trial` sampled ones;
+    `pairs` (task, trial) runs those starts instead of every task x trial (a protocol's subset:
+    envs.protocols.eval_pairs). Process `rank` of `world` runs its share of the starts; `gather` (accelerate's
+    gather_object) joins the results. Returns (metrics named as in the module docstring, {"greedy"/"sampled": this
+    process's RolloutBatch})."""
+    if pairs is None:
+        pairs = [(t, j) for t in task_ids for j in trial_ids]
+    pairs = [(int(t), int(j)) for t, j in pairs][rank::world]
     was_training = policy.training
     policy.eval()
     metrics: Dict[str, float] = {}

@@ -220,10 +220,16 @@ class Run:
 
     # ---- evaluation
     def evaluate(self, iteration: int) -> Dict[str, float]:
-        """`common.evaluation.evaluate_policy` on the schedule's trials of every training task (time/eval added)."""
+        """`common.evaluation.evaluate_policy` on the schedule's trials of every training task, or the subset
+        eval.protocol evaluates (`envs.protocols.eval_pairs`: SimpleVLA-RL's random 496 of 500) (time/eval added)."""
+        from envs.protocols import eval_pairs
+
         t0 = time.perf_counter()
+        protocol = getattr(getattr(self.cfg, "eval", None), "protocol", "heldout")  # SimpleVLA-RL: a random 496
+        pairs = eval_pairs(protocol, self.cfg.env.task_ids, self.schedule.eval_trials, self.cfg.seed, iteration)
         metrics, _ = evaluate_policy(self.envs, self._tracked["policy"], self.cfg.env.task_ids,
-                                     self.schedule.eval_trials, samples_per_trial=self.schedule.samples_per_trial,
+                                     self.schedule.eval_trials, pairs=pairs,
+                                     samples_per_trial=self.schedule.samples_per_trial,
                                      rank=self.rank, world=self.world, gather=self.gather, progress=self.is_main,
                                      desc=f"eval {iteration}", **self.eval_kwargs)
         metrics["time/eval"] = time.perf_counter() - t0

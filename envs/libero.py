@@ -75,7 +75,7 @@ def check_config(cfg: EnvConfig) -> None:
     if cfg.wait_action not in WAIT_ACTIONS:
         raise ValueError(f"env.wait_action must be one of {WAIT_ACTIONS}, got {cfg.wait_action!r}")
     if not FIXTURE_SEED.fullmatch(str(cfg.fixture_seed)):
-        raise ValueError(f"env.fixture_seed must be trial, a number N or stream:N, got {cfg.fixture_seed!r}")
+        raise ValueError(f"env.fixture_seed must be trial, a number N, env:N or stream:N, got {cfg.fixture_seed!r}")
 
 
 def _check_package() -> None:
@@ -354,7 +354,8 @@ class LiberoEnv(gym.Env):
     def _seed_fixtures(self) -> None:
         """Seed numpy's global RNG for the fixture draw of the reset about to run (env.fixture_seed): `trial` seeds
         the trial id; `N` seeds N (the references that build a fresh env and seed it before every episode:
-        SimpleVLA-RL, siiRL; RLinf's seed * envs reset together); `stream:N` gives trial j the RNG state a reference
+        SimpleVLA-RL, siiRL); `env:N` seeds N + this env's index in the vector env (RLinf seeds its vector env's
+        sub-env i with seed + i before every reset); `stream:N` gives trial j the RNG state a reference
         that seeds one env N per task and resets it once per trial in order reaches at its j-th reset (OpenVLA-OFT 0,
         openpi 7). Only resets draw from that RNG (set_init_state, the settling and policy steps do not; hard and soft
         resets draw alike: tests/test_protocols.py), so the state is rebuilt here by running the resets before it
@@ -362,6 +363,9 @@ class LiberoEnv(gym.Env):
         mode = str(self.cfg.fixture_seed)
         if mode == "trial":
             np.random.seed(self.trial_id)
+            return
+        if mode.startswith("env:"):
+            np.random.seed(int(mode[len("env:"):]) + self.env_index)
             return
         if not mode.startswith("stream:"):
             np.random.seed(int(mode))

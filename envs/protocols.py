@@ -16,7 +16,9 @@ module imports no simulator and no torch: config checks and `--help` read it.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
 
 from envs.suites import LIBERO_PRO_SUITES, SUITES, ConfigError, is_tabletop, num_trials
 
@@ -34,41 +36,51 @@ def _per_suite(spatial: int, obj: int, goal: int, long: int, ninety: int) -> Dic
 # task's init states 0..49, one episode each, in all references; `practice_on_eval_trials`: RL practises on the very
 # states it is evaluated on (SimpleVLA-RL, siiRL, RLinf); `decoding`: greedy / deterministic ODE, or sampled at
 # `temperature`; `flow_steps`: Euler steps of a flow (pi0) policy's ODE, None = the policy's own; `image_size` and
-# `fast_render`: 256 px cameras, MSAA and reflections on (robosuite's defaults) in every reference. `by_kind` overrides
-# for one policy kind.
+# `fast_render`: 256 px cameras, MSAA and reflections on (robosuite's defaults) in every reference; `image_pipeline`: an
+# OpenVLA-OFT policy's image path (models/openvla_oft.py: `libero` = JPEG round trip + Lanczos + centre crop, `resize`
+# = the processor's resize to 224 only), None = the policy's own; `action_chunk`: actions a flow (pi0) policy
+# executes per call, the first of its horizon, per suite (None = the policy's own; a token policy's chunk is its
+# architecture: OpenVLA-OFT's 8, as every reference that runs it executes, SOURCES); `eval_batch`: an RL evaluation
+# runs a random eval_batch x k of the (task, trial) pairs (shuffled, the remainder dropped: `eval_pairs`), None = all.
+# `by_kind` overrides for one policy kind.
 PROTOCOLS: Dict[str, Dict[str, Any]] = {
     "simplevla-rl": dict(
         reference="SimpleVLA-RL (PRIME-RL/SimpleVLA-RL @7c51662)",
         max_steps=_per_suite(512, 512, 512, 512, 512), num_steps_wait=10, wait_action="open", fixture_seed="0",
         practice_on_eval_trials=True, decoding="greedy", temperature=None, flow_steps=None,
-        image_size=256, fast_render=False),
+        image_size=256, fast_render=False, image_pipeline="libero", action_chunk=None,
+        eval_batch=496),
     "siirl": dict(
         reference="siiRL SRPO (sii-research/siiRL @af00a77)",
         max_steps=_per_suite(512, 512, 512, 512, 512), num_steps_wait=10, wait_action="open", fixture_seed="0",
         practice_on_eval_trials=True, decoding="greedy", temperature=None, flow_steps=None,
-        image_size=256, fast_render=False),
+        image_size=256, fast_render=False, image_pipeline="libero", action_chunk=None,
+        eval_batch=None),
     "openvla-oft": dict(
         reference="OpenVLA-OFT (moojink/openvla-oft @213c5ff)",
         max_steps=_per_suite(220, 280, 300, 520, 400), num_steps_wait=10, wait_action="open", fixture_seed="stream:0",
         practice_on_eval_trials=False, decoding="greedy", temperature=None, flow_steps=None,
-        image_size=256, fast_render=False),
+        image_size=256, fast_render=False, image_pipeline="libero", action_chunk=None,
+        eval_batch=None),
     "openpi": dict(
         reference="openpi (Physical-Intelligence/openpi @15a9616)",
         max_steps=_per_suite(220, 280, 300, 520, 400), num_steps_wait=10, wait_action="open", fixture_seed="stream:7",
         practice_on_eval_trials=False, decoding="greedy", temperature=None, flow_steps=10,
-        image_size=256, fast_render=False),
+        image_size=256, fast_render=False, image_pipeline=None, action_chunk=_per_suite(5, 5, 5, 5, 5),
+        eval_batch=None),
     "rlinf": dict(
         reference="RLinf (RLinf/RLinf @a3816b5)",
-        max_steps=_per_suite(240, 240, 320, 480, 512), num_steps_wait=15, wait_action="open", fixture_seed="0",
+        max_steps=_per_suite(240, 240, 320, 480, 512), num_steps_wait=15, wait_action="open", fixture_seed="env:0",
         practice_on_eval_trials=True, decoding="greedy", temperature=None, flow_steps=4,
-        image_size=256, fast_render=False,
+        image_size=256, fast_render=False, image_pipeline="resize", action_chunk=_per_suite(5, 5, 5, 10, 10),
+        eval_batch=None,
         by_kind={"token": dict(max_steps=_per_suite(512, 512, 512, 512, 512), wait_action="zero", decoding="sampled",
                                temperature=1.6, flow_steps=None)}),
     HELDOUT: dict(
         reference="this project (vla-rl): trials never practised",
         max_steps=None, num_steps_wait=None, wait_action=None, fixture_seed="trial",
         practice_on_eval_trials=False, decoding="greedy", temperature=None, flow_steps=None,
-        image_size=None, fast_render=None),
+        image_size=None, fast_render=None, image_pipeline=None, action_chunk=None, eval_batch=None),
 }
 NAMES = tuple(PROTOCOLS)
 
@@ -83,7 +95,14 @@ SOURCES: Dict[str, Dict[str, str]] = {
         fixture_seed="verl/utils/libero_utils.py:30 (env.seed(0)) on an env built per episode "
                      "(verl/workers/rollout/rob_rollout.py:334-360)",
         decoding="verl/trainer/ppo/ray_trainer.py:347 (do_sample False in _validate)",
-        image="verl/workers/rollout/rob_rollout.py:347 (resolution=256)"),
+        image="verl/workers/rollout/rob_rollout.py:347 (resolution=256)",
+        image_pipeline="verl/utils/libero_utils.py:49-52 (JPEG round trip, lanczos3 to 224; called at "
+                       "verl/workers/rollout/rob_rollout.py:1097), rob_rollout.py:516-517 and "
+                       "examples/run_openvla_oft_rl_libero.sh:67 (center_crop=True)",
+        action_chunk="examples/run_openvla_oft_rl_libero.sh:39 (action_chunks_len=8)",
+        eval_batch="examples/run_openvla_oft_rl_libero.sh:33 (val_batch_size=496); "
+                   "verl/trainer/ppo/ray_trainer.py:317-321 (shuffle=True, drop_last=True: a random 496 of the 500 "
+                   "pairs per validation)"),
     "siirl": dict(
         trials="siirl/data_coordinator/dataloader/embodied_preprocess.py:101,122-127 (one table: train = validate); "
                "examples/embodied_srpo_trainer/run_openvla_oft_libero_spatial.sh:181 (num_trials_per_task=50)",
@@ -93,7 +112,13 @@ SOURCES: Dict[str, Dict[str, str]] = {
         fixture_seed="siirl/environment/embodied/adapters/libero.py:308-310 (env.seed(0)) on envs rebuilt at every "
                      "reset (:125-146)",
         decoding="siirl/dag_worker/validator.py:491 (do_sample False)",
-        image="siirl/environment/embodied/adapters/libero.py:112 (resolution = 256)"),
+        image="siirl/environment/embodied/adapters/libero.py:112 (resolution = 256)",
+        image_pipeline="siirl/utils/embodied/libero_utils.py:48-51 (JPEG round trip, lanczos3 to 224; called at "
+                       "siirl/engine/rollout/embodied_rollout.py:657), embodied_rollout.py:256-257 and "
+                       "examples/embodied_srpo_trainer/run_openvla_oft_libero_spatial.sh:70 (CENTER_CROP=True)",
+        action_chunk="examples/embodied_srpo_trainer/run_openvla_oft_libero_spatial.sh:32 (ACTION_CHUNKS_LEN=8)",
+        eval_batch="siirl/data_coordinator/dataloader/data_loader_node.py:213-222 (val_batch_size 496, shuffle "
+                   "False, drop_last False: all 500 pairs)"),
     "openvla-oft": dict(
         trials="experiments/robot/libero/run_libero_eval.py:114 (50 per task), :388-394 (init_states[episode_idx]), "
                ":488 (every task)",
@@ -105,7 +130,10 @@ SOURCES: Dict[str, Dict[str, str]] = {
                      "before and overridden",
         decoding="L1 regression head (deterministic); the discrete path: experiments/robot/openvla_utils.py:783 "
                  "(do_sample False)",
-        image="experiments/robot/libero/run_libero_eval.py:116 (env_img_res 256)"),
+        image="experiments/robot/libero/run_libero_eval.py:116 (env_img_res 256)",
+        image_pipeline="experiments/robot/openvla_utils.py:538-541 (JPEG round trip, lanczos3 to 224), :707-708 and "
+                       "run_libero_eval.py:99 (center_crop True)",
+        action_chunk="experiments/robot/libero/run_libero_eval.py:100 (num_open_loop_steps 8)"),
     "openpi": dict(
         trials="examples/libero/main.py:38 (50 per task), :77 (every task), :97 (initial_states[episode_idx])",
         max_steps="examples/libero/main.py:60-69",
@@ -114,7 +142,8 @@ SOURCES: Dict[str, Dict[str, str]] = {
         fixture_seed="examples/libero/main.py:45 (seed 7), :85 (one env per task), :195 (env.seed(seed)), "
                      ":93 (reset once per episode in order)",
         decoding="src/openpi/models/pi0.py:222 (ODE, num_steps=10)",
-        image="examples/libero/main.py:18 (LIBERO_ENV_RESOLUTION = 256)"),
+        image="examples/libero/main.py:18 (LIBERO_ENV_RESOLUTION = 256)",
+        action_chunk="examples/libero/main.py:29 (replan_steps 5), :148 (the first 5 of the predicted chunk)"),
     "rlinf": dict(
         trials="examples/embodiment/config/libero_spatial_ppo_openpi.yaml:79, libero_spatial_grpo_openvlaoft.yaml:82 "
                "(500 eval envs: 10 tasks x 50 states); env/libero_spatial.yaml:24-27 (training starts drawn from the "
@@ -125,13 +154,20 @@ SOURCES: Dict[str, Dict[str, str]] = {
         num_steps_wait="rlinf/envs/libero/libero_env.py:842-848 (15)",
         wait_action="rlinf/envs/libero/libero_env.py:843-845 (zeros, gripper -1 with reset_gripper_open: "
                     "env/libero_spatial.yaml:16 true; libero_spatial_grpo_openvlaoft.yaml:79,88 false)",
-        fixture_seed="rlinf/envs/libero/libero_env.py:804 (env.seed(seed * len(env_idx))), seed = "
-                     "env/libero_spatial.yaml:19 (0) + the env worker's offset (:138, "
-                     "rlinf/workers/env/env_worker.py:401): 0 on its first env worker, which this protocol reproduces",
+        fixture_seed="rlinf/envs/libero/libero_env.py:804 (self.env.seed(self.seed * len(env_idx)) on its vector env "
+                     "before every reset), rlinf/envs/venv/venv.py:897-901 (an int seed s seeds sub-env i with "
+                     "s + i), seed = env/libero_spatial.yaml:19 (0) + the env worker's offset (libero_env.py:138, "
+                     "rlinf/workers/env/env_worker.py:401): sub-env i of its first env worker seeds i",
         decoding="OpenVLA-OFT: libero_spatial_grpo_openvlaoft.yaml:96-98 (do_sample True, temperature_eval 1.6); "
                  "pi0: rlinf/models/embodiment/openpi/openpi_action_model.py:1057-1070 (eval: every step flow_ode), "
                  "examples/embodiment/config/model/pi0.yaml:18 (num_steps 4)",
-        image="examples/embodiment/config/env/libero_spatial.yaml:34-36 (256)"),
+        image="examples/embodiment/config/env/libero_spatial.yaml:34-36 (256)",
+        image_pipeline="rlinf/envs/libero/utils.py:89-90 (the 256 px render, rotated, nothing else), "
+                       "rlinf/models/embodiment/prismatic/processing_prismatic.py:50-52 (resize to the checkpoint's "
+                       "224, centre crop to the same 224: no crop; no JPEG anywhere)",
+        action_chunk="pi0: libero_{spatial,object,goal}_ppo_openpi.yaml:113,113,115 (num_action_chunks 5); "
+                     "libero_10_ppo_openpi.yaml sets none: examples/embodiment/config/model/pi0.yaml:9 (10), as for "
+                     "libero_90 (no pi0 config); OpenVLA-OFT: model/openvla_oft.yaml:16 (8)"),
     HELDOUT: dict(
         trials="RL: practise rollout.train_trials (LIBERO: 0..39), evaluate the rest (40..49); evaluate.py: the "
                "checkpoint's held-out trials",
@@ -159,7 +195,9 @@ def resolve(name: str, suite: str, kind: str = "token") -> Dict[str, Any]:
     """The settings protocol `name` gives `suite` for a policy of action kind `kind`: max_steps (an int; None =
     the config's own for heldout), num_steps_wait, wait_action, fixture_seed, image_size, fast_render,
     practice_on_eval_trials, decoding ("greedy" | "sampled"), temperature, flow_steps (None = the policy's own),
-    reference. A reference protocol on the embedded suite is refused: none of its settings exists there."""
+    image_pipeline (an OpenVLA-OFT policy's; None = the policy's own), action_chunk (a flow policy's actions per
+    call; None = the policy's own, and for every other kind), eval_batch, reference. A reference protocol on the
+    embedded suite is refused: none of its settings exists there."""
     check_name(name)
     if suite not in SUITES:
         raise ConfigError(f"env.suite={suite!r}: unknown suite")
@@ -172,8 +210,11 @@ def resolve(name: str, suite: str, kind: str = "token") -> Dict[str, Any]:
                               f"steps, fixture seeding, 256 px renders); the embedded suite '{suite}' has none of "
                               f"these: use protocol {HELDOUT} there (its default)")
         p["max_steps"] = p["max_steps"][base]
+        p["action_chunk"] = p["action_chunk"] and p["action_chunk"][base]
     if kind != "flow":
-        p["flow_steps"] = None
+        p["flow_steps"] = p["action_chunk"] = None
+    else:  # OpenVLA-OFT's image path: no flow policy reads it
+        p["image_pipeline"] = None
     return p
 
 
@@ -183,9 +224,12 @@ def settings_line(name: str, p: Dict[str, Any]) -> str:
         return f"protocol {HELDOUT}: fixtures seeded by the trial id, the checkpoint's own env settings"
     decoding = "greedy" if p["decoding"] == "greedy" else f"sampled at T {p['temperature']}"
     flow = f", {p['flow_steps']} ODE steps" if p["flow_steps"] else ""
+    chunk = f", {p['action_chunk']} actions per call" if p["action_chunk"] else ""
+    image = f", OpenVLA-OFT image path {p['image_pipeline']}" if p["image_pipeline"] else ""
+    subset = f", a random {p['eval_batch']} x k of the (task, trial) pairs per RL evaluation" if p["eval_batch"] else ""
     return (f"protocol {name} ({p['reference']}): max_steps {p['max_steps']}, {p['num_steps_wait']} wait steps "
             f"({p['wait_action']}), fixture_seed {p['fixture_seed']}, {p['image_size']} px, normal rendering, "
-            f"{decoding}{flow}")
+            f"{decoding}{flow}{chunk}{image}{subset}")
 
 
 # ------------------------------------------------------------------------------------------------ RL configs
@@ -204,6 +248,10 @@ def _run_keys(cfg: Any, name: str, p: Dict[str, Any], kind: str, trials: int) ->
         if kind == "flow" and p["flow_steps"]:
             keys["policy.num_steps"] = p["flow_steps"]
             keys["rollout.flow_steps"] = None  # FlowSAR's override of the ODE steps (rollout and evaluation)
+        if kind == "flow":  # a flow policy executes the first action_chunk actions of its horizon per call
+            keys["env.action_chunk"] = keys["policy.action_chunk"] = p["action_chunk"]
+        if p["image_pipeline"]:  # OpenVLA-OFT's image path (policy.image_pipeline: only that family has the key)
+            keys["policy.image_pipeline"] = p["image_pipeline"]
     elif not is_tabletop(cfg.env.suite):  # heldout on LIBERO: practise 0..39, evaluate 40..49
         keys.update({"rollout.train_trials": 40, "eval.trial_start": 40, "eval.trials_per_task": 10,
                      "eval.samples_per_trial": 0})
@@ -219,7 +267,8 @@ def apply_to_run_config(cfg: Any, kind: str) -> Dict[str, Any]:
     protocol's value and its source. Returns the resolved protocol (`resolve`). The keys: env.max_steps,
     num_steps_wait, wait_action, fixture_seed, image_size, fast_render; rollout.train_trials (all trials: the papers
     practise on the states they evaluate), eval.trial_start 0, eval.trials_per_task (all), eval.samples_per_trial
-    (0 greedy; 1 when the protocol samples, at rollout.temperature); a flow policy's ODE steps (policy.num_steps).
+    (0 greedy; 1 when the protocol samples, at rollout.temperature); a flow policy's ODE steps (policy.num_steps) and
+    actions per call (env.action_chunk, policy.action_chunk); an OpenVLA-OFT policy's policy.image_pipeline.
     heldout refuses nothing and sets, on LIBERO, only keys left at their defaults: rollout.train_trials 40,
     eval.trial_start 40, eval.trials_per_task 10 (practise 0..39, evaluate 40..49 greedily: samples_per_trial 0);
     on tabletop nothing."""
@@ -265,9 +314,26 @@ def _source_key(key: str) -> str:
         return "trials"
     if field in ("image_size", "fast_render"):
         return "image"
+    if field in ("image_pipeline", "action_chunk"):
+        return field
     if field in ("samples_per_trial", "temperature", "num_steps", "flow_steps"):
         return "decoding"
     return field
+
+
+def eval_pairs(name: str, task_ids: List[int], trial_ids: List[int], seed: int,
+               iteration: int) -> List[Tuple[int, int]]:
+    """The (task, trial) pairs one RL evaluation under protocol `name` runs, in task-then-trial order: every pair, or
+    under a protocol with an `eval_batch` b (SimpleVLA-RL: 496) what its shuffled, drop-last validation loader runs: a
+    random floor(n / b) * b of the n pairs (a random 496 of the 500 of a 10-task suite; 4464 of libero_90's 4500), a
+    new draw at every evaluation as the loader reshuffles, seeded by (seed, iteration) so every process and a resumed
+    run draw the same. Fewer than b pairs (a run narrowed to a few tasks, which SimpleVLA-RL cannot run): all."""
+    pairs = [(int(t), int(j)) for t in task_ids for j in trial_ids]
+    batch = PROTOCOLS[name]["eval_batch"] if name in PROTOCOLS else None
+    if not batch or len(pairs) < batch:
+        return pairs
+    keep = np.random.default_rng([int(seed), int(iteration)]).permutation(len(pairs))[:len(pairs) // batch * batch]
+    return [pairs[i] for i in sorted(keep)]
 
 
 # ------------------------------------------------------------------------------------------------ evaluate.py
@@ -289,19 +355,26 @@ def default_protocol(paper_protocol: Optional[str], saved: Optional[Dict[str, An
 
 def table_rows() -> List[List[str]]:
     """The protocol table as rows of text (docs and tests): name, max_steps per suite, wait, fixture seed, decoding,
-    ODE steps, practice."""
+    ODE steps, actions per call per suite, OpenVLA-OFT image path, evaluated pairs, practice."""
     rows = []
     for name in NAMES:
         for kind in (("token", "flow") if "by_kind" in PROTOCOLS[name] else ("token",)):
             if not is_reference(name):
-                rows.append([name, "suite's / config's", "config's", "trial", "greedy", "-", "no"])
+                rows.append([name, "suite's / config's", "config's", "trial", "greedy", "-", "policy's", "policy's",
+                             "all", "no"])
                 continue
             steps = "/".join(str(resolve(name, s, kind)["max_steps"]) for s in BASE_SUITES)
-            p = resolve(name, "libero_spatial", kind)
             split = "by_kind" in PROTOCOLS[name]
+            chunks = [resolve(name, s, "flow" if kind == "flow" or not split else kind)["action_chunk"]
+                      for s in BASE_SUITES]
+            p = resolve(name, "libero_spatial", kind)
             label = f"{name} ({'OpenVLA-OFT' if kind == 'token' else 'pi0'})" if split else name
             ode = resolve(name, "libero_spatial", "flow")["flow_steps"] if kind == "flow" or not split else None
+            image = {"libero": "JPEG + crop", "resize": "resize only"}.get(p["image_pipeline"] or "", "-")
             rows.append([label, steps, f"{p['num_steps_wait']} x {p['wait_action']}", p["fixture_seed"],
                          "greedy" if p["decoding"] == "greedy" else f"sampled T {p['temperature']}",
-                         str(ode) if ode else "-", "yes" if p["practice_on_eval_trials"] else "no"])
+                         str(ode) if ode else "-", "-" if chunks[0] is None else "/".join(map(str, chunks))
+                         if len(set(chunks)) > 1 else str(chunks[0]), image if kind == "token" else "-",
+                         f"random {p['eval_batch']} of 500" if p["eval_batch"] else "all",
+                         "yes" if p["practice_on_eval_trials"] else "no"])
     return rows

@@ -37,8 +37,9 @@ class EnvConfig:
                                # SimpleVLA-RL, siiRL) | zero ([0]*7: RLinf's OpenVLA-OFT GRPO, reset_gripper_open false)
     fixture_seed: str = "trial"  # numpy seed of the fixture placement (cabinets, stoves) LIBERO draws on every reset:
                                  # trial (np.random.seed(trial id), this project's) | N (np.random.seed(N) before every
-                                 # reset: SimpleVLA-RL, siiRL, RLinf 0) | stream:N (seeded N once per task, the RNG
-                                 # running on across its trials in order: OpenVLA-OFT 0, openpi 7); docs/libero.md
+                                 # reset: SimpleVLA-RL, siiRL 0) | env:N (env i of the vector env seeds N + i before
+                                 # every reset: RLinf 0) | stream:N (seeded N once per task, the RNG running on across
+                                 # its trials in order: OpenVLA-OFT 0, openpi 7); docs/libero.md
     wrist_camera: bool = True  # render the wrist camera; false: obs["wrist"] is black and only the agent view is
                                # rendered (policies that read the agent view alone, e.g. openvla_oft)
 
@@ -107,7 +108,7 @@ def check_task_ids(cfg: EnvConfig, task_ids: Optional[List[int]] = None) -> None
 
 
 WAIT_ACTIONS = ("open", "zero")
-FIXTURE_SEED = re.compile(r"trial|\d+|stream:\d+")
+FIXTURE_SEED = re.compile(r"trial|\d+|env:\d+|stream:\d+")
 
 
 def check_env_config(cfg: EnvConfig) -> None:
@@ -117,7 +118,8 @@ def check_env_config(cfg: EnvConfig) -> None:
         raise ValueError(f"env.wait_action={cfg.wait_action!r}: use open ([0]*6 + [-1]) or zero ([0]*7)")
     if not FIXTURE_SEED.fullmatch(str(cfg.fixture_seed)):
         raise ValueError(f"env.fixture_seed={cfg.fixture_seed!r}: use trial (seed = trial id), a number N (seeded N "
-                         f"before every reset) or stream:N (seeded N once per task, running on across its trials)")
+                         f"before every reset), env:N (env i of the vector env seeded N + i before every reset) or "
+                         f"stream:N (seeded N once per task, running on across its trials)")
     if cfg.num_steps_wait < 0:
         raise ValueError(f"env.num_steps_wait={cfg.num_steps_wait}: must be >= 0")
     for key in ("num_envs", "image_size", "action_chunk"):

@@ -1,7 +1,7 @@
 """The env-step token mask: tokens of actions the env never executed (a success or truncation in the middle of an
-action chunk) get no advantage and no loss, as SimpleVLA-RL (dp_rob.py:435-438) and siiRL (core_algos.py:1449-1453)
-mask them (finish_step x 7 tokens); the flow policies' chunk-level densities and FlowSAR's energies drop those
-actions too."""
+action chunk) get no advantage and no loss, as SimpleVLA-RL (dp_rob.py:435-438) and siiRL's actor loss
+(embodied_actor.py:411-415) mask them (finish_step x 7 tokens); the flow policies' chunk-level densities and
+FlowSAR's energies drop those actions too."""
 import numpy as np
 import pytest
 import torch

@@ -21,27 +21,40 @@ OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")
 OFT_L1_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft_l1")
 
 # (protocol, policy kind) -> max_steps for spatial/object/goal/10/90, settling steps x action, fixture seed, decoding,
-# temperature, ODE steps, RL practises on the evaluation trials; copied by hand from the references' code
+# temperature, ODE steps, RL practises on the evaluation trials, OpenVLA-OFT image path, a flow policy's actions per
+# call for spatial/object/goal/10/90 (None: the policy's own), pairs per evaluation batch (None: all); copied by hand
+# from the references' code
 EXPECTED = {
-    ("simplevla-rl", "token"): ((512, 512, 512, 512, 512), 10, "open", "0", "greedy", None, None, True),
-    ("siirl", "token"): ((512, 512, 512, 512, 512), 10, "open", "0", "greedy", None, None, True),
-    ("openvla-oft", "regression"): ((220, 280, 300, 520, 400), 10, "open", "stream:0", "greedy", None, None, False),
-    ("openpi", "flow"): ((220, 280, 300, 520, 400), 10, "open", "stream:7", "greedy", None, 10, False),
-    ("rlinf", "token"): ((512, 512, 512, 512, 512), 15, "zero", "0", "sampled", 1.6, None, True),
-    ("rlinf", "flow"): ((240, 240, 320, 480, 512), 15, "open", "0", "greedy", None, 4, True),
+    ("simplevla-rl", "token"): ((512, 512, 512, 512, 512), 10, "open", "0", "greedy", None, None, True, "libero",
+                                (None,) * 5, 496),
+    ("siirl", "token"): ((512, 512, 512, 512, 512), 10, "open", "0", "greedy", None, None, True, "libero",
+                         (None,) * 5, None),
+    ("openvla-oft", "regression"): ((220, 280, 300, 520, 400), 10, "open", "stream:0", "greedy", None, None, False,
+                                    "libero", (None,) * 5, None),
+    ("openpi", "flow"): ((220, 280, 300, 520, 400), 10, "open", "stream:7", "greedy", None, 10, False, None,
+                         (5, 5, 5, 5, 5), None),
+    ("rlinf", "token"): ((512, 512, 512, 512, 512), 15, "zero", "env:0", "sampled", 1.6, None, True, "resize",
+                         (None,) * 5, None),
+    ("rlinf", "flow"): ((240, 240, 320, 480, 512), 15, "open", "env:0", "greedy", None, 4, True, None,
+                        (5, 5, 5, 10, 10), None),
 }
 
 
 @pytest.mark.parametrize("name, kind", list(EXPECTED))
 def test_the_table_sets_what_the_reference_does(name, kind):
-    steps, wait, action, seed, decoding, temperature, ode, practice = EXPECTED[name, kind]
-    for suite, limit in zip(BASE_SUITES, steps):
+    steps, wait, action, seed, decoding, temperature, ode, practice, image, chunks, batch = EXPECTED[name, kind]
+    for suite, limit, chunk in zip(BASE_SUITES, steps, chunks):
         p = resolve(name, suite, kind)
         assert (p["max_steps"], p["num_steps_wait"], p["wait_action"], p["fixture_seed"]) == (limit, wait, action, seed)
         assert (p["decoding"], p["temperature"], p["flow_steps"]) == (decoding, temperature, ode)
         assert (p["image_size"], p["fast_render"], p["practice_on_eval_trials"]) == (256, False, practice)
+        assert (p["image_pipeline"], p["action_chunk"], p["eval_batch"]) == (image, chunk, batch)
     assert resolve(name, "libero_goal_swap", kind)["max_steps"] == steps[2]  # LIBERO-PRO: its base suite's limits
-    for key in ("trials", "max_steps", "num_steps_wait", "wait_action", "fixture_seed", "decoding", "image"):
+    assert resolve(name, "libero_10_lan", kind)["action_chunk"] == chunks[3]
+    keys = ["trials", "max_steps", "num_steps_wait", "wait_action", "fixture_seed", "decoding", "image",
+            "action_chunk"] + (["image_pipeline"] if name != "openpi" else []) + (["eval_batch"] if "siirl" in name or
+                                                                                   "simplevla" in name else [])
+    for key in keys:
         assert ".py:" in SOURCES[name][key] or ".yaml:" in SOURCES[name][key] or ".sh:" in SOURCES[name][key], key
 
 
@@ -77,6 +90,109 @@ def test_env_keys_are_checked_in_one_line():
         assert str(e.value).startswith(message)
 
 
+@pytest.mark.parametrize("mode, index, expected", [
+    ("env:0", 0, 0), ("env:0", 1, 1), ("env:0", 3, 3),  # RLinf: sub-env i of its first env worker seeds 0 + i
+    ("env:4", 2, 6),  # RLinf's second worker of 4 envs: seed 1 x 4 envs reset together + i (libero_env.py:804)
+    ("0", 3, 0), ("trial", 3, 7),  # SimpleVLA-RL / siiRL: 0 in every env; ours: the trial id (7 here)
+])
+def test_each_env_of_the_vector_env_seeds_its_fixtures_as_the_protocol_says(mode, index, expected):
+    """`_seed_fixtures` on env `index` of a vector env at trial 7 leaves numpy's global RNG where np.random.seed of the
+    hand-computed seed does: RLinf's vector env seeds sub-env i with seed + i (rlinf/envs/venv/venv.py:897-901), not
+    one seed for all."""
+    from types import SimpleNamespace
+
+    from envs.libero import LiberoEnv
+
+    env = SimpleNamespace(cfg=EnvConfig(suite="libero_spatial", fixture_seed=mode), env_index=index, trial_id=7)
+    state = np.random.get_state()
+    try:
+        LiberoEnv._seed_fixtures(env)
+        got = np.random.randint(2 ** 31, size=4)
+    finally:
+        np.random.set_state(state)
+    np.testing.assert_array_equal(got, np.random.RandomState(expected).randint(2 ** 31, size=4))
+
+
+def test_simplevla_rl_evaluates_a_random_496_of_the_500_pairs():
+    """SimpleVLA-RL's validation loader: batches of 496, shuffled, drop_last (ray_trainer.py:317-321) -> 4 of the 500
+    (task, trial) pairs left out at random, a new draw per evaluation; libero_90's 4500 -> 9 x 496 = 4464; siiRL,
+    RLinf and heldout keep every pair; fewer than 496 pairs (one task): all."""
+    tasks, trials = list(range(10)), list(range(50))
+    every = [(t, j) for t in tasks for j in trials]
+    first = protocols.eval_pairs("simplevla-rl", tasks, trials, seed=1, iteration=0)
+    assert len(first) == 496 == len(set(first)) and set(first) < set(every) and first == sorted(first)
+    assert protocols.eval_pairs("simplevla-rl", tasks, trials, seed=1, iteration=0) == first  # every process alike
+    later = protocols.eval_pairs("simplevla-rl", tasks, trials, seed=1, iteration=10)
+    assert len(later) == 496 and later != first  # the loader reshuffles at every validation
+    assert len(protocols.eval_pairs("simplevla-rl", list(range(90)), trials, seed=1, iteration=0)) == 4464
+    assert protocols.eval_pairs("simplevla-rl", [3], trials, seed=1, iteration=0) == [(3, j) for j in trials]
+    for name in ("siirl", "rlinf", "heldout"):
+        assert protocols.eval_pairs(name, tasks, trials, seed=1, iteration=0) == every
+
+
+def test_an_rl_run_evaluates_the_pairs_its_protocol_draws(monkeypatch):
+    """Run.evaluate hands evaluate_policy SimpleVLA-RL's 496 under eval.protocol=simplevla-rl, all 500 under siirl."""
+    from types import SimpleNamespace
+
+    import common.run
+
+    seen = {}
+
+    def fake_evaluate(vec_env, policy, task_ids, trial_ids, pairs=None, **kwargs):
+        seen["pairs"] = pairs
+        return {"val/success_rate": 0.0}, {}
+
+    monkeypatch.setattr(common.run, "evaluate_policy", fake_evaluate)
+    for name, n in (("simplevla-rl", 496), ("siirl", 500)):
+        run = SimpleNamespace(cfg=SimpleNamespace(eval=SimpleNamespace(protocol=name), env=EnvConfig(
+            suite="libero_spatial", task_ids=list(range(10))), seed=1), envs=None, _tracked={"policy": None},
+            schedule=SimpleNamespace(eval_trials=list(range(50)), samples_per_trial=0), rank=0, world=1,
+            gather=None, is_main=False, eval_kwargs={})
+        common.run.Run.evaluate(run, 20)
+        assert len(seen["pairs"]) == n
+        assert seen["pairs"] == protocols.eval_pairs(name, list(range(10)), list(range(50)), 1, 20)
+
+
+def _frame_with_a_white_border() -> np.ndarray:
+    """256 px, black, a 16 px white border: resized to 224 the border is 14 px; cropped to the central 0.9 area and
+    resized back, (14 - 0.0257 x 223) / 0.9487 = 8.7 px."""
+    frame = np.zeros((256, 256, 3), np.uint8)
+    frame[:16], frame[-16:], frame[:, :16], frame[:, -16:] = 255, 255, 255, 255
+    return frame
+
+
+@pytest.mark.parametrize("protocol, pipeline", [("rlinf", "resize"), ("simplevla-rl", "libero"),
+                                                ("siirl", "libero")])
+def test_an_openvla_oft_policy_sees_the_image_path_of_its_protocol(monkeypatch, protocol, pipeline):
+    """evaluate.py's protocol sets OpenVLA-OFT's image path: RLinf hands the 256 px render to its processor, which
+    resizes it to 224 and crops nothing (rlinf/envs/libero/utils.py:89-90, processing_prismatic.py:50-52); the others
+    take it through the JPEG round trip, lanczos3 and the 0.9-area centre crop. On a synthetic frame (a 16 px white
+    border), pixel (112, 10) of what the network sees: resize only -> white (255; bicubic taps of output column 10
+    centre on input 12.0 +- 2.29, all inside the border: SigLIP value (1 - 0.5) / 0.5 = 1.0); JPEG + crop -> black
+    (the border shrinks to 8.7 px: SigLIP -1.0)."""
+    import torch
+
+    import models.openvla_oft as oft
+
+    _, _, policy = _apply(OFT_TINY, "--protocol", protocol, suite="libero_10")
+    assert policy.cfg.image_pipeline == pipeline
+    real = oft.OpenVLAOFTPolicy.load(OFT_TINY, image_pipeline=policy.cfg.image_pipeline, image_size=256)
+    processor, seen = oft.pixel_values, []
+
+    def recording(images, device=None):  # the processor, recording the images the policy hands it
+        seen.append(np.asarray(images))
+        return processor(images, device)
+
+    monkeypatch.setattr(oft, "pixel_values", recording)
+    frame = _frame_with_a_white_border()
+    with torch.no_grad():
+        real.act({"agentview": frame[None], "instructions": ["put the bowl on the plate"]}, greedy=True)
+    (images,) = seen
+    expected = frame if pipeline == "resize" else oft.libero_image(frame, rotate=False)
+    np.testing.assert_array_equal(images[0], expected)
+    assert processor(images)[0, 3, 112, 10].item() == (1.0 if pipeline == "resize" else -1.0)
+
+
 # ------------------------------------------------------------------------------------------------ RL configs
 
 def _checked(module, config, *argv):
@@ -98,13 +214,22 @@ def test_rl_configs_fill_the_protocols_keys_and_practise_on_the_evaluated_trials
     assert (cfg.rollout.train_trials, cfg.eval.trial_start, cfg.eval.trials_per_task) == (50, 0, 50)
     assert cfg.eval.samples_per_trial == 0
     assert _checked(train_srpo, "configs/srpo_libero.yaml", "--task-id", "3").env.task_ids == [3]  # narrows
-    cfg = _checked(train_gae_ppo, "configs/gae_ppo_libero_pi0.yaml", "env.suite=libero_10")
+    assert cfg.policy.image_pipeline == "libero" and cfg.env.fixture_seed == "0"  # siiRL: JPEG + crop; seed 0
+    cfg = _checked(train_gae_ppo, "configs/gae_ppo_libero_pi0.yaml")  # RLinf's pi0 PPO on libero_spatial
+    assert (cfg.env.action_chunk, cfg.policy.action_chunk, cfg.env.fixture_seed) == (5, 5, "env:0")
+    cfg = _checked(train_gae_ppo, "configs/gae_ppo_libero_pi0.yaml", "env.suite=libero_10", "env.action_chunk=10",
+                   "policy.action_chunk=10")  # the config's 5 is refused there (below)
     assert (cfg.env.max_steps, cfg.env.num_steps_wait, cfg.policy.num_steps) == (480, 15, 4)  # RLinf libero_10
     cfg = _checked(train_flowsar, "configs/flowsar_libero.yaml")
     assert (cfg.env.max_steps, cfg.rollout.flow_steps, cfg.policy.num_steps) == (240, None, 4)
-    cfg = _checked(train_srpo, "configs/srpo_libero.yaml", "eval.protocol=rlinf")  # its OpenVLA-OFT GRPO
+    assert (cfg.env.action_chunk, cfg.policy.action_chunk) == (5, 5)
+    cfg = _checked(train_srpo, "configs/srpo_libero.yaml", "eval.protocol=rlinf",  # its OpenVLA-OFT GRPO
+                   "policy.image_pipeline=auto")  # the config's libero (JPEG + crop) is refused there (below)
     assert (cfg.env.wait_action, cfg.env.num_steps_wait, cfg.eval.samples_per_trial) == ("zero", 15, 1)
-    assert cfg.rollout.temperature == 1.6
+    assert cfg.rollout.temperature == 1.6 and cfg.env.fixture_seed == "env:0"
+    assert cfg.policy.image_pipeline == "resize"  # RLinf's processor resizes the 256 px render to 224, nothing else
+    cfg = _checked(train_srpo, "configs/srpo_libero.yaml", "eval.protocol=rlinf", "policy.image_pipeline=resize")
+    assert cfg.policy.image_pipeline == "resize"
 
 
 def test_heldout_on_libero_practises_0_to_39_and_evaluates_40_to_49_and_tabletop_is_untouched():
@@ -129,7 +254,11 @@ def test_heldout_on_libero_practises_0_to_39_and_evaluates_40_to_49_and_tabletop
     (["rollout.train_trials=40"], "eval.protocol=siirl runs rollout.train_trials=50"),
     (["eval.protocol=openpi"], "eval.protocol=openpi: openpi (Physical-Intelligence/openpi @15a9616) evaluates "
                                "checkpoints and trains no RL"),
-    (["eval.protocol=rlinf", "rollout.temperature=1.2"], "eval.protocol=rlinf runs rollout.temperature=1.6"),
+    (["eval.protocol=rlinf", "rollout.temperature=1.2", "policy.image_pipeline=auto"],
+     "eval.protocol=rlinf runs rollout.temperature=1.6"),
+    (["eval.protocol=rlinf"], "eval.protocol=rlinf runs policy.image_pipeline=resize (rlinf/envs/libero/utils.py:89-90 "
+                              "(the 256 px render, rotated, nothing else), rlinf/models/embodiment/prismatic/"
+                              "processing_prismatic.py:50-52"),
     (["eval.protocol=paper"], "eval.protocol='paper': unknown protocol; use one of simplevla-rl, siirl"),
 ])
 def test_rl_configs_refuse_a_setting_the_protocol_does_not_run(argv, message):
@@ -139,6 +268,20 @@ def test_rl_configs_refuse_a_setting_the_protocol_does_not_run(argv, message):
     with pytest.raises(ConfigError) as e:
         train_srpo.check_config(cfg)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_a_flow_config_refuses_a_chunk_the_protocol_does_not_execute():
+    """RLinf's pi0 on libero_10 executes 10 actions per call (model/pi0.yaml:9; its spatial/object/goal configs set
+    5), so gae_ppo_libero_pi0.yaml's 5 is refused there in one line."""
+    import train_gae_ppo
+
+    cfg = parse_cli(train_gae_ppo.Config, "configs/gae_ppo_libero_pi0.yaml", argv=["env.suite=libero_10"])
+    with pytest.raises(ConfigError) as e:
+        train_gae_ppo.check_config(cfg)
+    assert str(e.value).startswith("eval.protocol=rlinf runs env.action_chunk=10 (pi0: libero_{spatial,object,goal}_"
+                                   "ppo_openpi.yaml:113,113,115 (num_action_chunks 5); libero_10_ppo_openpi.yaml sets "
+                                   "none: examples/embodiment/config/model/pi0.yaml:9 (10)")
+    assert "this config gives env.action_chunk=5" in str(e.value) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------------------------------------ evaluate.py
@@ -206,15 +349,42 @@ def test_a_pi0_policy_gets_openpis_protocol_and_renders_at_256(tmp_path):
     assert (p["flow_steps"], p["max_steps"], p["wait_action"]) == (4, 240, "open")
 
 
+@pytest.mark.parametrize("protocol, suite, horizon, chunk", [
+    ("openpi", "libero_spatial", 50, 5),  # openpi replans every 5 (examples/libero/main.py:29)
+    ("rlinf", "libero_object", 50, 5),  # RLinf's pi0 configs: num_action_chunks 5
+    ("rlinf", "libero_10", 50, 10),  # RLinf's libero_10 pi0 config: model/pi0.yaml's 10
+    ("heldout", "libero_10", 50, 8),  # the policy's own
+    ("rlinf", "libero_10", 8, None),  # a policy predicting 8 cannot execute 10: refused
+])
+def test_evaluate_runs_a_flow_policy_at_the_protocols_actions_per_call(tmp_path, protocol, suite, horizon, chunk):
+    from models.configs import FlowPolicyConfig
+
+    cfg = FlowPolicyConfig(hidden_size=32, num_layers=1, num_heads=2, expert_dim=32, use_wrist=False)
+    policy = _policy("flow", cfg, stats=object())
+    policy.action_chunk, policy.horizon = 8, horizon
+    args = evaluate.parse_args(["--checkpoint", str(tmp_path), "--protocol", protocol])
+    env_cfg = EnvConfig(suite=suite)
+    if chunk is None:
+        with pytest.raises(ValueError) as e:
+            evaluate.apply_protocol(args, policy, {}, env_cfg)
+        assert str(e.value).startswith("--protocol rlinf executes 10 actions per call on libero_10 (pi0: libero_") \
+            and str(e.value).endswith("but this policy predicts 8: use --protocol heldout (its own 8)")
+        return
+    evaluate.apply_protocol(args, policy, {}, env_cfg)
+    assert policy.action_chunk == policy.cfg.action_chunk == chunk
+    assert env_cfg.action_chunk == chunk
+
+
 def test_evaluate_applies_the_protocol_to_the_env_and_the_policy():
     p, env, policy = _apply(OFT_TINY)  # a published OpenVLA-OFT discrete folder: SimpleVLA-RL's protocol
     assert p["name"] == "simplevla-rl"
     assert (env.max_steps, env.num_steps_wait, env.wait_action, env.fixture_seed, env.fast_render) == (512, 10, "open",
                                                                                                        "0", False)
     assert (policy.cfg.image_size, policy.cfg.image_pipeline) == (256, "libero")
-    p, env, _ = _apply(OFT_TINY, "--protocol", "rlinf", suite="libero_10")
+    p, env, policy = _apply(OFT_TINY, "--protocol", "rlinf", suite="libero_10")
     assert (p["decoding"], p["temperature"], env.wait_action, env.num_steps_wait, env.max_steps) == ("sampled", 1.6,
                                                                                                      "zero", 15, 512)
+    assert env.fixture_seed == "env:0" and policy.cfg.image_pipeline == "resize"  # RLinf: seed + i; resize only
     p, env, _ = _apply(OFT_TINY, "--protocol", "openvla-oft", suite="libero_goal")
     assert (env.max_steps, env.fixture_seed) == (300, "stream:0")
     p, env, _ = _apply(OFT_TINY, "--protocol", "heldout", "--max-steps", "7",
@@ -294,13 +464,17 @@ def _reference_env(suite: str, task: int):
 def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
     """libero_goal task 0 (a cabinet, a stove, a wine rack). `0`: SimpleVLA-RL / siiRL build an env per episode,
     env.seed(0), reset; `stream:0`: OpenVLA-OFT builds one env per task, env.seed(0), then resets it once per episode in
-    trial order (episodes stepped in between). Our env, soft-resetting, must place the fixtures where those do, for a
-    trial reached directly, and put trials 0 and 1 (seed trial, the default) elsewhere than each other."""
+    trial order (episodes stepped in between); `env:0`: RLinf seeds sub-env i of its vector env with 0 + i before every
+    reset (env 1 here: seed 1). Our env, soft-resetting, must place the fixtures where those do, for a trial reached
+    directly, and put trials 0 and 1 (seed trial, the default) elsewhere than each other."""
     from envs.libero import LiberoEnv, _init_states
 
     suite, task = "libero_goal", 0
     ref = _reference_env(suite, task)
     try:
+        ref.seed(1)
+        ref.reset()
+        seed1 = _fixtures(ref)  # RLinf's scene in sub-env 1 of its first env worker
         ref.seed(0)
         ref.reset()
         fresh_seed0 = _fixtures(ref)  # SimpleVLA-RL's scene for any trial (a fresh env, seeded 0, reset once)
@@ -316,8 +490,9 @@ def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
     finally:
         ref.close()
     cfg = EnvConfig(suite=suite, task_ids=[task], image_size=32, fast_render=True)
-    for seed, expected in (("0", {2: fresh_seed0, 0: fresh_seed0}), ("stream:0", {2: stream[2], 1: stream[1]})):
-        env = LiberoEnv(EnvConfig(**{**cfg.__dict__, "fixture_seed": seed}))
+    for seed, expected, index in (("0", {2: fresh_seed0, 0: fresh_seed0}, 0),
+                                  ("stream:0", {2: stream[2], 1: stream[1]}, 0), ("env:0", {2: seed1, 0: seed1}, 1)):
+        env = LiberoEnv(EnvConfig(**{**cfg.__dict__, "fixture_seed": seed}), env_index=index)
         try:
             for trial, scene in expected.items():  # stream: trial 2 first (two resets replayed), then 1 (cached)
                 env.reset(options={"task_id": task, "trial_id": trial})
@@ -328,6 +503,97 @@ def test_fixture_seeding_reproduces_envs_built_as_the_references_build_them():
         finally:
             env.close()
     assert not all(np.array_equal(stream[1][n], stream[2][n]) for n in stream[1])  # the stream moves on
+    assert not all(np.array_equal(seed1[n], fresh_seed0[n]) for n in seed1)  # env 1 under env:0 is another scene
+
+
+@pytest.mark.slow
+@pytest.mark.real_libero
+def test_soft_reset_draws_the_fixtures_and_state_of_a_hard_reset():
+    """The references build LIBERO's env with hard resets (the model reloaded at every reset) and render the cameras
+    at every settling step; ours soft-resets a simulator built once per task, with the cameras off until the scene
+    has settled. Seeded alike (5) on libero_goal task 0 (fixtures: a cabinet, a stove, a wine rack), our reset of
+    trial 2, after another trial was played, must leave numpy's RNG where the hard reset does (the same draws: what
+    `stream:N` replays), put the fixtures in the same place, and give the bit-identical MuJoCo state after
+    set_init_state and the 10 settling steps, and after 8 more actions (the controller and gripper filter alike)."""
+    from envs.libero import WAIT_ACTION, LiberoEnv, _init_states
+
+    suite, task, trial = "libero_goal", 0, 2
+    actions = np.random.default_rng(0).uniform(-1, 1, (8, 7)).astype(np.float32)  # what LiberoEnv.step sends on
+    ref = _reference_env(suite, task)  # hard_reset=True: LIBERO's default, as the references build it
+    try:
+        np.random.seed(5)
+        ref.reset()
+        rng_hard, fixtures_hard = np.random.get_state()[1].copy(), _fixtures(ref)
+        ref.set_init_state(_init_states(suite, task)[trial])
+        for _ in range(10):
+            ref.step(WAIT_ACTION["open"])
+        settled_hard = ref.sim.get_state().flatten()
+        for a in actions:
+            ref.step(a)
+        moved_hard = ref.sim.get_state().flatten()
+    finally:
+        ref.close()
+    env = LiberoEnv(EnvConfig(suite=suite, task_ids=[task], image_size=32, fast_render=True, fixture_seed="5"))
+    try:
+        env.reset(options={"task_id": task, "trial_id": 4})  # another episode first: what follows is a soft reset
+        for a in np.random.default_rng(1).uniform(-1, 1, (12, 7)):
+            env.step(a)
+        env.reset(options={"task_id": task, "trial_id": trial})
+        assert env.raw_env.env.hard_reset is False
+        np.testing.assert_array_equal(env.raw_env.sim.get_state().flatten(), settled_hard)
+        got = _fixtures(env.raw_env)
+        assert got.keys() == fixtures_hard.keys() and len(got) == 3
+        for name in got:
+            np.testing.assert_array_equal(got[name], fixtures_hard[name], err_msg=name)
+        for a in actions:
+            env.step(a)
+        np.testing.assert_array_equal(env.raw_env.sim.get_state().flatten(), moved_hard)
+        state = np.random.get_state()
+        try:  # the soft reset's own draws, seeded as the wrapper seeds them
+            np.random.seed(5)
+            env.raw_env.reset()
+            np.testing.assert_array_equal(np.random.get_state()[1], rng_hard)
+        finally:
+            np.random.set_state(state)
+    finally:
+        env.close()
+
+
+@pytest.mark.slow
+@pytest.mark.real_libero
+def test_skipping_the_camera_renders_leaves_the_physics_bit_identical():
+    """libero_spatial task 0, trial 1, 13 actions: stepped one by one with both cameras rendered at every step, as an
+    action chunk of 8 then 5 (renders skipped but at the chunk's end), and with no camera ever rendered
+    (LiberoEnv(cameras=False), the scripted expert's env): the MuJoCo state (time, qpos, qvel) and the proprioceptive
+    observation are bitwise the same after the reset and after every chunk."""
+    from envs.libero import LiberoEnv
+
+    cfg = EnvConfig(suite="libero_spatial", task_ids=[0], image_size=32, fast_render=True, max_steps=40)
+    actions = np.random.default_rng(2).uniform(-0.8, 0.8, (13, 7)).astype(np.float32)
+    runs = {}
+    rendered = LiberoEnv(cfg)
+    blind = LiberoEnv(cfg, cameras=False)
+    try:
+        for name, env, chunked in (("every step", rendered, False), ("chunks", rendered, True),
+                                   ("no cameras", blind, False)):
+            states = [env.reset(options={"task_id": 0, "trial_id": 1})[0]["state"]]
+            sims = [env.raw_env.sim.get_state().flatten()]
+            for chunk in (actions[:8], actions[8:]):
+                if chunked:
+                    obs = env.step_chunk(chunk)["obs"]
+                else:
+                    obs = [env.step(a)[0] for a in chunk][-1]
+                states.append(obs["state"])
+                sims.append(env.raw_env.sim.get_state().flatten())
+            runs[name] = (states, sims)
+    finally:
+        rendered.close()
+        blind.close()
+    states, sims = runs["every step"]
+    assert not np.array_equal(sims[0], sims[1])  # the actions moved the arm
+    for name in ("chunks", "no cameras"):
+        for got, want in zip(runs[name][0] + runs[name][1], states + sims):
+            np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 @pytest.mark.slow
