@@ -109,11 +109,12 @@ def parse_only(script, args, monkeypatch):
     import common.config
     from common import memory_plan
 
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", os.environ.get("CUDA_VISIBLE_DEVICES", ""))  # --gpu sets it: undone
     monkeypatch.setattr(sys, "argv", [script, *args])
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put their folders on it: undone
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
     monkeypatch.setattr(memory_plan, "on_parsed", lambda cfg, script: None)
+    monkeypatch.setattr(memory_plan, "CLI", dict(memory_plan.CLI))  # --dry-run / --device-memory-gib: undone
     if script.startswith("train_"):
         def checked(check, cfg):
             try:
@@ -156,6 +157,9 @@ def test_the_docs_hold_commands_of_every_kind():
                          ids=[f"{d}:{c[:60]}" for d, c, _, _, _ in COMMANDS])
 def test_every_documented_command_parses(doc, command, script, args, shown, monkeypatch, capsys):
     """It parses (or, --help, answers); a command the doc shows failing prints the doc's error line."""
+    import torch
+
+    environ, threads = dict(os.environ), torch.get_num_threads()
     try:
         parse_only(script, _placeholders(args), monkeypatch)
     except SystemExit as e:
@@ -166,6 +170,10 @@ def test_every_documented_command_parses(doc, command, script, args, shown, monk
             assert said.startswith(shown.rstrip(".").rstrip()), f"{doc} shows `{shown}`; the script says `{said}`"
             return
         raise AssertionError(f"{doc}: `{command}` exits: {said} {capsys.readouterr().err[-500:]}") from None
+    finally:  # --gpu sets CUDA_VISIBLE_DEVICES; nothing a parse changes outlives it
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
     assert not (shown or "").startswith("error: "), f"{doc} shows `{shown}`, but `{command}` parses"
 
 
