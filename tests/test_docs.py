@@ -177,6 +177,14 @@ def test_every_documented_command_parses(doc, command, script, args, shown, monk
     assert not (shown or "").startswith("error: "), f"{doc} shows `{shown}`, but `{command}` parses"
 
 
+def test_every_benchmark_is_linked_from_the_docs():
+    """Each script in benchmarks/ reproduces an answer of README.md or docs/*.md, which names it (its commands are
+    parsed above; tests/test_benchmarks_help.py runs every one's --help)."""
+    text = "".join(_read(doc) for doc in DOCS)
+    scripts = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
+    assert scripts and [s for s in scripts if f"benchmarks/{s}" not in text] == []
+
+
 def test_the_programs_the_docs_start_are_installed():
     """hf (huggingface_hub's CLI: the pinned version ships no huggingface-cli), accelerate and pip are on PATH."""
     import shutil
