@@ -17,12 +17,13 @@ rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip +
 Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate). `heldout`,
 this project's own,
 evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
-rollout.train_trials onwards; overlap is refused unless --allow-practice-trials) with the checkpoint's env settings and
-fixtures seeded by the trial id. Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a
-published checkpoint folder (no training config beside it) its paper's: an OpenVLA-OFT discrete SFT checkpoint
-(config.json model_type openvla, no action_head file: SimpleVLA-RL's, siiRL's) simplevla-rl, an OpenVLA-OFT
-L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy carrying a pi0
-checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the protocol.
+rollout.train_trials onwards; an SFT run's own evaluation trials; overlap is refused unless --allow-practice-trials)
+with the checkpoint's env settings and fixtures seeded by the trial id. Without --protocol: on the embedded suite
+heldout; an RL run its own eval.protocol; a published checkpoint folder (no training config beside it) its paper's: an
+OpenVLA-OFT discrete SFT checkpoint (config.json model_type openvla, no action_head file: SimpleVLA-RL's, siiRL's)
+simplevla-rl, an OpenVLA-OFT L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy
+carrying a pi0 checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the
+protocol.
 """
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--trial-start", type=int, default=None,
                    help="first trial id (trials are start..start+N-1; default: a reference protocol 0; heldout the "
                         "trials held out from the checkpoint's training: an RL run's eval.trial_start, else its "
-                        "rollout.train_trials; 0 for SFT)")
+                        "rollout.train_trials; an SFT run's evaluation trials, the suite's last sft.eval_trials)")
     p.add_argument("--allow-practice-trials", action="store_true",
                    help="heldout: evaluate on trials the checkpoint's training practised on (refused otherwise)")
     p.add_argument("--sampled", action="store_true", help="also evaluate with sampling (temperature below)")
@@ -133,6 +134,19 @@ def practice_trials(saved: Dict[str, Any]) -> int:
     if isinstance(sft, dict) and sft.get("demo_starts") is False and not sft.get("demo_paths"):
         return int(sft.get("num_demos") or 0)
     return 0
+
+
+def heldout_start(saved: Dict[str, Any], practice: int, n_trials: int) -> int:
+    """The first trial `heldout` scores by default: the training's own evaluation trials (an RL run's eval.trial_start;
+    an SFT run's sft.eval_trial_start, else its last sft.eval_trials trials, as train_sft.py evaluates) when they lie
+    past the practised ones, else the first trial not practised."""
+    evaluation, sft = saved.get("eval") or {}, saved.get("sft") or {}
+    first = evaluation.get("trial_start") if isinstance(evaluation, dict) else None
+    if first is None and isinstance(sft, dict) and sft:
+        first = sft.get("eval_trial_start")
+        if first is None and isinstance(sft.get("eval_trials"), int):
+            first = max(0, n_trials - sft["eval_trials"])
+    return first if isinstance(first, int) and first >= practice else practice
 
 
 def checkpoint_iteration(path: str) -> Optional[int]:
@@ -316,9 +330,9 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         list(range(envs.num_tasks(env_cfg.suite))) if reference else list(env_cfg.task_ids)
     envs.check_task_ids(env_cfg, task_ids)
     n_trials = envs.num_trials(env_cfg)
-    practice = practice_trials(saved) if not args.suite or args.suite == saved.get("env", {}).get("suite") else 0
-    run_first = (saved.get("eval") or {}).get("trial_start") if practice else None  # the run's own val/ trials
-    default_start = run_first if isinstance(run_first, int) and run_first >= practice else practice
+    own_suite = not args.suite or args.suite == saved.get("env", {}).get("suite")
+    practice = practice_trials(saved) if own_suite else 0
+    default_start = heldout_start(saved, practice, n_trials) if own_suite else 0  # the training's own val/ trials
     if reference:  # the reference's trials 0..49 (RL references practise on them: that is their protocol)
         default_start = 0
     elif practice >= n_trials and args.trial_start is None:

@@ -47,11 +47,11 @@ def oft(lora: int, bf16: bool, ckpt: bool):
     """OpenVLA-OFT 7B as gpu_check.py builds it (published config.json)."""
     key = ("oft", lora, bf16, ckpt)
     if key not in _models:
-        from common.memory_plan import openvla_oft_model
         from models.configs import OpenVLAOFTConfig
+        from models.openvla_oft import OpenVLAOFTPolicy
 
-        _models[key] = openvla_oft_model(OFT_7B, OpenVLAOFTConfig(init_path=OFT_7B, lora_rank=lora, bf16_weights=bf16,
-                                                                  gradient_checkpointing=ckpt))
+        cfg = OpenVLAOFTConfig(init_path=OFT_7B, lora_rank=lora, bf16_weights=bf16, gradient_checkpointing=ckpt)
+        _models[key] = OpenVLAOFTPolicy.memory_model(cfg, OFT_7B)
     return _models[key]
 
 
@@ -78,22 +78,24 @@ def srpo_7b(*extra: str):
 def pi0_flow(lora: int, expert_only: bool, bf16_weights: bool, chunk: int, horizon: Optional[int]):
     key = ("pi0", lora, expert_only, bf16_weights, chunk, horizon)
     if key not in _models:
-        from common.memory_plan import flow_model
         from models.configs import FlowPolicyConfig
+        from models.flow_policy import FlowPolicy
 
-        _models[key] = flow_model(FlowPolicyConfig(preset="pi0", image_size=224, action_chunk=chunk, horizon=horizon,
-                                                   lora_rank=lora, train_expert_only=expert_only,
-                                                   bf16_weights=bf16_weights))
+        _models[key] = FlowPolicy.memory_model(FlowPolicyConfig(preset="pi0", image_size=224, action_chunk=chunk,
+                                                                horizon=horizon, lora_rank=lora,
+                                                                train_expert_only=expert_only,
+                                                                bf16_weights=bf16_weights), None)
     return _models[key]
 
 
 def minivla(lora: int):
     key = ("minivla", lora)
     if key not in _models:
-        from common.memory_plan import token_model
         from models.configs import TokenPolicyConfig
+        from models.token_policy import TokenPolicy
 
-        _models[key] = token_model(TokenPolicyConfig(preset="minivla", image_size=224, lora_rank=lora))
+        _models[key] = TokenPolicy.memory_model(TokenPolicyConfig(preset="minivla", image_size=224, lora_rank=lora),
+                                                None)
     return _models[key]
 
 

@@ -14,7 +14,7 @@ import re
 import uuid
 import warnings
 from dataclasses import asdict, is_dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 from common.config import LogConfig
 
@@ -41,17 +41,31 @@ LABELS: Dict[str, str] = {
 }
 
 
-def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> List[Tuple[str, List[int], List[float]]]:
-    """(label, iterations, values) per key, labelled for a reader (LABELS, else the key); a key whose series equals an
-    earlier one's (sampling/success_rate is rollout/success_rate when dynamic sampling drops nothing) is not drawn
-    again on top of it."""
+class Series(NamedTuple):
+    """One curve of a panel: its legend label, the iterations and values, and how it is drawn."""
+    label: str
+    xs: List[int]
+    ys: List[float]
+    marker: Optional[str]  # "o" on evaluation points (val/*: sparse) and on short series
+    linestyle: str  # "--" for a series whose values equal an earlier one's (drawn over it, the earlier one shows)
+
+
+def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> List[Series]:
+    """One Series per key, labelled for a reader (LABELS, else the key). Every key is drawn and named in the legend:
+    a series whose values equal an earlier one's (greedy and sampled held-out success alike, or sampling/success_rate
+    when dynamic sampling drops nothing) is dashed over it and its label says so. Evaluation points (val/*) are
+    marked: they are sparse."""
     steps = sorted(history)
-    series: List[Tuple[str, List[int], List[float]]] = []
+    series: List[Series] = []
     for key in keys:
         xs = [s for s in steps if key in history[s]]
         ys = [history[s][key] for s in xs]
-        if not any(x0 == xs and y0 == ys for _, x0, y0 in series):
-            series.append((LABELS.get(key, key), xs, ys))
+        label = LABELS.get(key, key)
+        same = next((s.label for s in series if s.xs == xs and s.ys == ys), None)
+        if same is not None:
+            label = f"{label} (= {same})"
+        marker = "o" if key.startswith("val/") or len(xs) < 30 else None
+        series.append(Series(label, xs, ys, marker, "--" if same is not None else "-"))
     return series
 
 
@@ -237,10 +251,9 @@ class Logger:
         x_of = {s: self.history[s].get(x_key, 0.0) if x_key else s for s in steps}
         fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), squeeze=False)
         for ax, (title, chosen) in zip(axes[0], panels.items()):
-            for label, xs, ys in panel_series(self.history, chosen):
-                evaluated = label.startswith("val/")  # evaluation points are marked: they are sparse
-                ax.plot([x_of[s] for s in xs], ys, marker="o" if evaluated or len(xs) < 30 else None,
-                        markersize=4 if evaluated else 3, label=label)
+            for curve in panel_series(self.history, chosen):
+                ax.plot([x_of[s] for s in curve.xs], curve.ys, marker=curve.marker, markersize=4,
+                        linestyle=curve.linestyle, label=curve.label)
             ax.set_title(title)
             ax.set_xlabel(x_label)
             ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 50k, 100k, 1M: full numbers overlap

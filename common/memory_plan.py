@@ -1,10 +1,12 @@
 """The memory plan: what a training run holds on each GPU, computed before anything loads, from the script's config and
 the checkpoint's config.json alone (the policy is built on the meta device: shapes, dtypes and trainable flags, no
-weights read, no memory taken). Every script prints it at its start (`check`, main process) and stops in one line
-naming the fixes when it exceeds the device; `--dry-run` prints it and exits (`on_parsed`, from common/config.py's
-parse_cli), on a machine without a GPU too (`--device-memory-gib 80` checks against that size, `--processes 8` plans
-for 8 processes). docs/scale.md lists the plans of the shipped recipes and checks this model against the measured
-peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
+weights read, no memory taken). The policy is its family's own description (its class's `memory_model`,
+models/memory.py: the network on the meta device and the transformer stacks a sample passes); this module does the
+family-free arithmetic on it, and says so in one line for a family that gives none. Every script prints it at its start
+(`check`, main process) and stops in one line naming the fixes when it exceeds the device; `--dry-run` prints it and
+exits (`on_parsed`, from common/config.py's parse_cli), on a machine without a GPU too (`--device-memory-gib 80` checks
+against that size, `--processes 8` plans for 8 processes). docs/scale.md lists the plans of the shipped recipes and
+checks this model against the measured peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
 
 The model, per process and in bytes (W, T = all and trainable parameters, at the dtypes the policy keeps them in):
   ddp           weights W; gradients T (their dtype); AdamW moments 2 T (+ a 4-byte step per tensor): the fused
@@ -37,19 +39,16 @@ not in torch's max_memory_allocated, which is what the peaks here model).
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from envs.suites import ConfigError
+from models.memory import Model, Stack
 
 GIB = 2 ** 30
 MARGIN = 0.95  # a plan fits when its peak is at most this fraction of the device's memory
 KAPPA = 0.8  # the counted per-layer activations times this: fitted to docs/gpu.md (docs/scale.md, Memory plan)
-PROMPT_TOKENS = 32  # OpenVLA-OFT's prompt in Llama tokens: BOS, "In: What action should the robot take to ...?" + a
-                    # LIBERO instruction (8-15 words), "Out:" and the appended space
 BUCKET = 1 << 24  # common/fsdp.py's reduction bucket (elements)
 SCRIPTS = {"srpo": "train_srpo.py", "gae_ppo": "train_gae_ppo.py", "luffy": "train_luffy.py",
            "flowsar": "train_flowsar.py", "train_sft": "train_sft.py"}
@@ -76,39 +75,7 @@ def set_cli(dry_run: bool, device_memory_gib: Optional[float], processes: Option
     CLI.update(dry_run=dry_run, device_memory_gib=device_memory_gib, processes=processes)
 
 
-# ---------------------------------------------------------------- the policy on the meta device
-@dataclass
-class Stack:
-    """A run of identical transformer layers (or one MLP) and what one sample pushes through it."""
-    name: str
-    kind: str  # decoder (RMSNorm, gated MLP) | vit (LayerNorm, GELU MLP) | mlp (one projector: hidden -> inter...)
-    layers: int
-    hidden: int
-    inter: int  # MLP width (mlp: the summed widths of its hidden layers)
-    attn: int = 0  # query / attention-output width (heads x head_dim)
-    kv: int = 0  # key / value width (kv heads x head_dim)
-    tokens: int = 0  # per sample
-    grad: bool = True  # a trainable parameter in or upstream: its activations are saved for the backward
-    lora_inputs: int = 0  # summed input widths of one layer's LoRA linears (LoRA keeps its own bf16 input copies)
-    residual: int = 2  # bytes per element of the residual stream (float32 weights: 4)
-    cast_inputs: bool = False  # the norm output is float32 under autocast: every linear makes its own bf16 copy
-    frozen_fp32: int = 0  # frozen float32 Linear / Conv elements (autocast casts them per use)
-    extra_keys: int = 0  # tokens of another stack this one attends to (pi0's expert: the prefix's keys / values)
-    checkpointed: bool = False
-
-
-@dataclass
-class Model:
-    """A policy (or other network) on the meta device, what the plan reads of it."""
-    label: str
-    net: Any
-    stacks: List[Stack]
-    hidden_size: int = 0
-    notes: List[str] = field(default_factory=list)
-    unused: Tuple[str, ...] = ()  # names of parameters the forward never reads: no gradient, no AdamW state
-    policy_cfg: Any = None  # the family config it was built from (LoRA rank, precision)
-
-
+# ---------------------------------------------------------------- sizes
 @dataclass
 class Params:
     """Sizes of a module's parameters (exact: sums of numel x element size)."""
@@ -147,259 +114,44 @@ def count(module: Any, unused: Sequence[str] = ()) -> Params:
     return out
 
 
-def _under(net: Any, pattern: str) -> List[Tuple[str, Any]]:
-    return [(n, p) for n, p in net.named_parameters() if re.search(pattern, n)]
-
-
-def _trainable(net: Any, pattern: str) -> bool:
-    return any(p.requires_grad for _, p in _under(net, pattern))
-
-
-def _frozen_fp32(net: Any, pattern: str) -> int:
-    import torch
-
-    total = 0
-    for name, m in net.named_modules():
-        if re.search(pattern, name + ".") and isinstance(m, (torch.nn.Linear, torch.nn.Conv2d, torch.nn.Conv3d)):
-            total += sum(p.numel() for p in m.parameters(recurse=False)
-                         if not p.requires_grad and p.dtype == torch.float32)
-    return total
-
-
-def _lora_inputs(net: Any, pattern: str, layers: int) -> int:
-    """Summed input widths of the LoRA A matrices under `pattern`, per layer."""
-    total = sum(p.shape[1] for n, p in _under(net, pattern) if ".lora_A." in n and n.endswith(".weight"))
-    return total // max(1, layers)
-
-
-def _tuned(net: Any, stack: Stack, pattern: str, bf16_weights: bool) -> Stack:
-    """Fill a stack's LoRA, residual and frozen-weight fields from the meta model."""
-    stack.lora_inputs = _lora_inputs(net, pattern, stack.layers)
-    stack.residual = 2 if bf16_weights else 4
-    stack.cast_inputs = not bf16_weights
-    stack.frozen_fp32 = _frozen_fp32(net, pattern)
-    return stack
-
-
-def openvla_oft_model(folder: str, cfg: Any, l1: bool = False) -> Model:
-    """OpenVLA-OFT from `folder`'s config.json (models/openvla_oft.py meta_network) with the run's LoRA, precision and
-    checkpointing keys (`cfg`, an OpenVLAOFTConfig); `l1` adds the L1 head (+ proprio projector) of that variant."""
-    from models.openvla_oft import NUM_SLOTS, VIT_ARCHS, meta_network
-
-    path = os.path.join(folder, "config.json")
-    try:
-        with open(path) as f:
-            hf_config = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise ConfigError(f"memory plan: {path} is unreadable ({e}); point init.path at an OpenVLA-OFT folder "
-                          f"(its config.json is enough to plan)") from None
-    if hf_config.get("model_type") != "openvla":
-        raise ConfigError(f"memory plan: {path} is not an OpenVLA config (model_type {hf_config.get('model_type')!r})")
-    net = meta_network(hf_config, cfg)
-    core = getattr(getattr(net, "base_model", None), "model", net)
-    images = getattr(cfg, "num_images", 1) if l1 else 1
-    proprio = False
-    if l1:
-        import torch
-
-        from models.openvla_oft import weights_dtype
-        from models.openvla_oft_l1 import L1ActionHead, ProprioProjector
-        from models.saved import PROPRIO, component_files
-
-        proprio = bool(component_files(folder, PROPRIO)) if cfg.use_proprio is None else bool(cfg.use_proprio)
-        with torch.device("meta"):
-            net.add_module("action_head", L1ActionHead(core.hidden_size).to(weights_dtype(cfg)))
-            if proprio:
-                net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(weights_dtype(cfg)))
-    patches = core.num_patches
-    lm = core.language_model.config
-    head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
-    bf16 = bool(cfg.bf16_weights)
-    stacks = []
-    for name, tower, prefix in (("DINOv2", core.dino, 5), ("SigLIP", core.siglip, 0)):
-        arch = VIT_ARCHS[next(k for k in VIT_ARCHS if VIT_ARCHS[k]["dim"] == tower.dim and VIT_ARCHS[k]["kind"] ==
-                              tower.kind)]
-        stacks.append(_tuned(net, Stack(name, "vit", len(tower.blocks), tower.dim, arch["mlp"], tower.dim, tower.dim,
-                                        (patches + prefix) * images, checkpointed=cfg.gradient_checkpointing),
-                             rf"(^|\.){'dino' if tower.kind == 'dinov2' else 'siglip'}\.blocks\.", bf16))
-    vdim = core.dino.dim + core.siglip.dim
-    stacks.append(_tuned(net, Stack("projector", "mlp", 1, vdim, 4 * vdim + 2 * lm.hidden_size,
-                                    tokens=patches * images), r"(^|\.)projector\.", bf16))
-    tokens = 1 + patches * images + int(proprio) + PROMPT_TOKENS + NUM_SLOTS + 1
-    stacks.append(_tuned(net, Stack("Llama", "decoder", lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
-                                    lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
-                                    checkpointed=cfg.gradient_checkpointing), r"language_model\.model\.layers\.", bf16))
-    if not any(p.requires_grad for p in net.parameters()):
-        for s in stacks:
-            s.grad = False
-    label = f"openvla_oft{'_l1' if l1 else ''} ({os.path.basename(os.path.normpath(folder))})"
-    return Model(label, net, stacks, core.hidden_size,
-                 [f"{tokens} Llama tokens per sample ({PROMPT_TOKENS} for the prompt)"])
-
-
-def token_model(cfg: Any, folder: Optional[str] = None) -> Model:
-    """The token policy (models/token_policy.py) of `cfg` (a TokenPolicyConfig), with the architecture of the saved
-    policy in `folder` when there is one (its config.json + hf_configs.json), or of backbone_path / vision_path's
-    config.json."""
-    import torch
-
-    from models.token_policy import TokenPolicy
-
-    lm_cfg = vis_cfg = None
-    if folder and os.path.isfile(os.path.join(folder, "hf_configs.json")):
-        from models.vla_backbone import read_checkpoint
-
-        saved, lm_cfg, vis_cfg, _ = read_checkpoint(folder)
-        keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")}
-        cfg = dataclasses.replace(type(cfg)(**saved), **keep)
-    else:
-        if cfg.backbone_path:
-            from transformers import AutoConfig
-
-            lm_cfg = AutoConfig.from_pretrained(cfg.backbone_path)
-        if cfg.vision_path:
-            from transformers import SiglipVisionConfig
-
-            vis_cfg = SiglipVisionConfig.from_pretrained(cfg.vision_path, vision_use_head=False)
-    built = dataclasses.replace(cfg, backbone_path=None, vision_path=None)  # architecture from the configs only
-    with torch.device("meta"):
-        policy = TokenPolicy(built, _hf=(lm_cfg, vis_cfg, None))
-    net, enc = policy.net, policy.core.encoder
-    lm = enc.backbone.config
-    head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
-    views = 2 if cfg.use_wrist else 1
-    stacks = []
-    vision_grad = _trainable(net, r"encoder\.vision\.")
-    if enc.use_siglip:
-        vc = enc.vision.config
-        patches = (cfg.image_size // vc.patch_size) ** 2
-        stacks.append(_tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
-                                        vc.hidden_size, vc.hidden_size, patches * views, grad=vision_grad),
-                             r"encoder\.vision\..*layers\.", False))
-    else:
-        patches = (cfg.image_size // 16) ** 2 + 1  # SmallCNN: patch tokens + one keypoint token (its convs: small)
-    front = vision_grad or _trainable(net, r"encoder\.projector") or _trainable(net, r"encoder\.state_proj")
-    stacks.append(_tuned(net, Stack("projector", "mlp", 1, enc.vision.config.hidden_size if enc.use_siglip else
-                                    lm.hidden_size, lm.hidden_size, tokens=patches * views, grad=front),
-                         r"encoder\.projector\.", False))
-    tokens = patches * views + 1 + cfg.max_text_len + cfg.action_chunk * 7
-    stacks.append(_tuned(net, Stack(type(enc.backbone).__name__.replace("Model", ""), "decoder",
-                                    lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
-                                    lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
-                                    grad=front or _trainable(net, r"encoder\.backbone\.")),
-                         r"encoder\.backbone\.layers\.", False))
-    for s in stacks:  # bf16 autocast on CUDA: the residual stream is bf16 (projector output), norm outputs float32
-        s.residual = 2
-    return Model(f"token ({cfg.preset})", net, stacks, policy.hidden_size,
-                 [f"{tokens} LM tokens per sample ({views} camera(s), {cfg.max_text_len} instruction tokens)"])
-
-
-def _pi0_config(folder: Optional[str]):
-    """(PI0Config, where it came from): a pi0 checkpoint folder's config.json, a saved flow policy's pi0/, else PI0's
-    defaults (the pi0_base size)."""
-    from transformers import PI0Config
-
-    if folder:
-        for path in (os.path.join(folder, "pi0"), folder):
-            if os.path.isfile(os.path.join(path, "config.json")):
-                try:
-                    return PI0Config.from_pretrained(path), f"{path}/config.json"
-                except (OSError, ValueError, TypeError):
-                    continue
-    return PI0Config(), "PI0Config() (pi0_base size)"
-
-
-def flow_model(cfg: Any, folder: Optional[str] = None) -> Model:
-    """The flow policy (models/flow_policy.py: transformers' PI0) of `cfg` (a FlowPolicyConfig): the architecture of the
-    pi0 checkpoint or saved flow policy in `folder` (or cfg.pretrained_path), else of cfg.preset."""
-    import torch
-
-    from models.flow_policy import FlowPolicy, tiny_pi0_config
-    from models.text_tokenizer import ByteTokenizer
-
-    folder = folder or cfg.pretrained_path
-    saved = folder and os.path.isfile(os.path.join(folder, "pi0", "config.json"))
-    if saved:
-        with open(os.path.join(folder, "config.json")) as f:
-            stored = {k: v for k, v in json.load(f).items() if k != "policy_type"}
-        keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16",
-                                              "bf16_weights", "train_expert_only")}
-        cfg = dataclasses.replace(type(cfg)(**stored), **keep)
-    if folder or cfg.preset == "pi0":
-        pi0_cfg, source = _pi0_config(folder)
-    else:
-        pi0_cfg, source = tiny_pi0_config(cfg, ByteTokenizer.vocab_size), "tiny preset"
-    # a pi0 checkpoint carries statistics: its horizon is the model's chunk_size (50); tiny: action_chunk
-    horizon = cfg.horizon or (pi0_cfg.chunk_size if folder or cfg.preset == "pi0" else cfg.action_chunk)
-    with torch.device("meta"):
-        policy = FlowPolicy(dataclasses.replace(cfg, pretrained_path=None, tokenizer_path=None),
-                            _saved=(pi0_cfg, None, None))
-    net, pc = policy.net, pi0_cfg
-    vc, tc, dc = pc.vlm_config.vision_config, pc.vlm_config.text_config, pc.dit_config
-    cameras = 2 if cfg.use_wrist else 1
-    image_tokens = (vc.image_size // vc.patch_size) ** 2 * cameras
-    vision_grad = _trainable(net, r"\.vision_tower\.")
-    lm_grad = vision_grad or _trainable(net, r"\.multi_modal_projector\.") or _trainable(net, r"\.language_model\.")
-    bf16 = bool(cfg.bf16_weights)
-    stacks = [_tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
-                                vc.hidden_size, vc.hidden_size, image_tokens, grad=vision_grad),
-                     r"\.vision_tower\..*layers\.", bf16)]
-    prefix = image_tokens + cfg.max_text_len
-    stacks.append(_tuned(net, Stack("Gemma (PaliGemma)", "decoder", tc.num_hidden_layers, tc.hidden_size,
-                                    tc.intermediate_size, tc.num_attention_heads * tc.head_dim,
-                                    tc.num_key_value_heads * tc.head_dim, prefix, grad=lm_grad),
-                         r"\.language_model\.layers\.", bf16))
-    expert = _tuned(net, Stack("Gemma (action expert)", "decoder", dc.num_hidden_layers, dc.hidden_size,
-                               dc.intermediate_size, dc.num_attention_heads * dc.head_dim,
-                               dc.num_key_value_heads * dc.head_dim, 1 + horizon, extra_keys=prefix),
-                    r"\.dit\.layers\.", bf16)
-    expert.residual, expert.cast_inputs = 2, False  # the suffix enters as the bf16 output of embed_action_time
-    stacks.append(expert)
-    return Model(f"flow ({cfg.preset})", net, stacks, policy.hidden_size,
-                 [f"PI0 from {source}; {prefix} prefix tokens ({cameras} camera(s)), expert {1 + horizon} tokens "
-                  f"(horizon {horizon})"], unused=("model.dit.embed_tokens.weight",))  # PI0's expert: no token ids
-
-
-def policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
-    """(the run's policy on the meta device, its family config): `_policy_model`, the config kept on the model."""
+def policy_model(cfg: Any, script: str) -> Tuple[Optional[Model], Any]:
+    """(the run's policy on the meta device, its family config): `_policy_model`, the config kept on the model;
+    (None, the family's name) for a family that gives no plan."""
     model, section = _policy_model(cfg, script)
-    model.policy_cfg = section
+    if model is not None:
+        model.policy_cfg = section
     return model, section
 
 
-def _policy_model(cfg: Any, script: str) -> Tuple[Model, Any]:
-    """(the run's policy on the meta device, its family config) for a script's config, as the script builds it:
-    RL scripts from init.path (a published OpenVLA-OFT folder, a pi0 checkpoint, a saved policy) with the config's
-    LoRA and precision keys, else from the config's architecture; train_sft.py from policy.init_path or its
-    policy.<type> section."""
-    from models.configs import OpenVLAOFTConfig
+def _policy_model(cfg: Any, script: str) -> Tuple[Optional[Model], Any]:
+    """(the run's policy on the meta device, its family config) for a script's config, as the script builds it, from
+    the family's own description (its class's `memory_model`, models/memory.py): RL scripts from init.path (a
+    published checkpoint folder, a saved policy) with the config's LoRA and precision keys, else from the config's
+    architecture; train_sft.py from policy.init_path (its family told by the folder) or its policy.<type> section.
+    (None, family) when the family gives no plan."""
+    from models.policy import policy_class
 
     if script == "train_sft":
         folder = cfg.policy.init_path
-        if folder:
-            family = _folder_family(folder)
-            if family.startswith("openvla_oft"):
-                saved = _oft_saved(folder)
-                ocfg = config_from(OpenVLAOFTConfig if family == "openvla_oft" else _l1_config(), saved, folder)
-                return openvla_oft_model(folder, ocfg, l1=family == "openvla_oft_l1"), ocfg
-            section = getattr(cfg.policy, family)
-            return (token_model(section, folder) if family == "token" else flow_model(section, folder)), section
-        section = getattr(cfg.policy, cfg.policy.type)
-        return (token_model(section) if cfg.policy.type == "token" else flow_model(section)), section
-    family, folder = cfg.policy.type, cfg.init.path
-    if family in ("openvla_oft", "openvla_oft_l1"):
-        folder = folder or getattr(cfg.policy, "init_path", "")
-        if not folder:
-            raise ConfigError(f"memory plan: policy.type={family} is built from its folder's config.json: set "
-                              f"init.path=<the checkpoint folder> (a folder with only config.json plans too)")
-        return openvla_oft_model(folder, cfg.policy, l1=family == "openvla_oft_l1"), cfg.policy
-    given = folder
-    folder = folder if folder and os.path.isdir(folder) else None
-    model = token_model(cfg.policy, folder) if family == "token" else flow_model(cfg.policy, folder)
-    if folder is None and cfg.init.mode != "scratch":
-        model.notes.append((f"init.path {given} holds no policy yet" if given else "no init.path given") +
-                           f": planned with the config's policy architecture (policy.preset={cfg.policy.preset})")
-    return model, cfg.policy
+        family = _folder_family(folder) if folder else cfg.policy.type
+        section = getattr(cfg.policy, family, None)  # None: the family reads its config from the folder
+    else:
+        family, folder, section = cfg.policy.type, cfg.init.path, cfg.policy
+    model = policy_class(family).memory_model(section, folder)
+    if model is None:
+        return None, family
+    if script != "train_sft" and cfg.init.mode != "scratch" and not (folder and os.path.isdir(folder)) \
+            and not getattr(section, "init_path", None):
+        model.notes.append((f"init.path {folder} holds no policy yet" if folder else "no init.path given") +
+                           ": planned with the config's policy architecture" +
+                           (f" (policy.preset={section.preset})" if getattr(section, "preset", None) else ""))
+    return model, model.policy_cfg if model.policy_cfg is not None else section
+
+
+def no_plan(family: str) -> str:
+    """The one line for a family that describes no memory (its class's `memory_model` returns None)."""
+    return (f"[memory plan] no plan for policy family {family!r}: its class's memory_model gives none "
+            f"(models/memory.py says what one returns); nothing checked against the device")
 
 
 def _folder_family(folder: str) -> str:
@@ -409,27 +161,6 @@ def _folder_family(folder: str) -> str:
         return family_of_folder(folder)
     except (OSError, ValueError) as e:
         raise ConfigError(f"memory plan: {folder} is not a policy folder ({e})") from None
-
-
-def _oft_saved(folder: str) -> Dict[str, Any]:
-    path = os.path.join(folder, "policy_config.json")
-    if not os.path.isfile(path):
-        return {}
-    with open(path) as f:
-        saved = json.load(f)
-    saved.pop("policy_type", None)
-    return saved
-
-
-def _l1_config():
-    from models.configs import OpenVLAOFTL1Config
-
-    return OpenVLAOFTL1Config
-
-
-def config_from(cls: Any, saved: Dict[str, Any], folder: str) -> Any:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in saved.items() if k in names}, init_path=folder)
 
 
 # ---------------------------------------------------------------- extra models
@@ -516,7 +247,7 @@ def activation_bytes(stacks: Sequence[Stack], micro: int, c: int, autocast: bool
 
 def inference_bytes(stacks: Sequence[Stack], batch: int, c: int) -> int:
     """A forward without gradients (rollout, evaluation): the residual stream and one layer's working set of the
-    largest stack, plus the key / value cache another stack reads (pi0's prefix)."""
+    largest stack, plus the key / value cache another stack reads (`Stack.extra_keys`)."""
     if not stacks:
         return 0
     work = max(s.tokens * (2 * s.residual * s.hidden + c * (2 * s.hidden + 2 * s.attn + 2 * s.kv + 3 * s.inter))
@@ -701,20 +432,21 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model is None:
-        model, _ = policy_model(cfg, script)
+        model, family = policy_model(cfg, script)
+        if model is None:
+            raise ConfigError(no_plan(family)[len("[memory plan] "):])
     micro, mini = micro_batch(cfg, script, world)
     micro = override.get("micro", micro)
     by_trajectory = getattr(cfg.train, "mini_batch_unit", "step") == "trajectory"  # mini counts episodes of steps
     extras = run_extras(cfg, script, model, world, strategy == "fsdp", offload)
     rollout = cfg.env.num_envs // (2 if getattr(cfg.env, "pipeline", False) else 1)
     section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
-    variant = f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else "full fine-tuning"
-    if getattr(section, "train_expert_only", False):
-        variant = "action expert only" + ("" if variant == "full fine-tuning" else f" + {variant}")
+    variant = model.variant or (f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else
+                                "full fine-tuning")
     title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
              f"{micro} of {mini}{' episodes' if by_trajectory else ''}")
-    # bf16 autocast on CUDA unless the policy turns it off (flow: bf16 weights imply it)
+    # bf16 autocast on CUDA unless the policy turns it off (bf16 weights imply it)
     autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
     return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
                     grads_in_forward=script == "train_sft" or mini > micro or by_trajectory, inference_batch=rollout,
@@ -788,14 +520,17 @@ def device_capacity(device: Any = None) -> Tuple[Optional[int], str]:
 def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
     """At a run's start on a GPU (or with --device-memory-gib), before the policy loads: print the plan (main process)
     and stop with one line naming the fixes when it exceeds the device. A CPU run prints nothing (--dry-run shows its
-    plan). A plan that cannot be computed (an architecture this module does not know) is a printed note, never a
-    failed start."""
+    plan). A family that gives no plan, or a plan that cannot be computed, is a printed line, never a failed start."""
     capacity, name = device_capacity(accelerator.device)
     if capacity is None:
         return None
     world = accelerator.num_processes
     try:
-        model, _ = policy_model(cfg, script)
+        model, family = policy_model(cfg, script)
+        if model is None:
+            if accelerator.is_main_process:
+                print(no_plan(family), flush=True)
+            return None
         plan = plan_run(cfg, script, world, capacity, name, model=model)
     except Exception as e:  # noqa: BLE001 - the plan informs; the start's own checks report bad input
         if accelerator.is_main_process:
@@ -821,7 +556,10 @@ def on_parsed(cfg: Any, script: Optional[str]) -> None:
     world = CLI["processes"] or int(os.environ.get("WORLD_SIZE", "1"))
     capacity, name = device_capacity()
     try:
-        model, _ = policy_model(cfg, script)
+        model, family = policy_model(cfg, script)
+        if model is None:
+            print(no_plan(family), flush=True)
+            raise SystemExit(0)
         plan = plan_run(cfg, script, world, capacity, name, model=model)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
@@ -832,5 +570,5 @@ def on_parsed(cfg: Any, script: Optional[str]) -> None:
     raise SystemExit(0)
 
 
-__all__ = ["check", "on_parsed", "set_cli", "plan_run", "estimate", "policy_model", "count", "Plan", "Model", "Stack",
-           "GIB", "MARGIN", "KAPPA"]
+__all__ = ["check", "on_parsed", "set_cli", "plan_run", "estimate", "policy_model", "no_plan", "count", "Plan", "Model",
+           "Stack", "GIB", "MARGIN", "KAPPA"]

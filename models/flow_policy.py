@@ -69,9 +69,10 @@ from transformers.models.pi0.modeling_pi0 import PI0TimestepEmbeddings
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import FlowPolicyConfig
+from models.memory import Model, Stack, trainable, tuned
 from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, is_pi0_folder, load_pi0_folder
 from models.policy import PolicyFamily, read_config_json
-from models.text_tokenizer import load_text_tokenizer
+from models.text_tokenizer import ByteTokenizer, load_text_tokenizer
 from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
 
 PRESETS = ("tiny", "pi0")
@@ -243,6 +244,19 @@ def _fresh_cache(cache):
     return out
 
 
+def _pi0_config(folder: Optional[str]) -> Tuple[PI0Config, str]:
+    """(PI0Config, where it came from) for the memory plan: a pi0 checkpoint folder's config.json, a saved flow
+    policy's pi0/, else PI0's defaults (the pi0_base size)."""
+    if folder:
+        for path in (os.path.join(folder, "pi0"), folder):
+            if os.path.isfile(os.path.join(path, "config.json")):
+                try:
+                    return PI0Config.from_pretrained(path), f"{path}/config.json"
+                except (OSError, ValueError, TypeError):
+                    continue
+    return PI0Config(), "PI0Config() (pi0_base size)"
+
+
 class FlowPolicy(nn.Module, PolicyFamily):
     """prefix / velocity / sample / flow_matching_loss / save / load / reference around PI0ForConditionalGeneration."""
 
@@ -256,6 +270,60 @@ class FlowPolicy(nn.Module, PolicyFamily):
         cfg = read_config_json(folder)
         return is_pi0_folder(folder) or cfg.get("policy_type") == "flow" or cfg.get("type") == "flow" \
             or "expert_dim" in cfg
+
+    @classmethod
+    def memory_model(cls, policy_cfg: FlowPolicyConfig, folder: Optional[str]) -> Model:
+        """The memory plan's view of this family (models/memory.py): the policy of `policy_cfg` on the meta device,
+        with the architecture of the pi0 checkpoint or saved flow policy in `folder` (or policy_cfg.pretrained_path),
+        else of policy_cfg.preset (the run's LoRA, precision and expert-only keys kept); its stacks: SigLIP over the
+        cameras, PaliGemma's Gemma over the image and prompt tokens, the action expert over the noisy actions (it
+        attends to the prefix's keys and values)."""
+        cfg = policy_cfg
+        folder = (folder if folder and os.path.isdir(folder) else None) or cfg.pretrained_path
+        saved = folder and os.path.isfile(os.path.join(folder, "pi0", "config.json"))
+        if saved:
+            with open(os.path.join(folder, "config.json")) as f:
+                stored = {k: v for k, v in json.load(f).items() if k != "policy_type"}
+            keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16",
+                                                  "bf16_weights", "train_expert_only")}
+            cfg = dataclasses.replace(type(cfg)(**stored), **keep)
+        if folder or cfg.preset == "pi0":
+            pi0_cfg, source = _pi0_config(folder)
+        else:
+            pi0_cfg, source = tiny_pi0_config(cfg, ByteTokenizer.vocab_size), "tiny preset"
+        # a pi0 checkpoint carries statistics: its horizon is the model's chunk_size (50); tiny: action_chunk
+        horizon = cfg.horizon or (pi0_cfg.chunk_size if folder or cfg.preset == "pi0" else cfg.action_chunk)
+        with torch.device("meta"):
+            policy = cls(dataclasses.replace(cfg, pretrained_path=None, tokenizer_path=None),
+                         _saved=(pi0_cfg, None, None))
+        net, pc = policy.net, pi0_cfg
+        vc, tc, dc = pc.vlm_config.vision_config, pc.vlm_config.text_config, pc.dit_config
+        cameras = 2 if cfg.use_wrist else 1
+        image_tokens = (vc.image_size // vc.patch_size) ** 2 * cameras
+        vision_grad = trainable(net, r"\.vision_tower\.")
+        lm_grad = vision_grad or trainable(net, r"\.multi_modal_projector\.") or trainable(net, r"\.language_model\.")
+        bf16 = bool(cfg.bf16_weights)
+        stacks = [tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
+                                   vc.hidden_size, vc.hidden_size, image_tokens, grad=vision_grad),
+                        r"\.vision_tower\..*layers\.", bf16)]
+        prefix = image_tokens + cfg.max_text_len
+        stacks.append(tuned(net, Stack("Gemma (PaliGemma)", "decoder", tc.num_hidden_layers, tc.hidden_size,
+                                       tc.intermediate_size, tc.num_attention_heads * tc.head_dim,
+                                       tc.num_key_value_heads * tc.head_dim, prefix, grad=lm_grad),
+                            r"\.language_model\.layers\.", bf16))
+        expert = tuned(net, Stack("Gemma (action expert)", "decoder", dc.num_hidden_layers, dc.hidden_size,
+                                  dc.intermediate_size, dc.num_attention_heads * dc.head_dim,
+                                  dc.num_key_value_heads * dc.head_dim, 1 + horizon, extra_keys=prefix),
+                       r"\.dit\.layers\.", bf16)
+        expert.residual, expert.cast_inputs = 2, False  # the suffix enters as the bf16 output of embed_action_time
+        stacks.append(expert)
+        variant = ""
+        if policy_cfg.train_expert_only:
+            variant = "action expert only" + (f" + LoRA r={policy_cfg.lora_rank}" if policy_cfg.lora_rank else "")
+        return Model(f"flow ({cfg.preset})", net, stacks, policy.hidden_size,
+                     [f"PI0 from {source}; {prefix} prefix tokens ({cameras} camera(s)), expert {1 + horizon} tokens "
+                      f"(horizon {horizon})"], unused=("model.dit.embed_tokens.weight",),  # PI0's expert: no token ids
+                     policy_cfg=policy_cfg, variant=variant)
 
     @classmethod
     def start_from(cls, folder, policy_cfg, env_cfg, device, say):

@@ -36,6 +36,8 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as IMAGE_SIZE, OpenVLAOFTConfig
+from envs.suites import ConfigError
+from models.memory import Model, Stack, tuned
 from models.policy import PolicyFamily, read_config_json
 from models.saved import PolicyLoadError, is_l1_folder, no_rl_message
 
@@ -45,6 +47,8 @@ ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744
 VOCAB_FOR_DECODING = 32000  # text_config.vocab_size (32064) - pad_to_multiple_of (64)
 BOS_ID, STOP_ID, SPACE_ID = 1, 2, 29871  # <s>, </s>, "▁" (appended to the prompt when not already last)
 NUM_SLOTS = ACTION_CHUNK * ACTION_DIM
+PROMPT_TOKENS = 32  # the prompt in Llama tokens (the memory plan): BOS, "In: What action should the robot take to
+                    # ...?" + a LIBERO instruction (8-15 words), "Out:" and the appended space
 # The processor's effective normalisation: the converter stored timm's constants rounded to bf16.
 DINO_MEAN = (0.484375, 0.455078125, 0.40625)
 DINO_STD = (0.228515625, 0.2236328125, 0.224609375)
@@ -592,6 +596,71 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
             say(f"env.action_chunk={env_cfg.action_chunk} -> {policy.action_chunk}: {folder} predicts "
                 f"{policy.action_chunk} actions per call")
         return policy
+
+    @classmethod
+    def memory_model(cls, policy_cfg: Optional[OpenVLAOFTConfig], folder: Optional[str]) -> Model:
+        """The memory plan's view of this family (models/memory.py): the network `folder`'s config.json builds on
+        the meta device (`meta_network`) with the run's LoRA, precision and checkpointing keys (`policy_cfg`; None:
+        those the folder saved, train_sft.py's start from it), and its stacks: the two ViT towers, the projector
+        and Llama over the image, prompt and action-slot tokens."""
+        folder = folder or getattr(policy_cfg, "init_path", None)
+        if not folder:
+            raise ConfigError(f"memory plan: policy.type={cls.family()} is built from its folder's config.json: set "
+                              f"init.path=<the checkpoint folder> (a folder with only config.json plans too)")
+        if policy_cfg is None:
+            saved = {}
+            if os.path.isfile(os.path.join(folder, "policy_config.json")):  # a folder this project saved
+                with open(os.path.join(folder, "policy_config.json")) as f:
+                    saved = json.load(f)
+            names = {f.name for f in dataclasses.fields(cls.config_class)}
+            policy_cfg = cls.config_class(**{k: v for k, v in saved.items() if k in names}, init_path=folder)
+        path = os.path.join(folder, "config.json")
+        try:
+            with open(path) as f:
+                hf_config = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"memory plan: {path} is unreadable ({e}); point init.path at an OpenVLA-OFT folder "
+                              f"(its config.json is enough to plan)") from None
+        if hf_config.get("model_type") != "openvla":
+            raise ConfigError(f"memory plan: {path} is not an OpenVLA config (model_type "
+                              f"{hf_config.get('model_type')!r})")
+        cfg = policy_cfg
+        net = meta_network(hf_config, cfg)
+        core = getattr(getattr(net, "base_model", None), "model", net)
+        images, extra_tokens = cls._meta_heads(net, core, cfg, folder)
+        patches = core.num_patches
+        lm = core.language_model.config
+        head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
+        bf16 = bool(cfg.bf16_weights)
+        stacks = []
+        for name, tower, prefix in (("DINOv2", core.dino, 5), ("SigLIP", core.siglip, 0)):
+            arch = VIT_ARCHS[next(k for k in VIT_ARCHS if VIT_ARCHS[k]["dim"] == tower.dim and VIT_ARCHS[k]["kind"] ==
+                                  tower.kind)]
+            stacks.append(tuned(net, Stack(name, "vit", len(tower.blocks), tower.dim, arch["mlp"], tower.dim,
+                                           tower.dim, (patches + prefix) * images,
+                                           checkpointed=cfg.gradient_checkpointing),
+                                rf"(^|\.){'dino' if tower.kind == 'dinov2' else 'siglip'}\.blocks\.", bf16))
+        vdim = core.dino.dim + core.siglip.dim
+        stacks.append(tuned(net, Stack("projector", "mlp", 1, vdim, 4 * vdim + 2 * lm.hidden_size,
+                                       tokens=patches * images), r"(^|\.)projector\.", bf16))
+        tokens = 1 + patches * images + extra_tokens + PROMPT_TOKENS + NUM_SLOTS + 1
+        stacks.append(tuned(net, Stack("Llama", "decoder", lm.num_hidden_layers, lm.hidden_size,
+                                       lm.intermediate_size, lm.num_attention_heads * head_dim,
+                                       lm.num_key_value_heads * head_dim, tokens,
+                                       checkpointed=cfg.gradient_checkpointing),
+                            r"language_model\.model\.layers\.", bf16))
+        if not any(p.requires_grad for p in net.parameters()):
+            for s in stacks:
+                s.grad = False
+        label = f"{cls.family()} ({os.path.basename(os.path.normpath(folder))})"
+        return Model(label, net, stacks, core.hidden_size,
+                     [f"{tokens} Llama tokens per sample ({PROMPT_TOKENS} for the prompt)"], policy_cfg=policy_cfg)
+
+    @classmethod
+    def _meta_heads(cls, net: nn.Module, core: "OFTCore", cfg: OpenVLAOFTConfig, folder: str) -> Tuple[int, int]:
+        """(camera images per sample, extra Llama tokens) of the memory plan's network; a subclass adds its heads
+        to `net` here (the L1 variant: its action head and proprio projector)."""
+        return 1, 0
 
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()

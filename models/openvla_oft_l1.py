@@ -137,6 +137,18 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     def reads_wrist_camera(self) -> bool:
         return self.cfg.num_images > 1  # the published L1 checkpoints read agentview + wrist
 
+    @classmethod
+    def _meta_heads(cls, net: nn.Module, core: nn.Module, cfg: OpenVLAOFTL1Config, folder: str) -> Tuple[int, int]:
+        """The memory plan's network (OpenVLAOFTPolicy.memory_model) with the L1 head and, when used, the proprio
+        projector (one more Llama token); the camera images per sample."""
+        proprio = bool(component_files(folder, PROPRIO)) if cfg.use_proprio is None else bool(cfg.use_proprio)
+        dtype = torch.bfloat16 if cfg.bf16_weights else torch.float32
+        with torch.device("meta"):
+            net.add_module("action_head", L1ActionHead(core.hidden_size).to(dtype))
+            if proprio:
+                net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(dtype))
+        return cfg.num_images, int(proprio)
+
     def __init__(self, cfg: OpenVLAOFTL1Config, _load_weights: bool = True):
         folder = cfg.init_path
         heads, projectors = component_files(folder, HEAD), component_files(folder, PROPRIO)

@@ -16,6 +16,8 @@ Every family:
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
   start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
+  memory_model(policy_cfg, folder) -> models.memory.Model or None   what the memory plan reads (common/memory_plan.py):
+                       the network on the meta device and its activation stacks; None (the default): no plan
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
                                                              `save` wrote (and, for openvla_oft, a published one)
   sft_loss(obs, instructions, actions (B, chunk, 7)) -> (loss, {"sft/...": float})   train_sft.py's objective
@@ -105,6 +107,13 @@ class PolicyFamily:
     def resolve_for_suite(cls, policy_cfg: Any, suite: str) -> Any:
         """The policy config with its suite-dependent defaults filled in (none by default)."""
         return policy_cfg
+
+    @classmethod
+    def memory_model(cls, policy_cfg: Any, folder: Optional[str]) -> Any:
+        """The memory plan's view of the policy `policy_cfg` (and `folder`, a checkpoint it starts from, when given)
+        builds: a models.memory.Model (its network on the meta device and its activation stacks). None: the family
+        gives no plan (--dry-run says so in one line; a run starts unchecked)."""
+        return None
 
     @classmethod
     def start_from(cls, folder: str, policy_cfg: Any, env_cfg: Any, device: str, say: Callable[[str], None]) -> Any:

@@ -8,6 +8,8 @@ projector, state projection, action slot embeddings and action head; the vision 
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -16,9 +18,10 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.configs import TokenPolicyConfig
+from models.memory import Model, Stack, trainable, tuned
 from models.policy import PolicyFamily
-from models.vla_backbone import (Obs, PrefixEncoder, autocast, rebuild_policy, reference_context, replace_lora,
-                                 save_policy_files, unwrap, wrap_lora)
+from models.vla_backbone import (Obs, PrefixEncoder, autocast, read_checkpoint, rebuild_policy, reference_context,
+                                 replace_lora, save_policy_files, unwrap, wrap_lora)
 
 TRAINABLE_WITH_LORA = ["projector", "state_proj", "action_queries", "action_head"]
 
@@ -53,6 +56,59 @@ class TokenPolicy(nn.Module, PolicyFamily):
 
     config_class = TokenPolicyConfig
     kind = "token"
+
+    @classmethod
+    def memory_model(cls, policy_cfg: TokenPolicyConfig, folder: Optional[str]) -> Model:
+        """The memory plan's view of this family (models/memory.py): the policy of `policy_cfg` on the meta device,
+        with the architecture of the saved policy in `folder` when there is one (its config.json + hf_configs.json;
+        the run's LoRA and precision keys kept), or of backbone_path / vision_path's config.json; its stacks: the
+        SigLIP tower (when used), the projector and the LM over the image, instruction and action tokens."""
+        cfg, lm_cfg, vis_cfg = policy_cfg, None, None
+        if folder and os.path.isfile(os.path.join(folder, "hf_configs.json")):
+            saved, lm_cfg, vis_cfg, _ = read_checkpoint(folder)
+            keep = {k: getattr(cfg, k) for k in ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")}
+            cfg = dataclasses.replace(type(cfg)(**saved), **keep)
+        else:
+            if cfg.backbone_path:
+                from transformers import AutoConfig
+
+                lm_cfg = AutoConfig.from_pretrained(cfg.backbone_path)
+            if cfg.vision_path:
+                from transformers import SiglipVisionConfig
+
+                vis_cfg = SiglipVisionConfig.from_pretrained(cfg.vision_path, vision_use_head=False)
+        built = dataclasses.replace(cfg, backbone_path=None, vision_path=None)  # architecture from the configs only
+        with torch.device("meta"):
+            policy = cls(built, _hf=(lm_cfg, vis_cfg, None))
+        net, enc = policy.net, policy.core.encoder
+        lm = enc.backbone.config
+        head_dim = getattr(lm, "head_dim", None) or lm.hidden_size // lm.num_attention_heads
+        views = 2 if cfg.use_wrist else 1
+        stacks = []
+        vision_grad = trainable(net, r"encoder\.vision\.")
+        if enc.use_siglip:
+            vc = enc.vision.config
+            patches = (cfg.image_size // vc.patch_size) ** 2
+            stacks.append(tuned(net, Stack("SigLIP", "vit", vc.num_hidden_layers, vc.hidden_size, vc.intermediate_size,
+                                           vc.hidden_size, vc.hidden_size, patches * views, grad=vision_grad),
+                                r"encoder\.vision\..*layers\.", False))
+        else:
+            patches = (cfg.image_size // 16) ** 2 + 1  # SmallCNN: patch tokens + one keypoint token (its convs: small)
+        front = vision_grad or trainable(net, r"encoder\.projector") or trainable(net, r"encoder\.state_proj")
+        stacks.append(tuned(net, Stack("projector", "mlp", 1, enc.vision.config.hidden_size if enc.use_siglip else
+                                       lm.hidden_size, lm.hidden_size, tokens=patches * views, grad=front),
+                            r"encoder\.projector\.", False))
+        tokens = patches * views + 1 + cfg.max_text_len + cfg.action_chunk * ACTION_DIM
+        stacks.append(tuned(net, Stack(type(enc.backbone).__name__.replace("Model", ""), "decoder",
+                                       lm.num_hidden_layers, lm.hidden_size, lm.intermediate_size,
+                                       lm.num_attention_heads * head_dim, lm.num_key_value_heads * head_dim, tokens,
+                                       grad=front or trainable(net, r"encoder\.backbone\.")),
+                            r"encoder\.backbone\.layers\.", False))
+        for s in stacks:  # bf16 autocast on CUDA: the residual stream is bf16 (projector output), norm outputs float32
+            s.residual = 2
+        return Model(f"token ({cfg.preset})", net, stacks, policy.hidden_size,
+                     [f"{tokens} LM tokens per sample ({views} camera(s), {cfg.max_text_len} instruction tokens)"],
+                     policy_cfg=policy_cfg)
 
     def __init__(self, cfg: Optional[TokenPolicyConfig] = None, action_tokenizer: Optional[ActionTokenizer] = None,
                  _hf=(None, None, None)):

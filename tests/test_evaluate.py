@@ -121,6 +121,27 @@ def test_an_rl_checkpoint_is_evaluated_on_its_held_out_trials(tmp_path):
     assert results["trial_ids"] == [0] and not results["held_out"]
 
 
+def test_an_sft_policy_is_evaluated_on_the_trials_train_sft_evaluated(tmp_path):
+    """An SFT policy folder (train_sft.py's output, its config saved beside it): the default trials are the ones
+    train_sft.py scored, the suite's last sft.eval_trials (50 - 20 = 30 on), or its sft.eval_trial_start."""
+    from common.config import save_config
+    from models.saved import TRAIN_CONFIG
+    from train_sft import Config
+
+    torch.manual_seed(0)
+    folder = tmp_path / "sft_tabletop_task0"
+    TokenPolicy(TokenPolicyConfig(**TINY)).save(str(folder))
+    cfg = Config()
+    save_config(cfg, str(folder / TRAIN_CONFIG), script="train_sft")
+    run = ["--checkpoint", str(folder), "--trials", "2", "--max-steps", "4", "--gifs", "0", "--out-dir",
+           str(tmp_path / "out")]
+    results = evaluate.main(run)
+    assert results["trial_ids"] == [30, 31] and results["held_out"]
+    cfg.sft.eval_trial_start = 10
+    save_config(cfg, str(folder / TRAIN_CONFIG), script="train_sft")
+    assert evaluate.main(run)["trial_ids"] == [10, 11]
+
+
 @pytest.mark.parametrize("flag, value, message", [
     ("--num-envs", "0", "--num-envs 0: must be >= 1"), ("--max-steps", "0", "--max-steps 0: must be >= 1"),
     ("--trials", "-1", "--trials -1: must be >= 1"), ("--trial-start", "-3", "--trial-start -3: must be >= 0"),

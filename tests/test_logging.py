@@ -94,17 +94,49 @@ def test_a_metric_is_spelled_the_same_on_every_line():
     assert alone == "iter 0 | val/success_rate 0.6" and beside.endswith("| val/success_rate 0.6")
 
 
-def test_panel_series_labels_for_a_reader_and_draws_a_repeated_curve_once():
+def test_panel_series_labels_for_a_reader_and_keeps_a_repeated_curve():
     history = {0: {"rollout/success_rate": 0.2, "sampling/success_rate": 0.2, "val/success_rate": 0.4},
                1: {"rollout/success_rate": 0.5, "sampling/success_rate": 0.5},
                2: {"rollout/success_rate": 0.6, "sampling/success_rate": 0.7}}
     keys = ["rollout/success_rate", "sampling/success_rate", "val/success_rate"]
-    assert panel_series(history, keys) == [("practice rollouts (sampled)", [0, 1, 2], [0.2, 0.5, 0.6]),
-                                           ("practice rollouts, before dynamic sampling", [0, 1, 2], [0.2, 0.5, 0.7]),
-                                           ("held-out trials, greedy", [0], [0.4])]
-    history[2]["sampling/success_rate"] = 0.6  # the same series: drawn once, under the first key's label
-    assert [label for label, _, _ in panel_series(history, keys)] == ["practice rollouts (sampled)",
-                                                                       "held-out trials, greedy"]
-    assert panel_series({1: {"train/x": 1.0}}, ["train/x"]) == [("train/x", [1], [1.0])]  # no label: the key
+    assert panel_series(history, keys) == [("practice rollouts (sampled)", [0, 1, 2], [0.2, 0.5, 0.6], "o", "-"),
+                                           ("practice rollouts, before dynamic sampling", [0, 1, 2], [0.2, 0.5, 0.7],
+                                            "o", "-"),
+                                           ("held-out trials, greedy", [0], [0.4], "o", "-")]
+    history[2]["sampling/success_rate"] = 0.6  # the same series: still drawn (dashed over the first) and named
+    assert panel_series(history, keys)[1] == ("practice rollouts, before dynamic sampling (= practice rollouts "
+                                              "(sampled))", [0, 1, 2], [0.2, 0.5, 0.6], "o", "--")
+    assert panel_series({1: {"train/x": 1.0}}, ["train/x"]) == [("train/x", [1], [1.0], "o", "-")]  # no label: the key
+    long = {i: {"train/x": 1.0, "val/success_rate": 0.5} for i in range(40)}  # 40 points: only evaluations marked
+    assert [c.marker for c in panel_series(long, ["train/x", "val/success_rate"])] == [None, "o"]
+
+
+def test_the_plot_keeps_coincident_greedy_and_sampled_curves_and_marks_evaluations(tmp_path, monkeypatch):
+    """A run whose greedy and sampled held-out success coincide: training_curves.png draws both, each with its
+    legend entry, and every evaluation point carries a marker (45 iterations: the practice curve has none)."""
+    from matplotlib.figure import Figure
+
+    drawn = {}
+    save = Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        drawn["lines"] = {ax.get_title(): [(line.get_label(), line.get_marker(), line.get_linestyle())
+                                           for line in ax.get_lines()] for ax in fig.axes}
+        drawn["legends"] = {ax.get_title(): [t.get_text() for t in ax.get_legend().get_texts()] for ax in fig.axes}
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    logger = Logger(str(tmp_path / "runs" / "r3"), "r3", Cfg(), LogConfig(plots_dir=str(tmp_path / "plots"),
+                                                                         wandb=False, plot_every=0))
+    for i in range(45):
+        row = {"rollout/success_rate": i / 45, "charts/env_steps": 100.0 * (i + 1)}
+        if i % 5 == 0:
+            row.update({"val/success_rate": i / 50, "val/sampled_success_rate": i / 50})
+        logger.log(row, step=i)
+    logger.close()
+    assert drawn["lines"]["Success rate"] == [
+        ("practice rollouts (sampled)", "None", "-"), ("held-out trials, sampled", "o", "-"),
+        ("held-out trials, greedy (= held-out trials, sampled)", "o", "--")]
+    assert drawn["legends"]["Success rate"] == [label for label, _, _ in drawn["lines"]["Success rate"]]
 
 

@@ -21,13 +21,13 @@ def test_plan_arithmetic_is_the_allocated_bytes_on_cpu(lora_rank, bf16_weights):
     real on the CPU: parameter bytes, gradient bytes after a backward and AdamW state bytes after a step (the
     scripts' adamw: moments + a 4-byte step per tensor) are the plan's, to the byte; full fine-tuning in float32 and
     LoRA on a bf16 base (float32 adapters)."""
-    from common.memory_plan import estimate, openvla_oft_model
+    from common.memory_plan import estimate
     from common.train import adamw
     from models.configs import OpenVLAOFTConfig
     from models.openvla_oft import OpenVLAOFTPolicy
 
     cfg = OpenVLAOFTConfig(init_path=FIXTURE, lora_rank=lora_rank, bf16_weights=bf16_weights, image_pipeline="resize")
-    model = openvla_oft_model(FIXTURE, cfg)
+    model = OpenVLAOFTPolicy.memory_model(cfg, FIXTURE)
     assert {p.device.type for p in model.net.parameters()} == {"meta"}
     plan = estimate(model, micro=2, device="cpu")
     policy = OpenVLAOFTPolicy(cfg)

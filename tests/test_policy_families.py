@@ -1,7 +1,8 @@
 """Policy families own their knowledge (models/policy.py PolicyFamily): a new family is one module plus one row in
 FAMILIES, and the scripts run it without a change. Proved with a toy fifth family written into a temporary module:
-train_srpo.py trains it from scratch for one iteration and evaluate.py scores the checkpoint it saved; the family's
-row is added by a launcher (as a user's own module would add it), touching no file of the project."""
+train_srpo.py plans its memory (--dry-run, from the family's own memory_model), trains it from scratch for one iteration
+and evaluate.py scores the checkpoint it saved; the family's row is added by a launcher (as a user's own module would
+add it), touching no file of the project."""
 import json
 import os
 import subprocess
@@ -117,9 +118,21 @@ class ToyPolicy(nn.Module, PolicyFamily):
             policy = cls(ToyConfig(**json.load(f)), ActionTokenizer.load(path))
         policy.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
         return policy.to(device)
+
+    @classmethod
+    def memory_model(cls, policy_cfg, folder):
+        """The memory plan's view: the policy on the meta device, one MLP-like stack (3 colour inputs -> the slots'
+        logits) per sample."""
+        from models.memory import Model, Stack
+
+        with torch.device("meta"):
+            policy = cls(policy_cfg)
+        slots = policy.action_chunk * ACTION_DIM * policy.cfg.n_bins
+        return Model("toy", policy, [Stack("colour head", "mlp", 1, 3, slots, tokens=1)], hidden_size=3)
 '''
 
 LAUNCHER = '''
+import os
 import runpy
 import sys
 
@@ -128,9 +141,59 @@ from models.configs import FAMILIES
 import toy_family
 
 FAMILIES["toy"] = ("toy_family", "ToyPolicy", toy_family.ToyConfig, "token")  # the family's one table row
+if os.environ.get("TOY_PLAN") == "0":  # the same family giving no memory plan (PolicyFamily's default)
+    del toy_family.ToyPolicy.memory_model
 sys.argv = sys.argv[2:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
+
+
+def _write_toy(tmp_path):
+    (tmp_path / "toy_family.py").write_text(textwrap.dedent(TOY_MODULE))
+    (tmp_path / "launch.py").write_text(textwrap.dedent(LAUNCHER))
+
+
+def _launch(tmp_path, script, *args, env=ENV, timeout=900):
+    out = subprocess.run([sys.executable, str(tmp_path / "launch.py"), str(tmp_path), os.path.join(ROOT, script),
+                          *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    return out
+
+
+def test_a_fifth_family_owns_its_memory_plan(tmp_path, monkeypatch):
+    """The toy family's own `memory_model` is all the plan needs: its bytes, hand-computed (16 bins x 8 steps x 7
+    dims = 896 logits: bias 896 + colour Linear 3 x 896 + 896 = 4,480 float32 parameters in 3 tensors), and
+    `--dry-run` prints its table and exits 0; without a `memory_model` (PolicyFamily's default) --dry-run answers
+    in one line and exits 0. No file of the project is touched."""
+    import importlib
+
+    from common.config import load_config
+    from common.memory_plan import KAPPA, plan_run
+
+    _write_toy(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy = importlib.import_module("toy_family")
+    monkeypatch.setitem(FAMILIES, "toy", ("toy_family", "ToyPolicy", toy.ToyConfig, "token"))
+    cfg = load_config(importlib.import_module("train_srpo").Config, None,
+                      ["env.task_ids=[0]", "policy.type=toy", "policy.n_bins=16", "init.mode=scratch",
+                       "reward.mode=binary", "train.ppo_micro_batch_size=4", "train.ppo_mini_batch_size=8"])
+    plan = plan_run(cfg, "srpo", 1)
+    assert plan.parts["weights"] == plan.parts["gradients"] == 4 * 4480
+    assert plan.parts["adamw"] == 2 * 4 * 4480 + 4 * 3  # two float32 moments + a 4-byte step per tensor
+    assert plan.parts["autocast"] == 2 * (3 * 896 + 896)  # bf16 copies of the trainable Linear's weight and bias
+    assert plan.parts["activations"] == int(4 * 2 * (3 + 2 * 896) * KAPPA)  # micro 4 x bf16 (input + 2 x 896)
+    assert plan.title.startswith("train_srpo.py: toy, full fine-tuning; ddp over 1 process; micro-batch 4 of 8")
+
+    args = ["--task-id", "0", "--dry-run", "--device-memory-gib", "80", "policy.type=toy", "policy.n_bins=16",
+            "init.mode=scratch", "reward.mode=binary"]
+    lines = _launch(tmp_path, "train_srpo.py", *args, timeout=120).stdout.splitlines()
+    assert lines[0].startswith("[memory plan] train_srpo.py: toy, full fine-tuning; ddp"), lines
+    assert any(line.strip().startswith("peak (") and "of 80.0 GiB" in line and ": fits" in line for line in lines)
+    out = _launch(tmp_path, "train_srpo.py", *args, env=dict(ENV, TOY_PLAN="0"), timeout=120)
+    assert out.stdout.splitlines() == ["[memory plan] no plan for policy family 'toy': its class's memory_model "
+                                       "gives none (models/memory.py says what one returns); nothing checked "
+                                       "against the device"]
+    assert not os.path.exists(os.path.join(ROOT, "toy_family.py"))
 
 
 def test_every_family_tells_its_kind_and_recognises_only_its_own_folders(tmp_path):
@@ -148,14 +211,10 @@ def test_every_family_tells_its_kind_and_recognises_only_its_own_folders(tmp_pat
 
 @pytest.mark.slow
 def test_a_fifth_family_is_one_module_and_one_row(tmp_path):
-    (tmp_path / "toy_family.py").write_text(textwrap.dedent(TOY_MODULE))
-    (tmp_path / "launch.py").write_text(textwrap.dedent(LAUNCHER))
+    _write_toy(tmp_path)
 
     def launch(script, *args):
-        out = subprocess.run([sys.executable, str(tmp_path / "launch.py"), str(tmp_path), os.path.join(ROOT, script),
-                              *args], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        return out
+        return _launch(tmp_path, script, *args)
 
     launch("train_srpo.py", "--task-id", "0", "--no-wandb", "policy.type=toy", "policy.n_bins=16", "init.mode=scratch",
            "env.num_envs=4", "env.max_steps=16", "rollout.n=2", "rollout.prompts_per_iteration=2",
