@@ -418,6 +418,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         env_cfg.suite = args.suite
     if args.num_envs is not None:
         env_cfg.num_envs = args.num_envs
+    if args.heldout_set is not None and args.protocol is None:
+        args.protocol = "heldout"  # a held-out set runs under the checkpoint's own env settings
     protocol = apply_protocol(args, policy, saved, env_cfg)
     reference = protocols.is_reference(protocol["name"])
     policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # the family's defaults for this suite
@@ -439,13 +441,15 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         default_start = max(default_start, practice)
     if reference:  # the reference's trials 0..49 (RL references practise on them: that is their protocol)
         default_start = 0
-    elif practice >= n_trials and args.trial_start is None:
+    elif practice >= n_trials and args.trial_start is None and args.heldout_set is None:
         raise ValueError(f"this checkpoint's training practised on every trial 0-{n_trials - 1} (its eval.protocol "
                          f"{(saved.get('eval') or {}).get('protocol')}), so heldout has no trial left: evaluate it "
                          f"with its protocol (drop --protocol), or pass --trial-start and --allow-practice-trials")
     start = default_start if args.trial_start is None else args.trial_start
     count = n_trials - start if args.trials is None else args.trials
-    if count < 1 or start + count > n_trials:
+    if args.heldout_set is not None and start >= n_trials and args.trials is None:
+        count = 0  # every official trial practised (e.g. a run under a reference protocol): drawn states only
+    elif count < 1 or start + count > n_trials:
         raise ValueError(f"--trial-start {start} --trials {count}: suite '{env_cfg.suite}' has trial ids "
                          f"0..{n_trials - 1}")
     trial_ids = list(range(start, start + count))
@@ -457,6 +461,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         if reference:
             raise ValueError(f"--heldout-set evaluates under the heldout protocol (the checkpoint's env settings), "
                              f"not --protocol {protocol['name']}, whose trials are 0-49: drop --protocol")
+        if not trial_ids:
+            print(f"every official trial 0-{n_trials - 1} was practised: the held-out set is drawn states only")
         return run_heldout(args, policy, env_cfg, protocol, task_ids, trial_ids, out_dir, paired, practice)
     if args.suites:  # one checkpoint on a base suite and its perturbed variants (common/robustness.py)
         from common.robustness import run_robustness

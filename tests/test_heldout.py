@@ -142,25 +142,36 @@ def test_heldout_flags_refuse_what_they_cannot_do(tmp_path):
     assert "must be >= 1" in bad_input("--checkpoint", WEAK, "--heldout-set", "0")
 
 
+def test_a_run_that_practised_every_trial_gets_drawn_states_only(tmp_path):
+    from tests.test_evaluate import rl_checkpoint
+
+    run_dir = rl_checkpoint(tmp_path, train_trials=50, eval_start=0)  # as under a reference protocol: 0..49 practised
+    result = evaluate.main(["--checkpoint", str(run_dir), "--heldout-set", "3", "--max-steps", "4", "--heldout-file",
+                            str(tmp_path / "set.json"), "--out-dir", str(tmp_path / "out")])
+    assert [r["trial_id"] for r in result["outcomes"]["episodes"]["greedy"]] == [None, None, None]
+    assert result["outcomes"]["heldout_set"]["name"] == "tabletop_task0_trialsnone_n3_seed0"
+    assert [r["steps"] for r in result["outcomes"]["episodes"]["greedy"]] == [4, 4, 4]
+
+
 def test_evaluate_pairs_two_tiny_tabletop_policies(tmp_path):
-    """The weak SFT fixture against an untrained policy on 10 states (trials 46-49 and 6 drawn), greedy and sampled;
+    """The weak SFT fixture against an untrained policy on 8 states (trials 46-49 and 4 drawn), greedy and sampled;
     then the fixture again against the untrained policy's outcomes.json: the same numbers."""
     torch.manual_seed(0)
     from models.token_policy import TokenPolicy, TokenPolicyConfig
 
     TokenPolicy(TokenPolicyConfig(**TINY)).save(str(tmp_path / "untrained"))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    common = ["--heldout-set", "10", "--trial-start", "46", "--sampled", "--heldout-file", str(tmp_path / "set.json")]
+    common = ["--heldout-set", "8", "--trial-start", "46", "--sampled", "--heldout-file", str(tmp_path / "set.json")]
     proc = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", WEAK, "--paired", str(tmp_path / "untrained"),
                            *common, "--out-dir", str(tmp_path / "out")], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = tmp_path / "out"
     hset = json.loads((out / "heldout_set.json").read_text())
-    assert hset["official_trials"] == [46, 47, 48, 49] and len(hset["states"]) == 10
+    assert hset["official_trials"] == [46, 47, 48, 49] and len(hset["states"]) == 8
     mine, other = (json.loads((out / f).read_text()) for f in ("outcomes.json", "paired_outcomes.json"))
     for o in (mine, other):
-        assert [len(o["episodes"][m]) for m in ("greedy", "sampled")] == [10, 10]
+        assert [len(o["episodes"][m]) for m in ("greedy", "sampled")] == [8, 8]
         assert o["heldout_set"]["sha256"] == hset["sha256"] and o["seed"] == 0 and o["temperature"] == 1.0
         assert [r["trial_id"] for r in o["episodes"]["greedy"][:5]] == [46, 47, 48, 49, None]
     assert other["success"] == {"greedy": 0.0, "sampled": 0.0}  # an untrained policy never succeeds by chance
@@ -169,7 +180,7 @@ def test_evaluate_pairs_two_tiny_tabletop_policies(tmp_path):
     for m in ("greedy", "sampled"):
         p = paired[m]
         assert p["mean_b"] == mine["success"][m] and p["diff"] == p["mean_b"] - p["mean_a"] == p["mean_b"]
-        assert p["low"] <= p["diff"] <= p["high"] and p["states"] == 10
+        assert p["low"] <= p["diff"] <= p["high"] and p["states"] == 8
         assert 0.0 <= p["low"] and (p["low"], p["high"]) == tuple(mine["interval"][m])  # a is all zeros
     assert "b - a" in proc.stdout and "greedy" in proc.stdout
 
