@@ -192,19 +192,25 @@ def test_evaluate_pairs_two_tiny_tabletop_policies(tmp_path):
 
 @pytest.mark.real_libero
 def test_real_libero_paired_heldout_evaluation(tmp_path):
-    """libero_spatial task 0: a drawn state is LIBERO's own placement reset (the same state again from its seed, and
-    the saved state pinned in that scene), and evaluate.py pairs two tiny policies on trial 49 plus 2 drawn states."""
+    """libero_spatial task 0: a drawn state is LIBERO's own placement reset (the same state and fixture placement
+    again from its seed, whatever the env did before; the saved state pinned in that scene), and evaluate.py pairs two
+    tiny policies on trial 49 plus 2 drawn states."""
     from envs.libero import LiberoEnv
 
     cfg = EnvConfig(suite="libero_spatial", task_ids=[0], fast_render=True, num_envs=1)
     hset = heldout.build_set(cfg, [0], [49], 3, seed=0)
-    seed, state = hset["states"][1]["placement_seed"], np.asarray(hset["states"][1]["state"])
+    seed, state = hset["states"][2]["placement_seed"], np.asarray(hset["states"][2]["state"])  # drawn second
     env = LiberoEnv(EnvConfig(suite="libero_spatial", num_steps_wait=0), cameras=False)
     try:
+        env.reset(options={"task_id": 0, "trial_id": 7})
         env.reset(options={"task_id": 0, "placement_seed": seed})
         assert np.array_equal(env.raw_env.get_sim_state(), state)  # the draw reproduces
+        fixtures = env.raw_env.sim.model.body_pos.copy()  # cabinets are placed in the model, not in the state
+        env.reset(options={"task_id": 0, "trial_id": 3})
+        assert not np.array_equal(env.raw_env.sim.model.body_pos, fixtures)  # another scene
         env.reset(options={"task_id": 0, "trial_id": 0, "placement_seed": [seed], "init_states": [state]})
         assert np.array_equal(env.raw_env.get_sim_state(), state) and env.trial_id == -1
+        assert np.array_equal(env.raw_env.sim.model.body_pos, fixtures)
         official = heldout.build_set(cfg, [0], [49], 1, seed=0)["states"]
         assert official == [{"task_id": 0, "trial_id": 49, "placement_seed": None, "state": None}]
     finally:
