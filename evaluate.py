@@ -14,9 +14,8 @@ suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--
 settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding (greedy or
 deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6), a pi0 policy's ODE steps and actions per call (openpi 5;
 rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip + centre crop; rlinf: resize only).
-Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate). `heldout`,
-this project's own,
-evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
+Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate).
+`heldout`, this project's own, evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
 rollout.train_trials onwards; an SFT run's own evaluation trials; overlap is refused unless --allow-practice-trials)
 with the checkpoint's env settings and fixtures seeded by the trial id. Without --protocol: on the embedded suite
 heldout; an RL run its own eval.protocol; a published checkpoint folder (no training config beside it) its paper's: an
@@ -24,6 +23,15 @@ OpenVLA-OFT discrete SFT checkpoint (config.json model_type openvla, no action_h
 simplevla-rl, an OpenVLA-OFT L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy
 carrying a pi0 checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the
 protocol.
+
+`--heldout-set N` (docs/libero.md, "Held-out sets and paired comparisons") evaluates on N initial states per task
+that the checkpoint's training never practised: the official held-out trials above plus states drawn from the suite's
+placement distribution by --heldout-seed, saved once (cache/heldout/, copied beside the outcomes); greedy, and sampled
+with --sampled, every episode seeded from --seed; per-episode outcomes.json with a bootstrap 95% interval.
+`--paired OTHER` (a checkpoint, or an earlier outcomes.json) runs OTHER on the same states with the same seeds and
+writes paired.json: --checkpoint minus OTHER with its paired bootstrap 95% interval over the states.
+
+    python evaluate.py --checkpoint runs/<rl run> --heldout-set 100 --sampled --paired checkpoints/<sft start>
 """
 from __future__ import annotations
 
@@ -73,7 +81,20 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="episode limit (heldout only; default: the checkpoint's, else the suite's)")
     p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
     p.add_argument("--out-dir", default=None, help="output folder (default plots/eval__<checkpoint name>)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="torch/numpy seed of the evaluation (with --heldout-set: of "
+                   "every policy's episodes alike, each sampled episode drawing from its own generator)")
+    p.add_argument("--heldout-set", type=int, default=None, metavar="N",
+                   help="evaluate on a held-out set of N initial states per task: the official held-out trials "
+                        "(--trial-start/--trials) plus states drawn from the suite's placement distribution "
+                        "(common/heldout.py); writes outcomes.json (per episode) with a bootstrap 95%% interval")
+    p.add_argument("--heldout-seed", type=int, default=0, help="the seed the held-out set's states are drawn with")
+    p.add_argument("--heldout-file", default=None,
+                   help="the held-out set's JSON (default cache/heldout/<name>.json): read when it exists, else "
+                        "generated and written there")
+    p.add_argument("--paired", default=None, metavar="OTHER",
+                   help="with --heldout-set: a second checkpoint evaluated on the same states with the same seeds, or "
+                        "an outcomes.json of an earlier --heldout-set evaluation; writes paired.json: --checkpoint "
+                        "minus OTHER with its paired bootstrap 95%% interval")
     p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
     args = p.parse_args(argv)
     for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
@@ -81,6 +102,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              ("--gifs", args.gifs, 0)):
         if value is not None and value < low:
             raise SystemExit(f"error: {flag} {value}: must be >= {low}")
+    if args.heldout_set is not None and args.heldout_set < 1:
+        raise SystemExit(f"error: --heldout-set {args.heldout_set}: must be >= 1")
+    if args.heldout_set is None and (args.paired or args.heldout_file):
+        raise SystemExit(f"error: {'--paired' if args.paired else '--heldout-file'} compares policies on a held-out "
+                         f"set: add --heldout-set N (e.g. 100)")
+    if args.heldout_set is not None and args.suites:
+        raise SystemExit("error: --heldout-set and --suites: a held-out set is drawn from one base suite; run them "
+                         "separately")
     if args.temperature is not None and not args.temperature > 0:
         raise SystemExit(f"error: --temperature {args.temperature}: must be > 0")
     return args
@@ -287,6 +316,107 @@ def apply_protocol(args: argparse.Namespace, policy, saved: Dict[str, Any], env_
     return p
 
 
+def heldout_paired(args: argparse.Namespace, suite: str) -> Optional[Dict[str, Any]]:
+    """--paired: {"outcomes": an earlier outcomes file} or {"checkpoint", "saved", "practice"} (its practice trials
+    on `suite`, which the held-out set leaves out too); None without --paired."""
+    if not args.paired:
+        return None
+    from common import heldout
+
+    if args.paired.endswith(".json") and os.path.isfile(args.paired):
+        return {"outcomes": heldout.read_outcomes(args.paired)}
+    saved = saved_train_config(args.paired)
+    same_suite = (saved.get("env") or {}).get("suite", "tabletop") == suite
+    return {"checkpoint": args.paired, "saved": saved, "practice": practice_trials(saved) if same_suite else 0}
+
+
+def heldout_policy_run(args: argparse.Namespace, checkpoint: str, policy, env_cfg: EnvConfig, protocol: Dict[str, Any],
+                       task_ids: Sequence[int], hset: Dict[str, Any], set_path: str, temperature: float
+                       ) -> Dict[str, Any]:
+    """One policy on every state of the held-out set (greedy, and sampled with --sampled), seeded by --seed the same
+    way for every policy; its outcomes (common/heldout.py `outcomes`)."""
+    import envs
+    from common import heldout
+
+    cfg = dataclasses.replace(env_cfg, task_ids=list(task_ids))
+    policy.cfg = type(policy).resolve_for_suite(policy.cfg, cfg.suite)
+    cfg.image_size = policy.cfg.image_size
+    cfg.wrist_camera = env_cfg.wrist_camera or policy.reads_wrist_camera()
+    starts, options = heldout.starts_and_options(hset)
+    torch.manual_seed(args.seed)  # every policy's episode i samples from the same generator seed (pipeline below)
+    np.random.seed(args.seed)
+    vec_env = envs.make_vector_env(cfg, min(cfg.num_envs, len(starts)))
+    t0 = time.time()
+    try:
+        _, batches = evaluate_policy(vec_env, policy, task_ids, [], samples_per_trial=int(args.sampled),
+                                     temperature=temperature, greedy=True, progress=True,
+                                     flow_steps=protocol["flow_steps"], pairs=starts, reset_options=options,
+                                     pipeline=True, desc=f"heldout {os.path.basename(os.path.normpath(checkpoint))}")
+    finally:
+        vec_env.close()
+    return heldout.outcomes(
+        hset, set_path, batches, checkpoint=checkpoint, iteration=checkpoint_iteration(checkpoint),
+        policy_type=family_of_folder(resolve_policy_dir(checkpoint)), suite=cfg.suite, task_ids=list(task_ids),
+        seed=args.seed, temperature=temperature if args.sampled else None, protocol=protocol["name"],
+        env={k: getattr(cfg, k) for k in ("suite", "max_steps", "num_steps_wait", "wait_action", "fixture_seed",
+                                          "image_size", "fast_render", "wrist_camera")},
+        seconds=round(time.time() - t0, 1))
+
+
+def run_heldout(args: argparse.Namespace, policy, env_cfg: EnvConfig, protocol: Dict[str, Any],
+                task_ids: Sequence[int], trial_ids: Sequence[int], out_dir: str, paired: Optional[Dict[str, Any]],
+                practice: int) -> Dict[str, Any]:
+    """--heldout-set: the set (built or read), this checkpoint's outcomes and, with --paired, the other policy's and
+    the paired comparison (--checkpoint minus OTHER). Files in out_dir: heldout_set.json, outcomes.json,
+    paired_outcomes.json and paired.json."""
+    import shutil
+
+    import envs
+    from common import heldout
+
+    if env_cfg.suite in envs.PERTURBED_SUITES:
+        raise ValueError(f"--heldout-set draws states from a base suite's placement distribution; '{env_cfg.suite}' "
+                         f"is a perturbed variant: evaluate variants with --suites")
+    hset, set_path, built = heldout.load_or_build(args.heldout_file, env_cfg, task_ids, trial_ids, args.heldout_set,
+                                                  args.heldout_seed)
+    print(f"held-out set {set_path} ({'generated' if built else 'read'}): {len(hset['states'])} states, "
+          f"official trials {trial_range(trial_ids) if trial_ids else 'none'} plus "
+          f"{args.heldout_set - len(trial_ids)} drawn per task (seed {args.heldout_seed}); practice trials "
+          f"{f'0-{practice - 1}' if practice else 'none'}")
+    if os.path.abspath(set_path) != os.path.abspath(os.path.join(out_dir, "heldout_set.json")):
+        shutil.copyfile(set_path, os.path.join(out_dir, "heldout_set.json"))
+    temperature = 1.0 if args.temperature is None else args.temperature
+    mine = heldout_policy_run(args, args.checkpoint, policy, env_cfg, protocol, task_ids, hset, set_path, temperature)
+    heldout.write_json(os.path.join(out_dir, "outcomes.json"), mine)
+    result: Dict[str, Any] = {"outcomes": mine, "files": {"set": set_path,
+                                                          "outcomes": os.path.join(out_dir, "outcomes.json")}}
+    for mode in mine["success"]:
+        low, high = mine["interval"][mode]
+        print(f"{args.checkpoint}: {mode} {mine['success'][mode]:.3f} [{low:.3f}, {high:.3f}] over "
+              f"{len(hset['states'])} states ({mine['invalid'][mode]} invalid episodes)")
+    if paired:
+        other = paired.get("outcomes")
+        if other is None:
+            other_policy = load_saved_policy(paired["checkpoint"], device=policy_device(policy))
+            other = heldout_policy_run(args, paired["checkpoint"], other_policy, env_cfg, protocol, task_ids, hset,
+                                       set_path, temperature)
+            heldout.write_json(os.path.join(out_dir, "paired_outcomes.json"), other)
+            result["files"]["paired_outcomes"] = os.path.join(out_dir, "paired_outcomes.json")
+        comparison = heldout.pair(other, mine)
+        heldout.write_json(os.path.join(out_dir, "paired.json"), comparison)
+        result["paired"], result["files"]["paired"] = comparison, os.path.join(out_dir, "paired.json")
+        print(heldout.format_pair(comparison))
+    print("wrote " + ", ".join(result["files"].values()))
+    return result
+
+
+def policy_device(policy) -> str:
+    try:
+        return str(next(policy.parameters()).device)
+    except (StopIteration, AttributeError):
+        return "cpu"
+
+
 def main(argv: Optional[Sequence[str]] = None, args: Optional[argparse.Namespace] = None) -> Dict[str, Any]:
     """Parse the command line (unless `args` is given) and evaluate; every bad input exits with one line."""
     try:
@@ -318,6 +448,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         env_cfg.suite = args.suite
     if args.num_envs is not None:
         env_cfg.num_envs = args.num_envs
+    if args.heldout_set is not None and args.protocol is None:
+        args.protocol = "heldout"  # a held-out set runs under the checkpoint's own env settings
     protocol = apply_protocol(args, policy, saved, env_cfg)
     reference = protocols.is_reference(protocol["name"])
     policy.cfg = type(policy).resolve_for_suite(policy.cfg, env_cfg.suite)  # the family's defaults for this suite
@@ -333,15 +465,21 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     own_suite = not args.suite or args.suite == saved.get("env", {}).get("suite")
     practice = practice_trials(saved) if own_suite else 0
     default_start = heldout_start(saved, practice, n_trials) if own_suite else 0  # the training's own val/ trials
+    paired = heldout_paired(args, env_cfg.suite)  # --paired: the other checkpoint's policy and practice trials
+    if paired and paired.get("practice", 0) > practice:  # neither policy's practice trials are held out
+        practice = paired["practice"]
+        default_start = max(default_start, practice)
     if reference:  # the reference's trials 0..49 (RL references practise on them: that is their protocol)
         default_start = 0
-    elif practice >= n_trials and args.trial_start is None:
+    elif practice >= n_trials and args.trial_start is None and args.heldout_set is None:
         raise ValueError(f"this checkpoint's training practised on every trial 0-{n_trials - 1} (its eval.protocol "
                          f"{(saved.get('eval') or {}).get('protocol')}), so heldout has no trial left: evaluate it "
                          f"with its protocol (drop --protocol), or pass --trial-start and --allow-practice-trials")
     start = default_start if args.trial_start is None else args.trial_start
     count = n_trials - start if args.trials is None else args.trials
-    if count < 1 or start + count > n_trials:
+    if args.heldout_set is not None and start >= n_trials and args.trials is None:
+        count = 0  # every official trial practised (e.g. a run under a reference protocol): drawn states only
+    elif count < 1 or start + count > n_trials:
         raise ValueError(f"--trial-start {start} --trials {count}: suite '{env_cfg.suite}' has trial ids "
                          f"0..{n_trials - 1}")
     trial_ids = list(range(start, start + count))
@@ -349,6 +487,13 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         raise ValueError(f"trials {trial_range(trial_ids)} overlap the trials 0-{practice - 1} this checkpoint's "
                          f"training practised on, so success there is not a held-out score: drop --trial-start (the "
                          f"default starts at {practice}), or pass --allow-practice-trials to measure them anyway")
+    if args.heldout_set is not None:
+        if reference:
+            raise ValueError(f"--heldout-set evaluates under the heldout protocol (the checkpoint's env settings), "
+                             f"not --protocol {protocol['name']}, whose trials are 0-49: drop --protocol")
+        if not trial_ids:
+            print(f"every official trial 0-{n_trials - 1} was practised: the held-out set is drawn states only")
+        return run_heldout(args, policy, env_cfg, protocol, task_ids, trial_ids, out_dir, paired, practice)
     if args.suites:  # one checkpoint on a base suite and its perturbed variants (common/robustness.py)
         from common.robustness import run_robustness
 

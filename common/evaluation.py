@@ -8,7 +8,7 @@ Episodes run through `collect_rollouts`, pipelined when the vector env was made 
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -23,15 +23,19 @@ def evaluate_policy(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequenc
                     temperature: float = 1.0, greedy: bool = True, rank: int = 0, world: int = 1,
                     gather: Callable[[List], List] = _identity, keep_frames: bool = False, progress: bool = False,
                     desc: str = "eval", flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
-                    pairs: Optional[Sequence[Tuple[int, int]]] = None
+                    pairs: Optional[Sequence[Tuple[int, int]]] = None,
+                    reset_options: Optional[Dict[str, Sequence[Any]]] = None, pipeline: Optional[bool] = None
                     ) -> Tuple[Dict[str, float], Dict[str, RolloutBatch]]:
-    """Success on every (task, trial): one greedy episode each (if `greedy`) and `samples_per_trial` sampled ones;
-    `pairs` (task, trial) runs those starts instead of every task x trial (a protocol's subset:
-    envs.protocols.eval_pairs). Process `rank` of `world` runs its share of the starts; `gather` (accelerate's
-    gather_object) joins the results. Returns (metrics named as in the module docstring, {"greedy"/"sampled": this
-    process's RolloutBatch})."""
+    """Success on every (task, trial): one greedy episode each (if `greedy`) and `samples_per_trial` sampled ones.
+    `pairs` lists the (task, trial) starts to run instead of every task x trial (a protocol's subset,
+    envs.protocols.eval_pairs, or a held-out set's), with `reset_options` one value per pair (e.g. a held-out set's
+    "init_states", common/heldout.py); `pipeline` as in `collect_rollouts` (True: each episode samples from its own
+    generator). Process `rank` of `world` runs its share of the starts; `gather` (accelerate's gather_object) joins
+    the results. Returns (metrics named as in the module docstring, {"greedy"/"sampled": this process's
+    RolloutBatch})."""
     if pairs is None:
         pairs = [(t, j) for t in task_ids for j in trial_ids]
+    options = {k: list(v)[rank::world] for k, v in (reset_options or {}).items()} or None
     pairs = [(int(t), int(j)) for t, j in pairs][rank::world]
     was_training = policy.training
     policy.eval()
@@ -46,7 +50,8 @@ def evaluate_policy(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequenc
                                      temperature=temperature, greedy=mode == "greedy", keep_frames=keep_frames,
                                      keep_obs=False, flow_steps=flow_steps,
                                      flow_noise_level=0.0 if mode == "greedy" else flow_noise_level,
-                                     progress=progress, desc=f"{desc} {mode}")
+                                     progress=progress, desc=f"{desc} {mode}", reset_options=options,
+                                     pipeline=pipeline)
             batches[mode] = batch
             results = gather(list(zip(batch.task_ids.tolist(), batch.complete.tolist())))
             metrics[f"val/{name}_rate"] = float(np.mean([c for _, c in results])) if results else float("nan")

