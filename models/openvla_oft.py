@@ -415,6 +415,10 @@ def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
     if os.path.isfile(index):
         with open(index) as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
+        bad = [s for s in shards if not isinstance(s, str) or os.path.basename(s) != s or s in ("", ".", "..")]
+        if bad:  # a shard name is a file of this folder, never a path out of it
+            raise PolicyLoadError(f"{index} names shard {bad[0]!r}, not a file name in {folder}; the index is corrupt "
+                                  f"or crafted: download the checkpoint again")
     elif os.path.isfile(os.path.join(folder, "model.safetensors")):
         shards = ["model.safetensors"]
     else:
