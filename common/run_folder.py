@@ -242,7 +242,8 @@ def lock_run_dir(run_dir: str, what: str) -> FolderLock:
 
 
 def sibling_lock(path: str, purpose: str) -> FolderLock:
-    """The lock serialising `purpose` ("export", "auto_sft") on the folder `path`: `.<name>.<purpose>.lock` beside it."""
+    """The lock serialising `purpose` ("export", "auto_sft") on the folder `path`: `.<name>.<purpose>.lock`
+    beside it."""
     path = os.path.abspath(path.rstrip("/"))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     return FolderLock(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{purpose}.lock"))

@@ -77,7 +77,7 @@ def check_weights_fit(build: Callable[[], Any], file: str) -> None:
     """Build the network `build()` returns on the meta device (shapes only, no memory) and compare every weight's
     shape with `file`'s safetensors header (read alone, no tensor data): a config.json that would build a model
     other than the weights it sits beside (e.g. a size key set huge) is refused in one line before anything is
-    allocated."""
+    allocated. ValueError (callers load under `load_errors`, which makes it the family's one-line PolicyLoadError)."""
     import torch
     from safetensors import safe_open
 
@@ -88,14 +88,13 @@ def check_weights_fit(build: Callable[[], Any], file: str) -> None:
         with safe_open(file, "pt") as f:
             stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except Exception as e:  # noqa: BLE001 - a truncated or garbage header
-        raise PolicyLoadError(f"{file} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+        raise ValueError(f"{file} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
     for key, shape in expected.items():
         if stored.get(key) != shape:
             held = f"shape {list(stored[key])}" if key in stored else "no such weight"
-            raise PolicyLoadError(f"{os.path.dirname(file)}: config.json builds {key} of shape {list(shape)} but "
-                                  f"{os.path.basename(file)} holds {held}; the folder's config and weights disagree "
-                                  f"(refused before building the model)")
+            raise ValueError(f"config.json builds {key} of shape {list(shape)} but {os.path.basename(file)} holds "
+                             f"{held}; the folder's config and weights disagree (refused before building the model)")
     extra = sorted(set(stored) - set(expected))
     if extra:
-        raise PolicyLoadError(f"{os.path.dirname(file)}: {os.path.basename(file)} holds {extra[0]!r}, which the model "
-                              f"config.json builds does not have; the folder's config and weights disagree")
+        raise ValueError(f"{os.path.basename(file)} holds {extra[0]!r}, which the model config.json builds does not "
+                         f"have; the folder's config and weights disagree")
