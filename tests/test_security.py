@@ -112,6 +112,7 @@ def srpo_run(tmp_path_factory):
     return str(out / "runs" / name)
 
 
+@pytest.mark.slow
 def test_resume_of_an_fsdp_folder_not_written_here_says_so_in_one_line(srpo_run, tmp_path):
     last = latest_checkpoint(srpo_run)
     os.makedirs(os.path.join(last, "shards"), exist_ok=True)  # what an fsdp run's checkpoint holds
@@ -143,6 +144,7 @@ def test_interpolation_is_refused_in_overrides_and_files(tmp_path, monkeypatch):
 
 # ---- 3. one job per run folder
 
+@pytest.mark.slow
 def test_a_second_resume_of_a_running_run_is_refused_naming_its_pid_and_host(srpo_run):
     first = subprocess.Popen([sys.executable, os.path.join(ROOT, "train_srpo.py"), "--resume", srpo_run,
                               "train.iterations=400"], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
@@ -391,3 +393,15 @@ def test_evaluate_reads_no_config_yaml_of_unrelated_parent_folders(tmp_path):
     policy = tmp_path / "a" / "b" / "policy"
     TokenPolicy().save(str(policy))
     assert evaluate.saved_train_config(str(policy)) == {}
+
+
+def test_trust_run_is_a_flag_of_every_script(monkeypatch):
+    from common import run_folder
+    from common.config import parse_cli
+    from train_srpo import Config
+
+    monkeypatch.setattr(run_folder, "_trust_run", False)
+    parse_cli(Config, "configs/srpo.yaml", argv=["--trust-run"], script="srpo")
+    assert run_folder.trust_run()
+    parse_cli(Config, "configs/srpo.yaml", argv=[], script="srpo")
+    assert not run_folder.trust_run()
