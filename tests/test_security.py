@@ -405,3 +405,18 @@ def test_trust_run_is_a_flag_of_every_script(monkeypatch):
     assert run_folder.trust_run()
     parse_cli(Config, "configs/srpo.yaml", argv=[], script="srpo")
     assert not run_folder.trust_run()
+
+
+def test_a_published_folder_whose_config_disagrees_with_its_weights_is_refused_before_building(tmp_path):
+    import shutil
+
+    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
+    from models.saved import PolicyLoadError
+
+    folder = tmp_path / "oft"
+    shutil.copytree(os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["hidden_size"] = 4096  # the weights hold 32: a 7B-sized build, were it made first
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(PolicyLoadError, match="refused before building the model"):
+        OpenVLAOFTPolicy(OpenVLAOFTConfig(init_path=str(folder), bf16_weights=False))
