@@ -134,9 +134,19 @@ from models.saved import TRAIN_CONFIG, PolicyLoadError
 def saved_train_config(path: str) -> Dict[str, Any]:
     """The training config saved with a checkpoint (beside it, in its training checkpoint or its run folder) as a
     dict; {} when there is none."""
-    policy_dir = resolve_policy_dir(path)
-    for candidate in (os.path.join(policy_dir, TRAIN_CONFIG), os.path.join(policy_dir, "..", "config.yaml"),
-                      os.path.join(policy_dir, "..", "..", "..", "config.yaml"), os.path.join(path, "config.yaml")):
+    policy_dir = os.path.abspath(resolve_policy_dir(path))
+    parent, name = os.path.dirname(policy_dir), os.path.basename(policy_dir)
+    candidates = [os.path.join(policy_dir, TRAIN_CONFIG)]
+    # a parent's config.yaml only where this project's layout puts one (a plain policy folder never reads a
+    # config.yaml of whatever folders happen to hold it)
+    if name == "policy" and os.path.basename(parent).startswith("iter_"):  # <run>/checkpoints/iter_N/policy
+        candidates.append(os.path.join(parent, "config.yaml"))
+        if os.path.basename(os.path.dirname(parent)) == "checkpoints":
+            candidates.append(os.path.join(os.path.dirname(os.path.dirname(parent)), "config.yaml"))
+    elif name in ("best", "last"):  # <sft run>/best
+        candidates.append(os.path.join(parent, "config.yaml"))
+    candidates.append(os.path.join(path, "config.yaml"))  # the run folder itself was given
+    for candidate in candidates:
         if os.path.isfile(candidate):
             with open(candidate) as f:
                 saved = yaml.safe_load(f) or {}

@@ -126,6 +126,7 @@ from common.checkpoint import load_saved_policy
 from common.demos import demos_to_samples, generate_expert_demos, load_hdf5_demos
 from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
+from common.run_folder import replace_folder, sibling_lock
 from common.train import adamw, optimizer_step
 from models.action_tokenizer import ActionTokenizer
 from models.policy import policy_class
@@ -187,9 +188,7 @@ def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optio
         with open(os.path.join(tmp, EXPORTED_BY), "w") as f:
             f.write(os.path.realpath(run_dir or "") + "\n")
         envs.write_suite_version(tmp, cfg.env.suite)
-    if os.path.exists(dst):
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
+    replace_folder(tmp, dst)  # the old folder is never missing (another run may be loading it)
 
 
 EXPORTED_BY = "exported_by.txt"  # in an exported policy: the train_sft.py run folder that wrote it
@@ -210,6 +209,21 @@ def check_output_path(path: Optional[str], run_dir: Optional[str]) -> None:
     if not mine:
         raise ConfigError(f"sft.output_path={path} already exists and is not empty: the exported policy would replace "
                           f"it; choose another sft.output_path (or remove that folder yourself)")
+
+
+def export_policy(best: str, cfg: Config, run_dir: str) -> None:
+    """The best policy to sft.output_path, one exporter at a time (a lock beside it), checked again under the lock:
+    another run may have written that folder since this run started (ConfigError; this run's best/ stays)."""
+    lock = sibling_lock(cfg.sft.output_path, "export")
+    lock.acquire(wait=True)
+    try:
+        try:
+            check_output_path(cfg.sft.output_path, run_dir)
+        except ConfigError as e:
+            raise ConfigError(f"{e} (written since this run started; its best policy stays in {best})") from None
+        copy_policy(best, cfg.sft.output_path, cfg, run_dir)
+    finally:
+        lock.release()
 
 
 def schedule(cfg: Config, eval_trials: List[int]) -> Schedule:
@@ -336,7 +350,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
         best = run.state["best"]
         if run.is_main and cfg.sft.output_path:
             with run.uninterrupted():
-                copy_policy(os.path.join(run.run_dir, "best"), cfg.sft.output_path, cfg, run.run_dir)
+                export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
                   f"{cfg.sft.output_path}", flush=True)
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],

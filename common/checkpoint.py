@@ -13,12 +13,20 @@ Layout of `<run_dir>/checkpoints/iter_XXXXXX/`:
   state.json              iteration + `extra` (JSON)
   config.yaml             the resolved config (when given)
   MANIFEST.json           size + sha256 of every file above; written last, so no manifest = incomplete
+  MANIFEST.sig            HMAC-SHA256 of MANIFEST.json under this machine's key (`trust_key_path()`): a resume of an
+                          fsdp checkpoint checks it, since torch's DCP reads `shards/.metadata` with pickle (a folder
+                          written elsewhere is trusted like code: refused unless `--trust-run`)
+
+Nothing here unpickles: optimizers.pt, schedulers.pt and rng.pt are read with `torch.load(weights_only=True)` (tensors
+and plain python values only); a file holding anything else is refused as a corrupt checkpoint.
 """
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import os
+import pickle
 import random
 import shutil
 import time
@@ -32,6 +40,7 @@ from safetensors.torch import load_file, save_file
 from models.saved import PolicyLoadError, is_policy_dir, load_errors, readable_files  # noqa: F401 - re-exported
 
 MANIFEST = "MANIFEST.json"
+SIGNATURE = "MANIFEST.sig"
 
 
 class CheckpointError(RuntimeError):
@@ -161,8 +170,9 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"could not write checkpoint {final}: {error} (no partial checkpoint was left; earlier "
                               f"checkpoints are intact)")
-    if main:
-        for old in _iteration_dirs(run_dir)[:-keep_last] if keep_last > 0 else []:
+    if main:  # the newest keep_last up to this one (a corrupt newer leftover a resume skipped holds no slot)
+        older = [d for d in _iteration_dirs(run_dir) if int(os.path.basename(d)[5:]) <= iteration]
+        for old in older[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         for name in os.listdir(root):  # leftovers of a crash in the middle of a save
             if name.startswith(".tmp_iter_") and not name.endswith(f"_{os.getpid()}"):
@@ -204,6 +214,16 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
         json.dump({"iteration": int(iteration), "files": files}, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+    try:
+        signature = _manifest_hmac(tmp)
+    except OSError as e:  # no writable cache folder: the checkpoint is complete, only unsigned (a resume says so)
+        warnings.warn(f"cannot use the trust key {trust_key_path()} ({e.strerror or e}); checkpoint left unsigned",
+                      stacklevel=2)
+    else:
+        with open(os.path.join(tmp, SIGNATURE), "w") as f:
+            f.write(signature)
+            f.flush()
+            os.fsync(f.fileno())
     for dirpath, _, _ in os.walk(tmp):
         _fsync_dir(dirpath)
 
@@ -216,10 +236,17 @@ def verify_checkpoint(path: str, check_hashes: bool = True) -> None:
     try:
         with open(manifest_path) as f:
             files = json.load(f)["files"]
-    except (json.JSONDecodeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable ({e})") from None
+        if not isinstance(files, dict) or not all(
+                isinstance(info, dict) and isinstance(info.get("size"), int) and isinstance(info.get("sha256"), str)
+                for info in files.values()):
+            raise ValueError("each file needs an entry with an integer size and a sha256")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {path}: {MANIFEST} is unreadable or malformed ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:120]})") from None
     for rel, info in files.items():
         full = os.path.join(path, rel)
+        if os.path.isabs(rel) or os.path.normpath(rel).startswith(os.pardir):
+            raise CheckpointError(f"checkpoint {path}: {MANIFEST} names {rel!r}, outside the checkpoint folder")
         if not os.path.isfile(full):
             raise CheckpointError(f"checkpoint {path}: file {rel} is missing")
         size = os.path.getsize(full)
@@ -251,14 +278,14 @@ def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
     The policy itself is loaded by the script from `<path>/policy` (e.g. `TokenPolicy.load(path + "/policy")`).
     """
     verify_checkpoint(path, check_hashes=False)
-    opt_states = torch.load(os.path.join(path, "optimizers.pt"), map_location="cpu", weights_only=True)
+    opt_states = safe_torch_load(os.path.join(path, "optimizers.pt"))
     for name, opt in optimizers.items():
         if name not in opt_states:
             raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (it has {sorted(opt_states)})")
         opt.load_state_dict(opt_states[name])
     if schedulers:
         sched_path = os.path.join(path, "schedulers.pt")
-        sched_states = torch.load(sched_path, weights_only=True) if os.path.isfile(sched_path) else {}
+        sched_states = safe_torch_load(sched_path) if os.path.isfile(sched_path) else {}
         for name, sched in schedulers.items():
             if name not in sched_states:
                 raise CheckpointError(f"checkpoint {path} has no scheduler {name!r} (it has {sorted(sched_states)})")
@@ -285,8 +312,82 @@ def read_rng_state(path: str, rank: int = 0) -> Dict[str, Any]:
 
 def read_rng_states(path: str) -> List[Dict[str, Any]]:
     """Every process's RNG dict of a checkpoint (one per process of the run that wrote it)."""
-    states = torch.load(os.path.join(path, "rng.pt"), weights_only=False)
-    return [states] if isinstance(states, dict) else list(states)
+    states = safe_torch_load(os.path.join(path, "rng.pt"))
+    states = [states] if isinstance(states, dict) else states
+    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
+        raise CheckpointError(f"checkpoint {path}: rng.pt holds {type(states).__name__}, not one RNG dict per process")
+    return states
+
+
+def safe_torch_load(file: str) -> Any:
+    """`torch.load(file, weights_only=True)`: tensors and plain python values only, never code. A file holding other
+    objects (a pickle that would run code) is refused with a one-line CheckpointError."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else "unsupported object"
+        raise CheckpointError(f"{file} holds objects other than tensors and plain values ({first[:160]}); refused: "
+                              f"this project never unpickles a checkpoint (use a checkpoint written by these "
+                              f"scripts)") from None
+
+
+# ---- trust: a checkpoint written on this machine carries an HMAC of its manifest under a key only this user reads
+
+def trust_key_path() -> str:
+    """This user's machine-local key: $XDG_CACHE_HOME/vla-rl/trust.key (default ~/.cache/vla-rl/trust.key), mode 600,
+    made on first use."""
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "vla-rl", "trust.key")
+
+
+def _trust_key() -> bytes:
+    path = trust_key_path()
+    try:
+        with open(path, "rb") as f:
+            key = f.read()
+        if len(key) >= 32:
+            return key
+    except FileNotFoundError:
+        pass
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    try:  # the first writer wins when two processes make it at once; the others read its key
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _manifest_hmac(path: str) -> str:
+    with open(os.path.join(path, MANIFEST), "rb") as f:
+        return hmac.new(_trust_key(), f.read(), hashlib.sha256).hexdigest()
+
+
+def written_here(path: str) -> bool:
+    """Whether checkpoint `path`'s manifest carries this machine's signature (it was written by this user here, and
+    the manifest, hence every file it lists, is unchanged since)."""
+    try:
+        with open(os.path.join(path, SIGNATURE)) as f:
+                signature = f.read().strip()
+        return hmac.compare_digest(signature, _manifest_hmac(path))
+    except (OSError, UnicodeDecodeError, TypeError):
+        return False
+
+
+def untrusted_message(path: str) -> Optional[str]:
+    """One line when resuming `path` would unpickle what it holds and it was not written here (None: safe to load).
+    Only an fsdp checkpoint (shards/: torch DCP reads `.metadata` with pickle) needs the trust."""
+    if not os.path.isdir(os.path.join(path, "shards")) or written_here(path):
+        return None
+    return (f"--resume: {path} holds fsdp shards, whose .metadata torch reads with pickle (it can run code), and it "
+            f"was not written on this machine (no valid {SIGNATURE} under {trust_key_path()}); resume it only if you "
+            f"trust whoever wrote it, like code, with --trust-run")
 
 
 # ---- saved policies under any folder a user gives: a policy folder, an SFT run's best/last, an RL checkpoint

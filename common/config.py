@@ -18,7 +18,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from common.run_folder import default_run_prefix, resolve_run_dir
+from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
 from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
 from common import memory_plan
 from models.configs import FAMILIES, config_class
@@ -90,8 +90,24 @@ def _check_keys(data: Any, node: Any, prefix: str, source: str) -> None:
             _check_keys(value, valid[key], f"{full}.", source)
 
 
+def _refuse_interpolation(data: Any, source: str, prefix: str = "") -> None:
+    """ConfigError naming the first key whose value holds `${`: OmegaConf would resolve it (`${oc.env:VAR}` reads the
+    environment, e.g. an API key, into the run name, config.yaml and wandb), so interpolation is off everywhere."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            _refuse_interpolation(value, source, f"{prefix}{key}.")
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            _refuse_interpolation(value, source, f"{prefix[:-1]}[{i}].")
+    elif isinstance(data, str) and "${" in data:
+        raise ConfigError(f"{source}: {prefix[:-1]}={data!r}: interpolation (${{...}}) is not supported in configs "
+                          f"(it could read the environment into the run's name, config.yaml and wandb); write the value "
+                          f"itself")
+
+
 def _merge(base: DictConfig, data: Dict[str, Any], schema: Any, source: str) -> DictConfig:
     _check_keys(data, schema, "", source)
+    _refuse_interpolation(data, source)
     try:
         return OmegaConf.merge(base, data)
     except (ValidationError, ConfigKeyError) as e:
@@ -186,18 +202,18 @@ RANGES: Dict[str, str] = {
     "seed": "[0, inf)",
     "env.num_envs": "[1, 4096]; each env holds its own observation buffers (LIBERO: a simulator process)",
     "env.image_size": "[32, 1024]", "env.action_chunk": "[1, 64]",
-    "env.max_steps": "[1, inf)", "env.expert_noise": "[0, inf)", "env.num_steps_wait": "[0, inf)",
-    "eval.every": "[0, inf)", "eval.trials_per_task": "[1, inf)", "eval.trial_start": "[0, inf)",
-    "eval.samples_per_trial": "[0, inf)",
+    "env.max_steps": "[1, 10000]", "env.expert_noise": "[0, inf)", "env.num_steps_wait": "[0, 1000]",
+    "eval.every": "[0, inf)", "eval.trials_per_task": "[1, 10000]", "eval.trial_start": "[0, inf)",
+    "eval.samples_per_trial": "[0, 1024]",
     "log.checkpoint_every": "[1, inf)", "log.keep_checkpoints": "[1, inf)", "log.plot_every": "[0, inf)",
-    "policy.image_size": "[32, 1024]", "policy.lora_rank": "[0, inf)", "policy.lora_alpha": "(0, inf)",
-    "policy.lora_dropout": "[0, 1)", "policy.n_bins": "[2, inf)", "policy.num_steps": "[1, inf)",
-    "rollout.n": "[1, inf)", "rollout.n_off": "[0, inf)", "rollout.prompts_per_iteration": "[1, inf)",
-    "rollout.episodes_per_iteration": "[1, inf)", "rollout.temperature": "(0, inf)",
-    "rollout.flow_noise_level": "[0, inf)", "rollout.train_trials": "[1, inf)",
+    "policy.image_size": "[32, 1024]", "policy.lora_rank": "[0, 4096]", "policy.lora_alpha": "(0, inf)",
+    "policy.lora_dropout": "[0, 1)", "policy.n_bins": "[2, 65536]", "policy.num_steps": "[1, 1000]",
+    "rollout.n": "[1, 1024]", "rollout.n_off": "[0, 1024]", "rollout.prompts_per_iteration": "[1, 65536]",
+    "rollout.episodes_per_iteration": "[1, 1048576]", "rollout.temperature": "(0, inf)",
+    "rollout.flow_noise_level": "[0, inf)", "rollout.train_trials": "[1, 100000]",
     "reward.dbscan_eps": "(0, inf)", "reward.dbscan_min_samples": "[1, inf)", "reward.sigmoid_steepness": "(0, inf)",
-    "reward.max_failure_reward": "[0, 1]", "reward.encoder.num_frames": "[1, inf)",
-    "reward.encoder.batch_size": "[1, inf)",
+    "reward.max_failure_reward": "[0, 1]", "reward.encoder.num_frames": "[1, 4096]",
+    "reward.encoder.batch_size": "[1, 65536]",
     "algorithm.clip_ratio_low": "[0, 1)", "algorithm.clip_ratio_high": "[0, inf)",
     "algorithm.clip_ratio_c": "(1, inf); the dual clip bounds a negative advantage's ratio at c, above 1 + clip",
     "algorithm.clip_ratio": "(0, 1)", "algorithm.clip_upper_bound": "[1, inf)",
@@ -213,11 +229,11 @@ RANGES: Dict[str, str] = {
     "train.weight_decay": "[0, inf)", "train.lr_warmup_steps": "[0, inf)", "train.grad_clip": "(0, inf)",
     "train.actor_max_grad_norm": "(0, inf)", "train.critic_max_grad_norm": "(0, inf)",
     "train.critic_warmup_iterations": "[0, inf)",
-    "sft.num_demos": "[0, inf)", "sft.demo_noise": "[0, inf)", "sft.batch_size": "[1, inf)",
+    "sft.num_demos": "[0, 100000]", "sft.demo_noise": "[0, inf)", "sft.batch_size": "[1, 65536]",
     "sft.steps": "[1, inf); 0 steps would export the untrained policy as the best one",
     "sft.lr": "[0, inf)", "sft.weight_decay": "[0, inf)", "sft.warmup_steps": "[0, inf)", "sft.min_lr_ratio": "[0, 1]",
-    "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, inf)", "sft.log_every": "[1, inf)",
-    "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, inf)", "sft.eval_trial_start": "[0, inf)",
+    "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, 256]", "sft.log_every": "[1, inf)",
+    "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, 10000]", "sft.eval_trial_start": "[0, inf)",
     "value_head.dropout": "[0, 1)",
     "train.adam_beta1": "[0, 1)", "train.adam_beta2": "[0, 1)",
     "rollout.max_rounds": "[1, inf); rollout.refill's cap on rollout rounds per iteration (1 = no refill)",
@@ -406,6 +422,9 @@ def build_arg_parser(description: str, default_config: str,
     p.add_argument("--resume", nargs="?", const="auto", default=None,
                    help="continue a run with its saved config.yaml: alone = the latest run of this script/suite/"
                         "tasks/seed; or a run folder")
+    p.add_argument("--trust-run", action="store_true",
+                   help="with --resume: load an fsdp run folder not written on this machine (torch reads its shards' "
+                        ".metadata with pickle, which can run code: trust it like code)")
     for name, spec in (flags or {}).items():
         spec = {k: v for k, v in spec.items() if k != "key"}
         p.add_argument(name, default=None, **spec)
@@ -486,6 +505,7 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
     parser = build_arg_parser(description.split("\n\n")[0], default_config, flags, defaults, shown)
     args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
     memory_plan.set_cli(args.dry_run, args.device_memory_gib, args.processes)
+    set_trust_run(args.trust_run)
     overrides = list(args.overrides) + [a for a, o in zip(argv, is_override) if o]
     if args.task_id is not None and args.task_ids is not None:
         raise ConfigError("command line: give --task-id or --task-ids, not both")

@@ -163,7 +163,8 @@ def load_hdf5_demos(paths: Sequence[str], env_cfg: EnvConfig, num_per_task: int 
     files = []
     for path in paths:
         try:
-            files.append((path, load_libero_demos(path, env_cfg.image_size, images=images)))
+            # a LIBERO file holds one task's demos: the first num_per_task are all the selection can keep
+            files.append((path, load_libero_demos(path, env_cfg.image_size, images=images, limit=num_per_task)))
         except FileNotFoundError:
             raise ConfigError(f"{key}: demo file {path} does not exist") from None
         except ValueError as e:

@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from common.config import ROOT, ConfigError
-from common.run_folder import run_order
+from common.run_folder import run_order, sibling_lock
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
 SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
@@ -95,6 +95,23 @@ def run_auto_sft(cfg: Any, path: str, family: str) -> None:
         raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
 
 
+def make_sft_start(cfg: Any, path: str, family: str) -> None:
+    """init.mode=auto_sft with `path` missing: one run makes it (a lock beside it); another run of the same SFT start
+    (several seeds launched at once) waits for that one and uses what it wrote."""
+    lock = sibling_lock(path, "auto_sft")
+    held = lock.acquire()
+    if held is not None:
+        print(f"[init] {path} is being made by pid {held[0]} on {held[1]}; waiting for it", flush=True)
+        lock.acquire(wait=True)
+    try:
+        if not os.path.isdir(path):
+            run_auto_sft(cfg, path, family)
+        else:
+            print(f"[init] using {path}, made by another run meanwhile", flush=True)
+    finally:
+        lock.release()
+
+
 def initial_policy(run: Any, kind: str):
     """The policy RL starts from (module docstring), on the run's device; `kind` is what the script trains: 'token'
     (discrete actions with log-probs) or 'flow'. A policy that reads the wrist camera needs it rendered."""
@@ -135,7 +152,7 @@ def initial_policy(run: Any, kind: str):
             raise ConfigError(f"no SFT checkpoint at {path}: RL starts from a supervised policy; make it with `{shown}`, "
                               f"or set init.mode=auto_sft to run that first, or init.path=<dir> to use another one")
         if run.is_main:
-            run_auto_sft(cfg, path, family)
+            make_sft_start(cfg, path, family)
     run.accelerator.wait_for_everyone()
     try:
         found = family_of_folder(path)

@@ -46,13 +46,15 @@ import numpy as np
 import torch
 
 from common import fsdp, memory_plan
-from common.checkpoint import CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states,
+                               untrusted_message)
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
 from common.evaluation import eval_trials, evaluate_policy
 from common.logging import Logger, MetricsWriteError, duration, format_line
 from common.rollout import RolloutBatch
-from common.run_folder import check_writable, create_run_dir, default_run_prefix, remove_if_empty, resolve_run_dir
+from common.run_folder import (check_writable, create_run_dir, default_run_prefix, lock_run_dir, remove_if_empty,
+                               resolve_run_dir, trust_run)
 from models.saved import PolicyLoadError
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
@@ -123,29 +125,27 @@ class Run:
         self.created = False  # a new run folder made by this process (removed again if the start fails empty)
         prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
         error, named = None, ("", "")
+        self._lock = None  # the main process holds <run>/run.lock for the run's life (one job per run folder)
         if self.is_main:  # only the main process creates (exclusively) or checks the folder; the others take its name
             try:
                 if cfg.resume:
                     named = resolve_run_dir(cfg.log, prefix, cfg.resume, must_exist=True)
                     check_writable(named[1], f"--resume {named[1]}")
+                    self._lock = lock_run_dir(named[1], f"--resume {named[1]}")
                 else:
                     named = create_run_dir(cfg.log, prefix)
                     self.created = True
+                    self._lock = lock_run_dir(named[1], f"log.output_dir={cfg.log.output_dir}")
             except ConfigError as e:
                 error = str(e)
         error, (self.run_name, self.run_dir) = self.gather([(error, named)])[0]
         if error:
             raise ConfigError(error)
-        self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
-        if cfg.resume and self.resume_path is None:
-            raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
-                              f"without --resume")
-        if self.resume_path is not None:
-            saved_world = len(read_rng_states(self.resume_path))
-            if saved_world != self.world:
-                raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
-                                  f"(prompts are per process, so the batch would change): resume with "
-                                  f"`{self.resume_command(saved_world)}`")
+        try:
+            self._check_resume(cfg)
+        except BaseException:
+            self.release_lock()
+            raise
         self.start_iteration = 0
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
@@ -161,6 +161,36 @@ class Run:
         self._updated = False  # an optimizer step ran in this iteration (the weights moved since its start)
         self._old_handlers: Dict[int, Any] = {}
         self._t_first: Optional[tuple] = None
+
+    def release_lock(self) -> None:
+        """Let go of the run folder (at the run's end, or when its start fails)."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
+
+    def _check_resume(self, cfg: Any) -> None:
+        """The checkpoint a resume continues from: complete, of this many processes, and trusted when loading it
+        unpickles (fsdp shards written elsewhere: refused unless --trust-run)."""
+        self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        if cfg.resume and self.resume_path is None:
+            raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
+                              f"without --resume")
+        if self.resume_path is not None:
+            untrusted = next((m for m in self.gather([untrusted_message(self.resume_path) if self.is_main else None])
+                              if m), None)
+            if untrusted and not trust_run():
+                raise ConfigError(untrusted)
+            if untrusted and self.is_main:
+                print(f"[{self.script}] --trust-run: loading {self.resume_path} although it was not written on this "
+                      f"machine", flush=True)
+            try:
+                saved_world = len(read_rng_states(self.resume_path))
+            except CheckpointError as e:
+                raise ConfigError(str(e)) from None
+            if saved_world != self.world:
+                raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
+                                  f"(prompts are per process, so the batch would change): resume with "
+                                  f"`{self.resume_command(saved_world)}`")
 
     # ---- start
     def gather(self, items: List) -> List:
@@ -413,6 +443,7 @@ class Run:
                 # several processes: the process ends now, and the launcher's SIGTERM once another one has ended
                 # must not cut its exit (its error line, exit code 130) short
                 signal.signal(sig, signal.SIG_IGN if self.world > 1 else handler)
+        self.release_lock()
         if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
         if exc_type is KeyboardInterrupt:

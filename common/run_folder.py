@@ -1,10 +1,15 @@
 """Run folders: `<log.output_dir>/<run name>/` and `<log.plots_dir>/<run name>/`. A new run's folder is created
 exclusively (two runs started in the same second get `-2`, ...; an existing `log.run_name` is refused), checked
 writable, and removed again when its start fails before writing anything; `--resume` finds the run to continue (a
-bare `--resume`: the newest run of the same script, suite, tasks and seed that holds a checkpoint)."""
+bare `--resume`: the newest run of the same script, suite, tasks and seed that holds a checkpoint). One job per run
+folder: `RunLock` holds `<run>/run.lock` for the run's life; `FolderLock` serialises writers of a shared folder."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import json
 import os
+import socket
 import tempfile
 import time
 from typing import Any, Optional, Sequence, Tuple
@@ -134,3 +139,148 @@ def remove_if_empty(*folders: str) -> None:
             os.rmdir(folder)
         except OSError:
             pass
+
+
+_trust_run = False
+
+
+def set_trust_run(trusted: bool) -> None:
+    """--trust-run: resume an fsdp run folder not written on this machine (its shards' .metadata is unpickled)."""
+    global _trust_run
+    _trust_run = bool(trusted)
+
+
+def trust_run() -> bool:
+    return _trust_run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+class FolderLock:
+    """An exclusive lock on the file `path` (flock), holding `{"pid", "host"}` of its holder. The kernel drops the
+    lock of a dead holder, so a stale lock file is taken over; where the filesystem has no flock, a lock file of a
+    dead pid on this host is taken over and any other is respected. `acquire(wait=False)` returns the holder's
+    (pid, host) when it is held elsewhere, None once this process holds it."""
+
+    def __init__(self, path: str):
+        self.path, self.fd = path, None
+        self.me = {"pid": os.getpid(), "host": socket.gethostname()}
+
+    def holder(self) -> tuple:
+        try:
+            with open(self.path) as f:
+                info = json.load(f)
+            return int(info["pid"]), str(info["host"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, "?"
+
+    def acquire(self, wait: bool = False) -> Optional[tuple]:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    return self.holder()
+                pid, host = self.holder()  # no flock here (ENOLCK): the pid and host in the file decide
+                if pid is not None and pid != os.getpid() and (host != self.me["host"] or _alive(pid)):
+                    if not wait:
+                        return pid, host
+                    time.sleep(1.0)
+                    continue
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:  # the file we locked must still be the one at `path` (a releasing holder unlinks it)
+                if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                    os.close(fd)
+                    continue
+            except FileNotFoundError:
+                os.close(fd)
+                continue
+            os.ftruncate(fd, 0)
+            os.write(fd, json.dumps(self.me).encode())
+            os.fsync(fd)
+            self.fd = fd
+            return None
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            if os.fstat(self.fd).st_ino == os.stat(self.path).st_ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None
+
+
+RUN_LOCK = "run.lock"
+
+
+def lock_run_dir(run_dir: str, what: str) -> FolderLock:
+    """Hold `<run_dir>/run.lock` for the run's life; ConfigError (one line naming the holder's pid and host) when
+    another job holds it: the same run started or resumed twice would interleave both."""
+    lock = FolderLock(os.path.join(run_dir, RUN_LOCK))
+    try:
+        held = lock.acquire()
+    except OSError as e:
+        raise ConfigError(f"{what}: cannot lock {lock.path} ({e.strerror or e}); choose a writable folder") from None
+    if held is not None:
+        pid, host = held
+        raise ConfigError(f"{what}: {run_dir} is in use by pid {pid if pid is not None else '?'} on {host} (it holds "
+                          f"{lock.path}); one job per run folder: wait for that job to end or stop it, then resume")
+    return lock
+
+
+def sibling_lock(path: str, purpose: str) -> FolderLock:
+    """The lock serialising `purpose` ("export", "auto_sft") on the folder `path`: `.<name>.<purpose>.lock`
+    beside it."""
+    path = os.path.abspath(path.rstrip("/"))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return FolderLock(os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{purpose}.lock"))
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap two paths in one step (Linux renameat2 RENAME_EXCHANGE); False where the system or filesystem cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def replace_folder(tmp: str, dst: str) -> None:
+    """Put the folder `tmp` at `dst`, replacing the folder there without a moment where `dst` is missing (an atomic
+    exchange, then the old one removed); where the filesystem cannot exchange, the old folder is moved aside and the
+    new one renamed in right after (a gap of one rename, never a delete before the rename)."""
+    import shutil
+
+    if not os.path.exists(dst):
+        os.replace(tmp, dst)
+        return
+    if _exchange(tmp, dst):
+        shutil.rmtree(tmp, ignore_errors=True)  # now the old folder
+        return
+    old = f"{dst.rstrip('/')}.old{os.getpid()}"
+    os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)

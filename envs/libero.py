@@ -747,12 +747,37 @@ def _resize(frames: np.ndarray, size: int) -> np.ndarray:
 DEMO_KEYS = ("actions", "obs/agentview_rgb", "obs/eye_in_hand_rgb", "obs/gripper_states")
 
 
-def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool = True) -> List[Dict[str, Any]]:
+MAX_DEMO_STEPS = 10_000  # a LIBERO demo is a few hundred steps; longer is refused before any array is read
+MAX_DEMO_IMAGE = 1024  # stored image side, at most (the run resizes to env.image_size)
+
+
+def _check_demo_shapes(path: str, key: str, demo: Any, images: bool) -> None:
+    """ValueError (one line) for a demo whose stored shapes are not LIBERO's, checked from the HDF5 headers before
+    any array is read: actions (T, 7), every per-step array T rows, images (T, H, W, 3) with H, W <= MAX_DEMO_IMAGE."""
+    actions = demo["actions"].shape
+    if len(actions) != 2 or actions[1] != 7 or not 1 <= actions[0] <= MAX_DEMO_STEPS:
+        raise ValueError(f"{path}:{key}/actions has shape {actions}, expected (T, 7) with 1 <= T <= {MAX_DEMO_STEPS}")
+    steps = actions[0]
+    views = ("agentview_rgb", "eye_in_hand_rgb") if images else ()
+    for name in ("ee_pos", "ee_ori", "ee_states", "gripper_states", *views):
+        if name in demo["obs"]:
+            shape = demo["obs"][name].shape
+            if not shape or shape[0] != steps:
+                raise ValueError(f"{path}:{key}/obs/{name} has shape {shape}: expected {steps} rows, one per action")
+            if name in views and (len(shape) != 4 or shape[3] != 3 or max(shape[1:3]) > MAX_DEMO_IMAGE):
+                raise ValueError(f"{path}:{key}/obs/{name} has shape {shape}, expected (T, H, W, 3) with H, W <= "
+                                 f"{MAX_DEMO_IMAGE}")
+
+
+def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool = True,
+                      limit: int = 0) -> List[Dict[str, Any]]:
     """LIBERO robomimic-style HDF5 (data/demo_i/{actions, obs/...}) -> one dict per demo, images upright (resized
     to `image_size` when given; left out with `images=False`). FileNotFoundError for a missing file, ValueError
     naming what is missing for a file not in LIBERO's layout. The instruction is the task's (LIBERO's rule: the
     task name, as the env prompts it), not the BDDL's `(:language ...)` in `problem_info`, which LIBERO's own
-    evaluation never shows (e.g. "pick the akita black bowl ..." for "pick up the black bowl ...")."""
+    evaluation never shows (e.g. "pick the akita black bowl ..." for "pick up the black bowl ...").
+    `limit` > 0: only the first `limit` demos are read (the others' arrays never are); every demo read has its shapes
+    checked from the file's headers first (`_check_demo_shapes`)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"LIBERO demo file {path} does not exist")
     demos = []
@@ -774,13 +799,14 @@ def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool 
         keys = sorted((k for k in data if k.startswith("demo_")), key=lambda k: int(k.split("_")[1]))
         if not keys:
             raise ValueError(f"{path} is not a LIBERO demo file: its 'data' group has no demo_<i> group")
-        for key in keys:
+        for key in keys[:limit] if limit > 0 else keys:
             demo = data[key]
             missing = [k for k in DEMO_KEYS if k not in demo]
             if not ("obs/ee_pos" in demo and "obs/ee_ori" in demo) and "obs/ee_states" not in demo:
                 missing.append("obs/ee_states (or obs/ee_pos and obs/ee_ori)")
             if missing:
                 raise ValueError(f"{path}:{key} lacks {', '.join(missing)}")
+            _check_demo_shapes(path, key, demo, images)
             obs = demo["obs"]
             if "ee_pos" in obs and "ee_ori" in obs:
                 pose = np.concatenate([obs["ee_pos"][()], obs["ee_ori"][()]], axis=1)

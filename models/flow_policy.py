@@ -731,6 +731,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
         LoRA and adds fresh LoRA of that rank (0 = plain model)."""
         from safetensors.torch import load_model
 
+        from models.saved import check_weights_fit
+
         with open(os.path.join(path, "config.json")) as f:
             cfg_dict = json.load(f)
         if cfg_dict.pop("policy_type", None) != "flow":
@@ -738,8 +740,11 @@ class FlowPolicy(nn.Module, PolicyFamily):
         pi0_cfg = PI0Config.from_pretrained(os.path.join(path, PI0_CONFIG_DIR))
         stats_file = os.path.join(path, STATS_FILE)
         stats = Pi0Stats.load(stats_file) if os.path.isfile(stats_file) else None
-        policy = cls(FlowPolicyConfig(**cfg_dict), ActionTokenizer.load(path),
-                     _saved=(pi0_cfg, os.path.join(path, "tokenizer"), stats))
+        tokenizer = ActionTokenizer.load(path)
+        check_weights_fit(lambda: cls(FlowPolicyConfig(**cfg_dict), tokenizer,
+                                      _saved=(pi0_cfg, os.path.join(path, "tokenizer"), stats)).net,
+                          os.path.join(path, "model.safetensors"))  # shapes first: nothing allocated for a bad config
+        policy = cls(FlowPolicyConfig(**cfg_dict), tokenizer, _saved=(pi0_cfg, os.path.join(path, "tokenizer"), stats))
         load_model(policy.net, os.path.join(path, "model.safetensors"), strict=True)
         policy.to(device)
         if lora_rank is not None and lora_rank != policy.cfg.lora_rank:

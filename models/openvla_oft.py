@@ -412,25 +412,66 @@ def _plain_keys(module: nn.Module) -> List[str]:
     return [k.replace(".base_layer.", ".") for k in module.state_dict() if "lora_" not in k]
 
 
-def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
+def _weight_files(folder: str) -> List[str]:
+    """The safetensors files of a published folder (its index's shards, each checked to be a file of the folder, or
+    model.safetensors); PolicyLoadError when none or one is missing."""
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
+        bad = [s for s in shards if not isinstance(s, str) or os.path.basename(s) != s or s in ("", ".", "..")]
+        if bad:  # a shard name is a file of this folder, never a path out of it
+            raise PolicyLoadError(f"{index} names shard {bad[0]!r}, not a file name in {folder}; the index is corrupt "
+                                  f"or crafted: download the checkpoint again")
     elif os.path.isfile(os.path.join(folder, "model.safetensors")):
         shards = ["model.safetensors"]
     else:
         raise PolicyLoadError(f"{folder} has no model.safetensors.index.json or model.safetensors: give the whole "
                               f"downloaded checkpoint folder")
-    state = {}
-    for shard in shards:
-        path = os.path.join(folder, shard)
+    paths = [os.path.join(folder, shard) for shard in shards]
+    for path in paths:
         if not os.path.isfile(path):
             raise PolicyLoadError(f"{path} is missing (listed in the index); finish the download of the checkpoint")
+    return paths
+
+
+def _read_safetensors(folder: str) -> Dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    state = {}
+    for path in _weight_files(folder):
         state.update(load_file(path))
     return state
+
+
+def check_published_headers(hf_config: Dict, folder: str) -> None:
+    """The OFTCore `hf_config` builds, on the meta device (no memory), against the shapes in the safetensors headers
+    of `folder` (no tensor read): a config.json that disagrees with its weights (e.g. a size key set huge) is refused
+    in one line before the model is built at full size."""
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        with _building(torch.float32, skip_init=True):
+            core = OFTCore(hf_config)
+    stored: Dict[str, tuple] = {}
+    for path in _weight_files(folder):
+        try:
+            with safe_open(path, "pt") as f:
+                stored.update({k: tuple(f.get_slice(k).get_shape()) for k in f.keys()})
+        except Exception as e:  # noqa: BLE001 - a truncated or garbage header
+            raise PolicyLoadError(f"{path} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]}); "
+                                  f"download it again") from None
+    own = {k: tuple(v.shape) for k, v in core.state_dict().items()}
+    for src, dst in key_map(core).items():
+        if dst.endswith(("qkv.weight", "qkv.bias")):
+            base, w = dst.rsplit(".qkv.", 1)
+            parts = [own[f"{base}.{p}.{w}"] for p in ("q_proj", "k_proj", "v_proj")]
+            want = (sum(p[0] for p in parts), *parts[0][1:])
+        else:
+            want = own[dst]
+        if src in stored and stored[src] != want:
+            raise PolicyLoadError(f"{folder}: weight {src} has shape {stored[src]}, config.json says {want}; "
+                                  f"config.json and the weights disagree (refused before building the model)")
 
 
 def load_published_weights(core: OFTCore, folder: str) -> None:
@@ -676,6 +717,8 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
         self.text_tokenizer = _load_text_tokenizer(folder)
+        if _load_weights:
+            check_published_headers(self.hf_config, folder)
         with _building(weights_dtype(cfg), skip_init=_load_weights):
             core = OFTCore(self.hf_config)
         if _load_weights:

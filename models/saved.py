@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator, List
+from typing import Any, Callable, Iterator, List
 
 TRAIN_CONFIG = "train_config.yaml"  # the training run's resolved config, saved beside an exported policy
 
@@ -71,3 +71,30 @@ def readable_files(folder: str) -> None:
     for dirpath, _, filenames in os.walk(folder):
         for name in filenames:
             os.chmod(os.path.join(dirpath, name), 0o666 & ~umask)
+
+
+def check_weights_fit(build: Callable[[], Any], file: str) -> None:
+    """Build the network `build()` returns on the meta device (shapes only, no memory) and compare every weight's
+    shape with `file`'s safetensors header (read alone, no tensor data): a config.json that would build a model
+    other than the weights it sits beside (e.g. a size key set huge) is refused in one line before anything is
+    allocated. ValueError (callers load under `load_errors`, which makes it the family's one-line PolicyLoadError)."""
+    import torch
+    from safetensors import safe_open
+
+    with torch.device("meta"):
+        net = build()
+    expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    try:
+        with safe_open(file, "pt") as f:
+            stored = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - a truncated or garbage header
+        raise ValueError(f"{file} is unreadable ({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+    for key, shape in expected.items():
+        if stored.get(key) != shape:
+            held = f"shape {list(stored[key])}" if key in stored else "no such weight"
+            raise ValueError(f"config.json builds {key} of shape {list(shape)} but {os.path.basename(file)} holds "
+                             f"{held}; the folder's config and weights disagree (refused before building the model)")
+    extra = sorted(set(stored) - set(expected))
+    if extra:
+        raise ValueError(f"{os.path.basename(file)} holds {extra[0]!r}, which the model config.json builds does not "
+                         f"have; the folder's config and weights disagree")

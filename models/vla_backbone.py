@@ -320,8 +320,15 @@ def rebuild_policy(cls, cfg_cls, path: str, lora_rank: Optional[int], device: st
     """Rebuild a TokenPolicy/FlowPolicy saved with `save_policy_files` (no download), optionally with a new LoRA rank."""
     from models.action_tokenizer import ActionTokenizer
 
+    import os
+
+    from models.saved import check_weights_fit
+
     cfg_dict, lm_cfg, vis_cfg, tok_dir = read_checkpoint(path)
-    policy = cls(cfg_cls(**cfg_dict), ActionTokenizer.load(path), _hf=(lm_cfg, vis_cfg, tok_dir)).to(device)
+    tokenizer = ActionTokenizer.load(path)
+    check_weights_fit(lambda: cls(cfg_cls(**cfg_dict), tokenizer, _hf=(lm_cfg, vis_cfg, tok_dir)).net,
+                      os.path.join(path, "model.safetensors"))  # shapes first: nothing allocated for a bad config
+    policy = cls(cfg_cls(**cfg_dict), tokenizer, _hf=(lm_cfg, vis_cfg, tok_dir)).to(device)
     load_weights(policy.net, path)
     if lora_rank is not None and lora_rank != policy.cfg.lora_rank:
         policy.set_lora_rank(lora_rank)

@@ -148,7 +148,7 @@ def test_run_config_refuses_evaluation_trials_that_are_practised():
 @pytest.mark.parametrize("override, message", [
     ("train.ppo_mini_batch_size=0", "train.ppo_epochs=1, train.ppo_mini_batch_size=0, train.ppo_micro_batch_size=16: "
                                     "each must be >= 1"),
-    ("env.max_steps=0", "env.max_steps=0: must be in [1, inf)"),
+    ("env.max_steps=0", "env.max_steps=0: must be in [1, 10000]"),
     ("env.action_chunk=0", "env.action_chunk=0: must be in [1, 64]"),
     ("env.image_size=-1", "env.image_size=-1: must be in [32, 1024]"),
     ("env.task_ids=[10]", "task id 10 is out of range: suite 'libero_goal' has task ids 0..9"),

@@ -362,7 +362,7 @@ def test_flowsar_fsdp_on_two_processes_is_ddp_with_a_sharded_ema_resumes_bitwise
     def sharded_ema(run_dir, it, name):  # theta_old from the shards every process wrote, read in one process
         target = str(tmp_path / f"{name}_{it}.pt")
         dcp_to_torch_save(os.path.join(checkpoint(run_dir, it), "shards"), target)
-        return torch.load(target, weights_only=False)["modules"]["ema"]
+        return torch.load(target, weights_only=True)["modules"]["ema"]
 
     last = checkpoint(fsdp_run, 2)
     assert sorted(os.listdir(os.path.join(last, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
@@ -560,7 +560,7 @@ def test_sft_ddp_and_fsdp_on_two_processes_equal_one_process_and_the_fsdp_policy
             assert torch.load(os.path.join(last, "optimizers.pt"), weights_only=True) == {}
         else:
             assert not os.path.exists(shards)
-        assert len(torch.load(os.path.join(last, "rng.pt"), weights_only=False)) == 2  # every process's streams
+        assert len(torch.load(os.path.join(last, "rng.pt"), weights_only=True)) == 2  # every process's streams
 
     # the exported fsdp policy in one process: evaluate.py reads it (the gathered weights, as written by process 0)
     out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint",
@@ -608,7 +608,7 @@ def test_sft_fsdp_interrupted_on_two_processes_stops_together_and_resumes_bitwis
     assert 10 <= step < 60, stderr[-3000:]
     checkpoint = os.path.join(run_dir, "checkpoints", saved)
     assert sorted(os.listdir(os.path.join(checkpoint, "shards"))) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
-    assert len(torch.load(os.path.join(checkpoint, "rng.pt"), weights_only=False)) == 2
+    assert len(torch.load(os.path.join(checkpoint, "rng.pt"), weights_only=True)) == 2
     said = f"[train_sft] interrupted: steps 1..{step} are saved in {run_dir}/checkpoints; continue with: accelerate " \
            f"launch --multi_gpu --num_processes 2 "
     assert said in stdout and f"train_sft.py --resume {run_dir}" in stdout, stdout[-2000:]

@@ -212,7 +212,7 @@ def test_bad_command_lines_stop_with_one_line(tmp_path):
     ("log.checkpoint_every=0", "log.checkpoint_every=0: must be in [1, inf)"),
     ("rollout.temperature=0", "rollout.temperature=0.0: must be in (0, inf)"),
     ("env.num_envs=0", "env.num_envs=0: must be in [1, 4096]"),
-    ("rollout.prompts_per_iteration=0", "rollout.prompts_per_iteration=0: must be in [1, inf)"),
+    ("rollout.prompts_per_iteration=0", "rollout.prompts_per_iteration=0: must be in [1, 65536]"),
     ("algorithm.clip_ratio=0.2", "unknown key 'algorithm.clip_ratio'"),  # never read: gone (low/high are the keys)
 ])
 def test_bad_values_stop_before_any_work(override, message):

@@ -141,7 +141,7 @@ def test_random_shift_is_an_edge_padded_crop():
 
 @pytest.mark.parametrize("override, message", [
     ("--task-id=99", "task id 99 is out of range: suite 'tabletop' has task ids 0..9"),
-    ("sft.batch_size=0", "sft.batch_size=0: must be in [1, inf)"),
+    ("sft.batch_size=0", "sft.batch_size=0: must be in [1, 65536]"),
     ("sft.steps=0", "sft.steps=0: must be in [1, inf) (0 steps would export the untrained policy"),
     ("sft.eval_every=15", "sft.eval_every=15: evaluations happen at the end of a logged block of sft.log_every=10"),
 ])
