@@ -236,7 +236,10 @@ RANGES: Dict[str, str] = {
     "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, 10000]", "sft.eval_trial_start": "[0, inf)",
     "value_head.dropout": "[0, 1)",
     "train.adam_beta1": "[0, 1)", "train.adam_beta2": "[0, 1)",
-    "rollout.max_rounds": "[1, inf); rollout.refill's cap on rollout rounds per iteration (1 = no refill)",
+    "rollout.max_rounds": "[1, 1000]; rollout.refill's cap on rollout rounds per iteration (1 = no refill)",
+    "train.ppo_epochs": "[1, 1000]", "train.update_epochs": "[1, 1000]",
+    "train.ppo_mini_batch_size": "[1, 1048576]", "train.mini_batch_size": "[1, 1048576]",
+    "train.ppo_micro_batch_size": "[1, 65536]", "train.micro_batch_size": "[1, 65536]",
 }
 
 
@@ -289,10 +292,10 @@ def check_run_config(cfg: Any) -> None:
                          "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
     if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
         epochs, mini, micro = (getattr(train, k) for k in sizes)
-        if min(epochs, mini, micro) < 1 or (mini % micro and unit == "step"):
-            raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: each "
-                              f"must be >= 1 and the mini-batch a multiple of the micro-batch")  # trajectory
-            # mini-batches count episodes, micro-batches policy steps: no multiple to check
+        if mini % micro and unit == "step":  # (each >= 1: RANGES) trajectory mini-batches count episodes,
+            # micro-batches policy steps: no multiple to check there
+            raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: the "
+                              f"mini-batch must be a multiple of the micro-batch")
     if protocol["practice_on_eval_trials"]:  # the reference practises on every trial it evaluates: nothing held out
         pass
     elif hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):

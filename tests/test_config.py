@@ -146,8 +146,7 @@ def test_run_config_refuses_evaluation_trials_that_are_practised():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.ppo_mini_batch_size=0", "train.ppo_epochs=1, train.ppo_mini_batch_size=0, train.ppo_micro_batch_size=16: "
-                                    "each must be >= 1"),
+    ("train.ppo_mini_batch_size=0", "train.ppo_mini_batch_size=0: must be in [1, 1048576]"),
     ("env.max_steps=0", "env.max_steps=0: must be in [1, 10000]"),
     ("env.action_chunk=0", "env.action_chunk=0: must be in [1, 64]"),
     ("env.image_size=-1", "env.image_size=-1: must be in [32, 1024]"),
@@ -164,6 +163,20 @@ def test_shared_checks_are_one_line_and_need_no_simulator(override, message, mon
     with pytest.raises(ConfigError) as e:
         train_srpo.check_config(cfg)
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_step_mini_batches_are_a_multiple_of_the_micro_batch():
+    """Mini-batches of policy steps split into whole micro-batches (trajectory mini-batches count episodes: no
+    multiple to check); each size >= 1 is RANGES' check."""
+    import train_srpo
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48"])
+    with pytest.raises(ConfigError, match=r"^train.ppo_epochs=1, train.ppo_mini_batch_size=64, "
+                                          r"train.ppo_micro_batch_size=48: the mini-batch must be a multiple of the "
+                                          r"micro-batch$"):
+        check_run_config(cfg)
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48",
+                                                                   "train.mini_batch_unit=trajectory"])
+    check_run_config(cfg)
 
 
 HELP_PROBE = """

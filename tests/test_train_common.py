@@ -249,7 +249,7 @@ def test_new_update_keys_have_defaults_help_and_ranges():
     a = train_gae_ppo.Config().algorithm
     assert (a.ratio_unit, a.gae_unit, a.loss_agg_mode) == ("token", "step", "token-mean")
     assert RANGES["train.adam_beta1"] == RANGES["train.adam_beta2"] == "[0, 1)"
-    assert RANGES["rollout.max_rounds"].startswith("[1, inf)")
+    assert RANGES["rollout.max_rounds"].startswith("[1, 1000]")
     cfg = train_srpo.Config()
     cfg.train.adam_beta2 = 1.0
     with pytest.raises(ConfigError, match=r"train.adam_beta2=1.0: must be in \[0, 1\)"):
