@@ -97,7 +97,7 @@ from common.advantages import (compute_flow_sar_self_annotation, compute_flow_sa
                                flow_sar_ema_beta)
 from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts, flatten_steps
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts, sharded_update)

@@ -119,7 +119,7 @@ from common.demos import load_hdf5_demos, rollout_demos
 from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
 from common.srpo import filter_groups, filter_metrics
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,

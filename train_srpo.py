@@ -117,7 +117,7 @@ from common.advantages import compute_advantage, make_action_mask, masked_mean
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
 from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
