@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
 from envs import EnvConfig
@@ -91,17 +91,174 @@ if __name__ == "__main__":
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from common import fsdp
-from common.advantages import (compute_flow_sar_self_annotation, compute_flow_sar_weights, executed_actions,
-                               flow_sar_ema_beta)
-from common.losses import compute_flow_sar_loss
+from common.advantages import as_float, check_ndim, check_same_shape, executed_actions, masked_mean
+from common.losses import on_host
 from common.rollout import collect_rollouts, flatten_steps
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# FlowSAR (RLinf's FlowSAR): credit assignment (write-up §2.1), self-annotation and EMA reference (§2.4), mirror
+# loss (§2.2): what defines the algorithm
+# ---------------------------------------------------------------------------------------------------------------------
+def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, temperature: float = 0.5,
+                             w_min: float = 0.05, w_max: float = 0.5,
+                             step_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FlowSAR weights (write-up §2.1): over each trajectory's valid steps softmax(e/T) if R = 1 else softmax(-e/T),
+    then (if w_min > 0 or w_max < 1) clip and renormalise; labels y = 2R - 1. (n_steps, B), (B,) -> same shapes."""
+    check_ndim(2, recon_errors=recon_errors)
+    check_ndim(1, rewards=rewards)
+    if rewards.shape[0] != recon_errors.shape[1]:
+        raise ValueError(f"recon_errors (n_steps, B) {tuple(recon_errors.shape)} and rewards (B,) "
+                         f"{tuple(rewards.shape)} disagree on B")
+    if step_mask is None:
+        step_mask = torch.ones_like(recon_errors, dtype=torch.bool)
+    check_same_shape(recon_errors=recon_errors, step_mask=step_mask)
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not 0.0 <= w_min <= w_max or w_max <= 0.0:
+        raise ValueError(f"need 0 <= w_min <= w_max and w_max > 0, got w_min {w_min}, w_max {w_max}")
+    if not bool(((rewards == 0) | (rewards == 1)).all()):
+        raise ValueError(f"rewards must be episode successes in {{0, 1}}, got {rewards.tolist()}")
+
+    errors = as_float(recon_errors).detach()
+    labels = 2.0 * rewards.to(errors.dtype) - 1.0
+    valid = step_mask.bool()
+    logits = (labels.unsqueeze(0) * errors / temperature).masked_fill(~valid, float("-inf"))
+    logits = torch.where(valid.any(dim=0, keepdim=True), logits, torch.zeros_like(logits))  # no all -inf column
+    weights = torch.softmax(logits, dim=0) * valid
+    if w_min > 0.0 or w_max < 1.0:
+        weights = weights.clamp(w_min, w_max) * valid
+        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
+    return weights, labels
+
+
+def compute_flow_sar_self_annotation(actions: torch.Tensor, velocity_fn: Callable[[torch.Tensor, torch.Tensor],
+                                                                                 torch.Tensor],
+                                     tau_mid: float = 0.5, t_min: float = 0.2, t_max: float = 0.8,
+                                     generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
+    """FlowSAR self-annotation (write-up §2.4, spec §4; t = 0 clean, t = 1 noise), no grad. `actions` a (N, ...)
+    normalised action chunks; `velocity_fn(x, t)` the EMA reference's velocity for x (N, ...) at times t (N,).
+
+    Reconstruction: x = (1 - tau) a + tau eps, a_hat = x - tau v_old(x, tau), recon_error = mean over a sample's
+    elements of (a - a_hat)^2 (0 when v_old is exactly eps - a). Training draw: t ~ U[t_min, t_max], a fresh eps,
+    x_t = (1 - t) a + t eps, v_old = v_old(x_t, t). Returns {recon_error (N,), flow_t (N,), flow_epsilon, x_t, v_old}
+    (the last three shaped like `actions`)."""
+    if not 0.0 < tau_mid < 1.0:
+        raise ValueError(f"tau_mid must lie in (0, 1), got {tau_mid}")
+    if not 0.0 <= t_min < t_max <= 1.0:
+        raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min {t_min}, t_max {t_max}")
+    a = as_float(actions).detach()
+    n = a.shape[0]
+
+    def at(t: torch.Tensor) -> torch.Tensor:  # (N,) -> broadcastable against a
+        return t.view((n,) + (1,) * (a.ndim - 1))
+
+    def randn() -> torch.Tensor:
+        return torch.randn(a.shape, generator=generator, dtype=a.dtype).to(a.device)
+
+    with torch.no_grad():
+        tau = torch.full((n,), float(tau_mid), dtype=a.dtype, device=a.device)
+        x = (1.0 - at(tau)) * a + at(tau) * randn()
+        a_hat = x - at(tau) * velocity_fn(x, tau).to(a.dtype)
+        recon_error = (a - a_hat).square().reshape(n, -1).mean(dim=-1)
+        flow_t = (t_min + (t_max - t_min) * torch.rand(n, generator=generator, dtype=a.dtype)).to(a.device)
+        flow_epsilon = randn()
+        x_t = (1.0 - at(flow_t)) * a + at(flow_t) * flow_epsilon
+        v_old = velocity_fn(x_t, flow_t).to(a.dtype)
+    return {"recon_error": recon_error, "flow_t": flow_t, "flow_epsilon": flow_epsilon, "x_t": x_t, "v_old": v_old}
+
+
+def flow_sar_ema_beta(schedule: str, num_updates: int, ema_beta: float = 0.995, eta_rate: float = 0.001,
+                      eta_max: float = 0.5) -> float:
+    """EMA coefficient of FlowSAR's reference after update number `num_updates` (1, 2, ...; FlowSAR write-up §2.4):
+    theta_old <- beta theta_old + (1 - beta) theta. `fixed`: beta = ema_beta; `linear` (DiffusionNFT):
+    beta_i = min(eta_rate * i, eta_max), near 0 early (the reference tracks the policy), eta_max later."""
+    if num_updates < 0:
+        raise ValueError(f"num_updates must be >= 0, got {num_updates}")
+    if schedule == "fixed":
+        return float(ema_beta)
+    if schedule == "linear":
+        return float(min(eta_rate * num_updates, eta_max))
+    raise ValueError(f"unknown EMA schedule {schedule!r}; use fixed or linear")
+
+
+def compute_flow_sar_loss(v_theta: torch.Tensor, v_old: torch.Tensor, u_target: torch.Tensor, weights: torch.Tensor,
+                          labels: torch.Tensor, beta: float, energy_type: str = "mse",
+                          loss_variant: str = "mse_branch", kl_coeff: float = 0.5,
+                          flow_t: Optional[torch.Tensor] = None,
+                          loss_mask: Optional[torch.Tensor] = None,
+                          element_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Dict[str, Any]]:
+    """FlowSAR mirror loss (write-up §2.2): v+- = (1 -+ b) v_old +- b v_theta, E+- = mean (v+- - u)^2 (sde: / 2t);
+    mse_branch w[R E+ + (1-R) E-] or softplus_kl w softplus(y (E+ - E-) / 2) + kl_coeff mean (v_theta - v_old)^2.
+    `loss_mask` (*S) drops whole samples; `element_mask` (broadcastable to v_theta) keeps only some of a sample's
+    elements in its means (the actions the env executed: a chunk cut short by the episode's end), the others get no
+    gradient. The metrics are detached 0-d tensors (read them after the update: no host sync per micro-batch)."""
+    check_same_shape(v_theta=v_theta, v_old=v_old, u_target=u_target)
+    check_same_shape(weights=weights, labels=labels)
+    sample_shape = tuple(weights.shape)
+    k = len(sample_shape)
+    if k == 0 or v_theta.ndim <= k or tuple(v_theta.shape[:k]) != sample_shape:
+        raise ValueError(f"v_theta must be (*S, chunk...) with S = weights.shape {sample_shape} (>= 1-D), "
+                         f"got v_theta {tuple(v_theta.shape)}")
+    if loss_mask is None:
+        loss_mask = torch.ones(sample_shape, dtype=torch.bool, device=weights.device)
+    check_same_shape(weights=weights, loss_mask=loss_mask)
+    if energy_type not in ("mse", "sde"):
+        raise ValueError(f"energy_type must be 'mse' or 'sde', got {energy_type!r}")
+    if loss_variant not in ("mse_branch", "softplus_kl"):
+        raise ValueError(f"loss_variant must be 'mse_branch' or 'softplus_kl', got {loss_variant!r}")
+    if on_host(labels) and not bool(((labels == 1) | (labels == -1)).all()):
+        raise ValueError(f"labels must be y = 2R - 1 in {{-1, +1}}, got {labels.tolist()}")
+
+    def sample_mean(x: torch.Tensor) -> torch.Tensor:  # over each sample's (kept) elements
+        if element_mask is None:
+            return x.flatten(k).mean(dim=-1)
+        keep = element_mask.to(device=x.device, dtype=torch.bool).expand_as(x)
+        kept = torch.where(keep, x, torch.zeros((), dtype=x.dtype, device=x.device)).flatten(k).sum(dim=-1)
+        return kept / keep.flatten(k).sum(dim=-1).clamp(min=1).to(x.dtype)
+
+    v_pos = (1.0 - beta) * v_old + beta * v_theta
+    v_neg = (1.0 + beta) * v_old - beta * v_theta
+    e_pos = sample_mean((v_pos - u_target).square())
+    e_neg = sample_mean((v_neg - u_target).square())
+    if energy_type == "sde":
+        if flow_t is None or flow_t.numel() != e_pos.numel():
+            raise ValueError(f"energy_type 'sde' needs flow_t with one t per sample {sample_shape}, got "
+                             f"{None if flow_t is None else tuple(flow_t.shape)}")
+        t = flow_t.reshape(sample_shape).to(e_pos.dtype)
+        if on_host(t) and bool((t <= 0).any()):
+            raise ValueError(f"flow_t must be > 0 for the 1/(2t) sde scaling, got min {float(t.min())}")
+        e_pos, e_neg = e_pos / (2.0 * t), e_neg / (2.0 * t)
+
+    labels = labels.to(e_pos.dtype)
+    success = (labels + 1.0) / 2.0
+    metrics: Dict[str, Any] = {}
+    if loss_variant == "mse_branch":
+        per_sample = weights * (success * e_pos + (1.0 - success) * e_neg)
+        metrics["flow_sar_success_ratio"] = masked_mean(success, loss_mask).detach()
+    else:
+        contrastive = weights * F.softplus(0.5 * labels * (e_pos - e_neg))
+        penalty = kl_coeff * sample_mean((v_theta - v_old).square())
+        per_sample = contrastive + penalty
+        metrics["flow_sar_contrastive"] = masked_mean(contrastive.detach(), loss_mask)
+        metrics["flow_sar_kl_penalty"] = masked_mean(penalty.detach(), loss_mask)
+    loss = masked_mean(per_sample, loss_mask)
+    metrics.update({
+        "flow_sar_loss": loss.detach(),
+        "flow_sar_E_pos": masked_mean(e_pos.detach(), loss_mask),
+        "flow_sar_E_neg": masked_mean(e_neg.detach(), loss_mask),
+        "flow_sar_weight_mean": masked_mean(weights.detach().to(e_pos.dtype), loss_mask),
+    })
+    return loss, metrics
+
 
 LOSS_VARIANTS, ENERGY_TYPES, EMA_SCHEDULES = ("mse_branch", "softplus_kl"), ("mse", "sde"), ("fixed", "linear")
 

@@ -127,7 +127,7 @@ from common.advantages import compute_gae, executed_actions, make_action_mask
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
 from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches,
                           minibatches, rollout_metrics, sample_prompts, sharded_update)

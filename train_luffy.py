@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
 from envs import EnvConfig, max_steps
@@ -114,17 +114,171 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_advantage, make_action_mask, masked_mean
+from common.advantages import check_same_shape, compute_advantage, make_action_mask, masked_mean, masked_sum
 from common.demos import load_hdf5_demos, rollout_demos
-from common.losses import agg_loss, compute_sft_pure_loss, compute_token_on_off_policy_loss
+from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
+from common.losses import agg_loss, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
-from common.srpo import filter_groups, filter_metrics
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
-                          outcomes, refill_more, rollout_metrics, sample_prompts, sharded_update, trim_to_quota)
+                          outcomes, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# LUFFY's mixed-policy loss (its mix_core_alg.py): the objective that defines the algorithm
+# ---------------------------------------------------------------------------------------------------------------------
+def _nan_to_zero(x: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isnan(x), torch.zeros_like(x), x)
+
+
+def _on_policy_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, reshape: str, weight: float,
+                     pow_exp: float) -> torch.Tensor:
+    delta = log_prob - old_log_prob
+    if reshape == "no_reshape":
+        return torch.exp(delta)
+    if reshape == "logp":
+        return delta
+    if reshape == "p_logp":
+        return torch.exp(delta) + weight * delta
+    if reshape == "square_root":
+        return torch.sqrt(torch.exp(delta))
+    if reshape == "pow":
+        return torch.pow(torch.exp(delta), pow_exp)
+    if reshape in ("p_div_p_0.1", "p_div_p_0.5"):
+        gamma = float(reshape.rsplit("_", 1)[1])
+        prob, old_prob = torch.exp(log_prob), torch.exp(old_log_prob)
+        return (prob / (prob + gamma)) / (old_prob / (old_prob + gamma))
+    raise ValueError(f"invalid on_policy_reshape {reshape!r}; valid: no_reshape, logp, p_logp, square_root, pow, "
+                     f"p_div_p_0.1, p_div_p_0.5")
+
+
+def _off_policy_ratio(log_prob: torch.Tensor, reshape: str, weight: float, pow_exp: float) -> torch.Tensor:
+    prob = torch.exp(log_prob)
+    if reshape == "no_reshape":
+        return prob
+    if reshape == "logp":
+        return log_prob * weight
+    if reshape == "p_logp":
+        return log_prob * weight + prob
+    if reshape == "square_root":
+        return torch.sqrt(prob)
+    if reshape in ("p_div_p_0.1", "p_div_p_0.3", "p_div_p_0.5"):
+        gamma = float(reshape.rsplit("_", 1)[1])
+        return prob / (prob + gamma)
+    if reshape == "pow":
+        return torch.pow(prob, pow_exp)
+    raise ValueError(f"invalid off_policy_reshape {reshape!r}; valid: no_reshape, logp, p_logp, square_root, "
+                     f"p_div_p_0.1, p_div_p_0.3, p_div_p_0.5, pow")
+
+
+def compute_token_on_off_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    eos_mask: torch.Tensor,
+    cliprange: float,
+    clip_upper_bound: float,
+    prefix_mask: torch.Tensor,
+    off_max_clip: Optional[float] = None,
+    off_min_clip: Optional[float] = None,
+    all_max_clip: Optional[float] = None,
+    off_policy_reshape: str = "no_reshape",
+    off_policy_reshape_weight: float = 1.0,
+    off_policy_reshape_pow_exp: float = 0.5,
+    on_policy_reshape: str = "no_reshape",
+    on_policy_reshape_weight: float = 1.0,
+    on_policy_reshape_pow_exp: float = 0.5,
+    target_probs: Optional[torch.Tensor] = None,
+    loss_remove_token_mean: bool = False,
+    loss_remove_clip: bool = False,
+) -> Dict[str, torch.Tensor]:
+    """LUFFY's mixed-policy loss: PPO clip on on-policy tokens, reshaped p (or p / target_probs) on prefix
+    tokens; dict of 11 scalars. (LUFFY's off_cliprange, off_normalize and off_abs_cliprange, which it ignores, are not
+    taken.)"""
+    check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, eos_mask=eos_mask,
+                     prefix_mask=prefix_mask)
+    if prefix_mask.dtype != torch.bool:
+        raise ValueError(f"prefix_mask must be a bool tensor (it is negated with ~), got dtype {prefix_mask.dtype}")
+    # exp(inf) in the unused on-policy branch would give NaN gradients
+    if on_host(old_log_prob) and not bool(torch.isfinite(old_log_prob).all()):
+        raise ValueError("old_log_prob must be finite on every token; for off-policy (prefix) tokens pass the policy's "
+                         "log-prob under the old weights, as LUFFY does")
+    zero = torch.zeros((), dtype=log_prob.dtype, device=log_prob.device)
+    on_mask = (~prefix_mask) * eos_mask
+    off_mask = prefix_mask * eos_mask
+
+    # on-policy: (reshaped) importance ratio with PPO clip
+    negative_approx_kl = log_prob - old_log_prob
+    ppo_kl = masked_mean(-negative_approx_kl, eos_mask)
+    ratio = _on_policy_ratio(log_prob, old_log_prob, on_policy_reshape, on_policy_reshape_weight,
+                             on_policy_reshape_pow_exp)
+    on_pg_losses = -advantages * ratio
+    if loss_remove_clip:
+        on_pg_clipfrac = zero
+    else:
+        upper_bound = max(clip_upper_bound, 1.0 + cliprange)
+        on_pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - cliprange, upper_bound)
+        on_pg_clipfrac = masked_mean((on_pg_losses2 > on_pg_losses).float(), eos_mask)
+        on_pg_losses = torch.maximum(on_pg_losses, on_pg_losses2)
+    on_pg_loss = masked_mean(on_pg_losses, on_mask)
+
+    # off-policy: the current policy's (reshaped) token probability, no old policy
+    if target_probs is None:
+        off_ratio = _off_policy_ratio(log_prob, off_policy_reshape, off_policy_reshape_weight,
+                                      off_policy_reshape_pow_exp)
+    else:
+        check_same_shape(target_probs=target_probs, log_prob=log_prob)
+        off_ratio = torch.exp(log_prob) / (target_probs + 1e-6) * prefix_mask
+    off_ratio_max_clip_frac, off_ratio_min_clip_frac = zero, zero
+    if off_max_clip is not None:
+        off_ratio = torch.clamp(off_ratio, max=off_max_clip)
+        off_ratio_max_clip_frac = masked_mean((off_ratio == off_max_clip).float(), off_mask)
+    if off_min_clip is not None:
+        off_ratio = torch.clamp(off_ratio, min=off_min_clip)
+        off_ratio_min_clip_frac = masked_mean((off_ratio == off_min_clip).float(), off_mask)
+    off_ratio_mean = _nan_to_zero(masked_mean(off_ratio, off_mask))
+    off_pg_losses = -advantages * off_ratio
+    off_pg_loss = _nan_to_zero(masked_mean(off_pg_losses, off_mask))
+    off_pg_clipfrac = zero
+
+    # combine per token: P * L_off + (1 - P) * L_on (torch.where, so an unused side can never inject NaN)
+    pg_losses = torch.where(prefix_mask, off_pg_losses, on_pg_losses)
+    off_policy_prob = _nan_to_zero(masked_mean(torch.exp(log_prob), off_mask))
+    on_policy_prob = _nan_to_zero(masked_mean(torch.exp(old_log_prob), on_mask))
+
+    loss_mask = eos_mask
+    if all_max_clip is not None:  # tokens the policy already gives p > all_max_clip leave the loss and its mask
+        keep = torch.exp(log_prob) <= all_max_clip
+        loss_mask = eos_mask * keep
+        pg_losses = torch.where(keep, pg_losses, torch.zeros_like(pg_losses))
+    if loss_remove_token_mean:
+        pg_loss = masked_sum(pg_losses, loss_mask) / max(loss_mask.shape[-1], 1)
+    else:
+        pg_loss = masked_mean(pg_losses, loss_mask)
+
+    return {
+        "pg_loss": pg_loss,
+        "off_pg_loss": off_pg_loss,
+        "on_pg_loss": on_pg_loss,
+        "off_pg_clipfrac": off_pg_clipfrac,
+        "on_pg_clipfrac": on_pg_clipfrac,
+        "ppo_kl": ppo_kl,
+        "off_policy_prob": off_policy_prob,
+        "on_policy_prob": on_policy_prob,
+        "off_ratio_mean": off_ratio_mean,
+        "off_ratio_max_clip_frac": off_ratio_max_clip_frac,
+        "off_ratio_min_clip_frac": off_ratio_min_clip_frac,
+    }
+
+
+def compute_sft_pure_loss(log_prob: torch.Tensor, eos_mask: torch.Tensor) -> torch.Tensor:
+    """LUFFY's SFT loss: masked_mean(-log_prob, eos_mask)."""
+    check_same_shape(log_prob=log_prob, eos_mask=eos_mask)
+    return masked_mean(-log_prob, eos_mask)
+
 
 LOSS_KEYS = ("pg_loss", "off_pg_loss", "on_pg_loss", "off_pg_clipfrac", "on_pg_clipfrac", "ppo_kl", "off_policy_prob",
              "on_policy_prob", "off_ratio_mean", "off_ratio_max_clip_frac", "off_ratio_min_clip_frac")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Dict, Optional, Sequence, Union
 
 from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
 from envs import EnvConfig
@@ -112,19 +112,74 @@ if __name__ == "__main__":
 
 import numpy as np
 import torch
+from scipy.spatial.distance import cdist
+from scipy.special import expit
+from sklearn.cluster import DBSCAN
+from sklearn.preprocessing import StandardScaler
 
 from common.advantages import compute_advantage, make_action_mask, masked_mean
+from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
-from common.init import initial_policy
+from common.policy_start import initial_policy
 from common.run import start_run
-from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
-                          optimizer_step, outcomes, refill_more, rollout_metrics, sample_prompts, sharded_update,
-                          trim_to_quota)
+                          optimizer_step, outcomes, rollout_metrics, sample_prompts, sharded_update)
 from envs import max_steps
 from models import ACTION_DIM, make_trajectory_encoder
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# SRPO's world-model progress reward (siiRL's compute_embodied_reward): what defines the algorithm
+# ---------------------------------------------------------------------------------------------------------------------
+ArrayOrTensor = Union[np.ndarray, torch.Tensor]
+
+
+def _to_numpy(x: ArrayOrTensor | Sequence) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embeddings: ArrayOrTensor,
+                            task_names: Sequence[str], dbscan_eps: float = 0.5, dbscan_min_samples: int = 2,
+                            sigmoid_steepness: float = 10.0, sigmoid_offset: float = 0.5,
+                            max_failure_reward: float = 0.6) -> np.ndarray:
+    """siiRL's compute_embodied_reward: success 1; failure max_failure_reward * expit(k (offset - d_norm)),
+    d = distance to the nearest DBSCAN cluster of the task's successes; zero embedding or no success/failure -> 0."""
+    completes = _to_numpy(completes).astype(bool)
+    embeddings = _to_numpy(embeddings).astype(np.float64)
+    batch = completes.shape[0] if completes.ndim == 1 else -1
+    if completes.ndim != 1 or embeddings.ndim != 2 or embeddings.shape[0] != batch or len(task_names) != batch:
+        raise ValueError(f"need completes (B,), embeddings (B, D), B task_names; got completes {completes.shape}, "
+                         f"embeddings {embeddings.shape}, {len(task_names)} task_names")
+
+    rewards = np.zeros(batch, dtype=np.float64)
+    valid = ~np.all(embeddings == 0, axis=1)  # an all-zero embedding marks a row whose video failed to embed
+    by_task: Dict[str, list] = {}
+    for i in np.flatnonzero(valid):
+        by_task.setdefault(task_names[i], []).append(i)
+
+    for indices in by_task.values():
+        indices = np.asarray(indices)
+        success, fail = indices[completes[indices]], indices[~completes[indices]]
+        rewards[success] = 1.0
+        if len(success) == 0 or len(fail) == 0:
+            continue
+        # centres of the DBSCAN clusters of the (standardised) success embeddings, in raw embedding space
+        succ = embeddings[success]
+        scaler = StandardScaler()
+        scaled = scaler.fit_transform(succ)
+        labels = DBSCAN(eps=dbscan_eps, min_samples=dbscan_min_samples).fit(scaled).labels_
+        centres = [scaler.inverse_transform(scaled[labels == c].mean(axis=0, keepdims=True)).ravel()
+                   for c in sorted(set(labels) - {-1})]
+        if not centres:
+            centres = [succ.mean(axis=0)]
+        # min-max normalised distance of each failure to its nearest centre -> sigmoid reward
+        dists = cdist(embeddings[fail], np.asarray(centres), "euclidean").min(axis=1)
+        span = dists.max() - dists.min()
+        d_norm = np.full_like(dists, 0.5) if span < 1e-6 else (dists - dists.min()) / span
+        rewards[fail] = max_failure_reward * expit(sigmoid_steepness * (sigmoid_offset - d_norm))
+    return rewards
 
 
 def check_config(cfg: Config) -> None:

@@ -81,7 +81,7 @@ if __name__ == "__main__":
         args.sft = os.path.join(ROOT, "checkpoints", f"sft_flow_tabletop_task{args.task_id}")
         if not os.path.isdir(args.sft):  # the start configs/flowsar.yaml's auto_sft makes (its init.sft_args)
             from common.config import load_config
-            from common.init import sft_command
+            from common.policy_start import sft_command
             from train_flowsar import Config
 
             cfg = load_config(Config, os.path.join(ROOT, "configs", "flowsar.yaml"),

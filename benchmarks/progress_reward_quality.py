@@ -30,10 +30,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts  # noqa: E402
-from common.srpo import compute_embodied_reward, filter_groups  # noqa: E402
+from common.dynamic_sampling import filter_groups  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 from models.token_policy import TokenPolicy  # noqa: E402
 from models.trajectory_encoders import EncoderConfig, make_trajectory_encoder  # noqa: E402
+from train_srpo import compute_embodied_reward  # noqa: E402
 
 
 class ProgressRecorder(gym.vector.VectorWrapper):

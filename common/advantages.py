@@ -1,11 +1,11 @@
 """Advantage estimators: GRPO and its variants (siiRL's SRPO, verl's Advanced GRPO, LUFFY), GAE (the OpenVLA GAE-PPO
-reference), FlowSAR step weights (RLinf's FlowSAR).
+reference). FlowSAR's credit assignment lives in train_flowsar.py.
 
 Token tensors are (B, L): one trajectory per row, L = T_steps * tokens_per_step. Everything here is a pure function.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -22,20 +22,22 @@ def check_same_shape(**tensors: torch.Tensor) -> None:
         raise ValueError("shapes must match, got " + ", ".join(f"{k} {tuple(t.shape)}" for k, t in tensors.items()))
 
 
-def _check_ndim(ndim: int, **tensors: torch.Tensor) -> None:
+def check_ndim(ndim: int, **tensors: torch.Tensor) -> None:
+    """Raise a ValueError naming the shape unless every given tensor has `ndim` dimensions."""
     for name, t in tensors.items():
         if t.ndim != ndim:
             raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
 
 
-def _as_float(t: torch.Tensor) -> torch.Tensor:
+def as_float(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself if floating point, else `t` in torch's default float dtype."""
     return t if t.is_floating_point() else t.to(torch.get_default_dtype())
 
 
 def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
     """sum(values * mask) over all elements or `dim`; entries where mask == 0 are ignored even if NaN/inf (verl_F)."""
     check_same_shape(values=values, mask=mask)
-    values = _as_float(values)
+    values = as_float(values)
     weights = mask.to(values.dtype)
     terms = torch.where(weights != 0, values * weights, torch.zeros((), dtype=values.dtype, device=values.device))
     return terms.sum() if dim is None else terms.sum(dim)
@@ -125,7 +127,7 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
                                    norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantage (siiRL's SRPO, verl): A = (s - mean_g) / (std_g + eps), unbiased std, a one-row group uses
     mean 0 / std 1; Dr.GRPO (norm_adv_by_std_in_grpo=False) drops the division. Returns (advantages, returns)."""
-    _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask)
+    check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
     groups, num_groups = _group_ids(index, token_level_rewards.shape[0], token_level_rewards.device)
     with torch.no_grad():
@@ -137,7 +139,7 @@ def compute_grpo_outcome_advantage(token_level_rewards: torch.Tensor, response_m
                 mean[rows] = scores[rows].mean()
                 std[rows] = scores[rows].std()
         adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
-        adv = (adv.unsqueeze(-1) * response_mask).to(_as_float(token_level_rewards).dtype)
+        adv = (adv.unsqueeze(-1) * response_mask).to(as_float(token_level_rewards).dtype)
     return adv, adv
 
 
@@ -148,7 +150,7 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
     """The Advanced GRPO write-up's "standard" GRPO: every valid step is a sample carrying its trajectory's score;
     mean and population std (the write-up's example: std 0.5, A = +-1) over the group's valid steps, broadcast to
     each step's tokens."""
-    _check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask, step_mask=step_mask)
+    check_ndim(2, token_level_rewards=token_level_rewards, response_mask=response_mask, step_mask=step_mask)
     check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
     batch, length = token_level_rewards.shape
     num_steps = step_mask.shape[1]
@@ -164,7 +166,7 @@ def compute_step_grpo_advantage(token_level_rewards: torch.Tensor, response_mask
         adv = (scores - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else scores - mean
         step_adv = adv.unsqueeze(-1) * step_weights
         adv = step_adv.repeat_interleave(length // num_steps, dim=1) * response_mask
-        adv = adv.to(_as_float(token_level_rewards).dtype)
+        adv = adv.to(as_float(token_level_rewards).dtype)
     return adv, adv
 
 
@@ -173,8 +175,8 @@ def compute_advanced_grpo_outcome_advantage(episode_rewards: torch.Tensor, respo
                                             norm_adv_by_std_in_grpo: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """verl's Advanced GRPO: each valid token carries its episode reward; A = (r - mu) / (sigma + eps), mean and
     population std over all valid tokens of the group, so a group's token advantages sum to 0."""
-    _check_ndim(1, episode_rewards=episode_rewards)
-    _check_ndim(2, response_mask=response_mask)
+    check_ndim(1, episode_rewards=episode_rewards)
+    check_ndim(2, response_mask=response_mask)
     if episode_rewards.shape[0] != response_mask.shape[0]:
         raise ValueError(f"episode_rewards {tuple(episode_rewards.shape)} and response_mask "
                          f"{tuple(response_mask.shape)} must have the same number of rows")
@@ -184,7 +186,7 @@ def compute_advanced_grpo_outcome_advantage(episode_rewards: torch.Tensor, respo
         mask = response_mask.to(device=rewards.device, dtype=rewards.dtype)
         mean, std = _weighted_group_stats(rewards, mask.sum(dim=-1), groups, num_groups)
         adv = (rewards - mean) / (std + epsilon) if norm_adv_by_std_in_grpo else rewards - mean
-        adv = (adv.unsqueeze(-1) * mask).to(_as_float(episode_rewards).dtype)
+        adv = (adv.unsqueeze(-1) * mask).to(as_float(episode_rewards).dtype)
     return adv, adv
 
 
@@ -194,7 +196,7 @@ def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_
                                          use_std: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
     """LUFFY's GRPO: mean / unbiased std of each group's on-policy rows only (one row -> 0 / 1, std 0 -> 1),
     applied to all its rows; a group with no on-policy row (LUFFY raises) uses 0 / 1."""
-    _check_ndim(2, token_level_rewards=token_level_rewards, eos_mask=eos_mask)
+    check_ndim(2, token_level_rewards=token_level_rewards, eos_mask=eos_mask)
     check_same_shape(token_level_rewards=token_level_rewards, eos_mask=eos_mask)
     on_policy_mask = torch.as_tensor(on_policy_mask)
     if tuple(on_policy_mask.shape) != (token_level_rewards.shape[0],):
@@ -212,7 +214,7 @@ def compute_grpo_outcome_advantage_split(token_level_rewards: torch.Tensor, eos_
                 group_std = on_scores.std()
                 std[rows] = torch.where(group_std == 0, torch.ones_like(group_std), group_std)
         adv = (scores - mean) / (std + epsilon) if use_std else scores - mean
-        adv = (adv.unsqueeze(-1) * eos_mask).to(_as_float(token_level_rewards).dtype)
+        adv = (adv.unsqueeze(-1) * eos_mask).to(as_float(token_level_rewards).dtype)
     return adv, adv
 
 
@@ -269,101 +271,16 @@ def compute_gae(rewards: ArrayOrTensor, values: ArrayOrTensor, dones: ArrayOrTen
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FlowSAR credit assignment
-# ---------------------------------------------------------------------------------------------------------------------
-def compute_flow_sar_weights(recon_errors: torch.Tensor, rewards: torch.Tensor, temperature: float = 0.5,
-                             w_min: float = 0.05, w_max: float = 0.5,
-                             step_mask: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """FlowSAR weights (write-up §2.1): over each trajectory's valid steps softmax(e/T) if R = 1 else softmax(-e/T),
-    then (if w_min > 0 or w_max < 1) clip and renormalise; labels y = 2R - 1. (n_steps, B), (B,) -> same shapes."""
-    _check_ndim(2, recon_errors=recon_errors)
-    _check_ndim(1, rewards=rewards)
-    if rewards.shape[0] != recon_errors.shape[1]:
-        raise ValueError(f"recon_errors (n_steps, B) {tuple(recon_errors.shape)} and rewards (B,) "
-                         f"{tuple(rewards.shape)} disagree on B")
-    if step_mask is None:
-        step_mask = torch.ones_like(recon_errors, dtype=torch.bool)
-    check_same_shape(recon_errors=recon_errors, step_mask=step_mask)
-    if temperature <= 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
-    if not 0.0 <= w_min <= w_max or w_max <= 0.0:
-        raise ValueError(f"need 0 <= w_min <= w_max and w_max > 0, got w_min {w_min}, w_max {w_max}")
-    if not bool(((rewards == 0) | (rewards == 1)).all()):
-        raise ValueError(f"rewards must be episode successes in {{0, 1}}, got {rewards.tolist()}")
-
-    errors = _as_float(recon_errors).detach()
-    labels = 2.0 * rewards.to(errors.dtype) - 1.0
-    valid = step_mask.bool()
-    logits = (labels.unsqueeze(0) * errors / temperature).masked_fill(~valid, float("-inf"))
-    logits = torch.where(valid.any(dim=0, keepdim=True), logits, torch.zeros_like(logits))  # no all -inf column
-    weights = torch.softmax(logits, dim=0) * valid
-    if w_min > 0.0 or w_max < 1.0:
-        weights = weights.clamp(w_min, w_max) * valid
-        weights = weights / weights.sum(dim=0, keepdim=True).clamp_min(torch.finfo(weights.dtype).tiny)
-    return weights, labels
-
-
-def compute_flow_sar_self_annotation(actions: torch.Tensor, velocity_fn: Callable[[torch.Tensor, torch.Tensor],
-                                                                                 torch.Tensor],
-                                     tau_mid: float = 0.5, t_min: float = 0.2, t_max: float = 0.8,
-                                     generator: Optional[torch.Generator] = None) -> Dict[str, torch.Tensor]:
-    """FlowSAR self-annotation (write-up §2.4, spec §4; t = 0 clean, t = 1 noise), no grad. `actions` a (N, ...)
-    normalised action chunks; `velocity_fn(x, t)` the EMA reference's velocity for x (N, ...) at times t (N,).
-
-    Reconstruction: x = (1 - tau) a + tau eps, a_hat = x - tau v_old(x, tau), recon_error = mean over a sample's
-    elements of (a - a_hat)^2 (0 when v_old is exactly eps - a). Training draw: t ~ U[t_min, t_max], a fresh eps,
-    x_t = (1 - t) a + t eps, v_old = v_old(x_t, t). Returns {recon_error (N,), flow_t (N,), flow_epsilon, x_t, v_old}
-    (the last three shaped like `actions`)."""
-    if not 0.0 < tau_mid < 1.0:
-        raise ValueError(f"tau_mid must lie in (0, 1), got {tau_mid}")
-    if not 0.0 <= t_min < t_max <= 1.0:
-        raise ValueError(f"need 0 <= t_min < t_max <= 1, got t_min {t_min}, t_max {t_max}")
-    a = _as_float(actions).detach()
-    n = a.shape[0]
-
-    def at(t: torch.Tensor) -> torch.Tensor:  # (N,) -> broadcastable against a
-        return t.view((n,) + (1,) * (a.ndim - 1))
-
-    def randn() -> torch.Tensor:
-        return torch.randn(a.shape, generator=generator, dtype=a.dtype).to(a.device)
-
-    with torch.no_grad():
-        tau = torch.full((n,), float(tau_mid), dtype=a.dtype, device=a.device)
-        x = (1.0 - at(tau)) * a + at(tau) * randn()
-        a_hat = x - at(tau) * velocity_fn(x, tau).to(a.dtype)
-        recon_error = (a - a_hat).square().reshape(n, -1).mean(dim=-1)
-        flow_t = (t_min + (t_max - t_min) * torch.rand(n, generator=generator, dtype=a.dtype)).to(a.device)
-        flow_epsilon = randn()
-        x_t = (1.0 - at(flow_t)) * a + at(flow_t) * flow_epsilon
-        v_old = velocity_fn(x_t, flow_t).to(a.dtype)
-    return {"recon_error": recon_error, "flow_t": flow_t, "flow_epsilon": flow_epsilon, "x_t": x_t, "v_old": v_old}
-
-
-def flow_sar_ema_beta(schedule: str, num_updates: int, ema_beta: float = 0.995, eta_rate: float = 0.001,
-                      eta_max: float = 0.5) -> float:
-    """EMA coefficient of FlowSAR's reference after update number `num_updates` (1, 2, ...; FlowSAR write-up §2.4):
-    theta_old <- beta theta_old + (1 - beta) theta. `fixed`: beta = ema_beta; `linear` (DiffusionNFT):
-    beta_i = min(eta_rate * i, eta_max), near 0 early (the reference tracks the policy), eta_max later."""
-    if num_updates < 0:
-        raise ValueError(f"num_updates must be >= 0, got {num_updates}")
-    if schedule == "fixed":
-        return float(ema_beta)
-    if schedule == "linear":
-        return float(min(eta_rate * num_updates, eta_max))
-    raise ValueError(f"unknown EMA schedule {schedule!r}; use fixed or linear")
-
-
-# ---------------------------------------------------------------------------------------------------------------------
 # the one adapter the scripts call: algorithm.adv_estimator -> estimator
 # ---------------------------------------------------------------------------------------------------------------------
 def episode_to_token_rewards(episode_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
     """(B, L) token_level_rewards with each episode reward on its row's last valid token (token 0 if none is valid)."""
-    _check_ndim(1, episode_rewards=episode_rewards)
-    _check_ndim(2, response_mask=response_mask)
+    check_ndim(1, episode_rewards=episode_rewards)
+    check_ndim(2, response_mask=response_mask)
     if episode_rewards.shape[0] != response_mask.shape[0] or response_mask.shape[1] == 0:
         raise ValueError(f"episode_rewards {tuple(episode_rewards.shape)} needs one row of response_mask "
                          f"{tuple(response_mask.shape)} (with L > 0) per episode")
-    rewards = _as_float(episode_rewards)
+    rewards = as_float(episode_rewards)
     last = (response_mask.to(torch.long).sum(dim=-1) - 1).clamp(min=0)
     token_rewards = torch.zeros(response_mask.shape, dtype=rewards.dtype, device=rewards.device)
     return token_rewards.scatter(1, last.unsqueeze(1).to(rewards.device), rewards.unsqueeze(1))
@@ -396,9 +313,8 @@ def compute_advantage(name: str, episode_rewards: torch.Tensor, response_mask: t
 
 
 __all__: List[str] = [
-    "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
-    "compute_flow_sar_self_annotation", "compute_flow_sar_weights", "compute_gae",
-    "flow_sar_ema_beta", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
+    "as_float", "check_ndim", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
+    "compute_gae", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
     "compute_step_grpo_advantage", "episode_to_token_rewards", "executed_actions", "make_action_mask",
     "make_response_mask", "masked_mean", "masked_sum",
 ]

@@ -2,7 +2,7 @@
 its algorithm:
 
     with start_run(cfg, "srpo") as run:                    # accelerator, seeds, the run folder (new or resumed)
-        policy = initial_policy(run, "token")               # common/init.py (the checkpoint's on resume)
+        policy = initial_policy(run, "token")               # common/policy_start.py (the checkpoint's on resume)
         run.attach(policy, {"actor": opt}, {"actor": sched})  # restores a resumed run's state; config.yaml, logger
         for iteration in run.iterations():
             metrics = run.begin_iteration(iteration)        # row 0: the starting policy evaluated
@@ -17,7 +17,7 @@ after the rollout, before the iteration's first optimizer step (nothing has chan
 iteration, so that one is saved as it stands, with the random states taken at its end: nothing is copied), or at
 the end of an iteration (it is saved). Then the run exits 130 with the command that continues it. With one process a
 second Ctrl-C stops at once (the last checkpoint is kept). Resume continues the same run: every random stream is
-restored per process and metrics rows past the checkpoint are dropped (common/logging.py), so a resumed run is the
+restored per process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
 uninterrupted one (bitwise on one CPU thread). A failed checkpoint write ends the run in one line; the run ends with a
 one-line summary (`run_summary`).
 
@@ -51,7 +51,7 @@ from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkp
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
 from common.evaluation import eval_trials, evaluate_policy
-from common.logging import Logger, MetricsWriteError, duration, format_line
+from common.metrics_log import Logger, MetricsWriteError, duration, format_line
 from common.rollout import RolloutBatch
 from common.run_folder import (check_writable, create_run_dir, default_run_prefix, lock_run_dir, remove_if_empty,
                                resolve_run_dir, trust_run)

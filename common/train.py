@@ -57,35 +57,6 @@ def sample_prompts(run: Any, count: int) -> Tuple[List[int], List[int]]:
     return tasks, trials
 
 
-def refill_more(gather: Callable[[List], List], kept_groups: int, quota: int, rounds: int, max_rounds: int,
-                refill: bool) -> bool:
-    """Dynamic sampling with refill (rollout.refill): whether to roll out another round of fresh prompts. Collective
-    (every process gets the same answer from the gathered kept counts): refill is on, the kept groups of all
-    processes so far fall short of quota x processes (rollout.prompts_per_iteration per process), and fewer than
-    `max_rounds` rounds ran (rollout.max_rounds; at the cap the update trains on the groups kept so far).
-
-    The references refill without a cap: siiRL's DataCoordinator returns nothing until the filtered samples reach
-    train_batch_size x n (siirl/data_coordinator/data_buffer.py:180-183@af00a77) and the step is rolled out again
-    (siirl/dag_worker/dagworker.py:296-305); SimpleVLA-RL loops `while len(valid_batch) < batch_size * n_samples`
-    (verl/trainer/ppo/ray_trainer.py:513@7c51662) until the epoch's prompts run out, then skips the step (:594)."""
-    counts = gather([int(kept_groups)])
-    return bool(refill) and sum(counts) < quota * len(counts) and rounds < max_rounds
-
-
-def trim_to_quota(gather: Callable[[List], List], rank: int, group_rounds: Sequence[int], quota: int) -> np.ndarray:
-    """Which of this process's kept groups (`group_rounds`: the round each was rolled out in, in this process's
-    order) the update keeps: the first quota x processes of all processes' kept groups in the order (round, process,
-    group), the surplus of the last round dropped, as the references keep the first train_batch_size groups and drop
-    the rest: siiRL's coordinator takes potential_items[:global_batch_size] (data_buffer.py:183@af00a77) and clears
-    its queue after the step (dagworker.py:398, reset_cache); SimpleVLA-RL's add_to_buffer keeps the first
-    batch_size groups (ray_trainer.py:596-597, 818-829@7c51662; its buffer is commented out). Collective."""
-    mine = [(int(r), rank, i) for i, r in enumerate(group_rounds)]
-    everyone = gather(mine)
-    processes = len(gather([0]))
-    kept = {(r, p, i) for r, p, i in sorted(everyone)[:quota * processes]}
-    return np.array([(r, p, i) in kept for r, p, i in mine], dtype=bool)
-
-
 def outcomes(batch: Any) -> Any:
     """The per-episode outcomes `rollout_metrics` reads (task_ids, complete, finish_step, truncated, invalid), without
     observations or frames: what a refilled iteration keeps of every round for its metrics."""

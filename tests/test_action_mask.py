@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from common.advantages import compute_advantage, executed_actions, make_action_mask, make_response_mask
-from common.losses import compute_flow_sar_loss
 from common.rollout import collect_rollouts
+from train_flowsar import compute_flow_sar_loss
 
 
 def test_mask_by_hand_for_a_success_in_the_middle_of_a_chunk():

@@ -1,15 +1,16 @@
 """Hand-computed checks of common/advantages.py: GRPO family (siiRL's SRPO, verl's Advanced
-GRPO, LUFFY), GAE (the GAE-PPO reference), FlowSAR weights."""
+GRPO, LUFFY), GAE (the GAE-PPO reference); and FlowSAR's weights (train_flowsar.py)."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from common.advantages import (compute_advanced_grpo_outcome_advantage, compute_advantage,
-                               compute_flow_sar_weights, compute_gae, compute_grpo_outcome_advantage,
-                               compute_grpo_outcome_advantage_split, compute_step_grpo_advantage,
-                               episode_to_token_rewards, make_response_mask, masked_mean, masked_sum)
+from common.advantages import (compute_advanced_grpo_outcome_advantage, compute_advantage, compute_gae,
+                               compute_grpo_outcome_advantage, compute_grpo_outcome_advantage_split,
+                               compute_step_grpo_advantage, episode_to_token_rewards, make_response_mask, masked_mean,
+                               masked_sum)
+from train_flowsar import compute_flow_sar_weights
 
 torch.set_num_threads(1)
 SQRT3 = math.sqrt(3.0)

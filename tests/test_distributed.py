@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.init import initial_policy
+from common.policy_start import initial_policy
 
 
 def test_scratch_init_gives_every_process_the_same_weights_but_its_own_sampling_noise():

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from common.config import LogConfig
-from common.logging import Logger, format_line, panel_series
+from common.metrics_log import Logger, format_line, panel_series
 
 torch.set_num_threads(1)
 os.environ["WANDB_SILENT"] = "true"

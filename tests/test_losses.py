@@ -1,4 +1,5 @@
-"""Hand-computed checks of common/losses.py: verl PPO pieces (siiRL's SRPO), LUFFY, FlowSAR loss (RLinf's FlowSAR)."""
+"""Hand-computed checks of the losses: verl PPO pieces (common/losses.py, siiRL's SRPO), LUFFY's (train_luffy.py),
+FlowSAR's (train_flowsar.py, RLinf's FlowSAR)."""
 import math
 
 import numpy as np
@@ -6,8 +7,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from common.losses import (agg_loss, compute_flow_sar_loss, compute_policy_loss_vanilla, compute_sft_pure_loss,
-                           compute_token_on_off_policy_loss, compute_value_loss, kl_penalty)
+from common.losses import agg_loss, compute_policy_loss_vanilla, compute_value_loss, kl_penalty
+from train_flowsar import compute_flow_sar_loss
+from train_luffy import compute_sft_pure_loss, compute_token_on_off_policy_loss
 
 torch.set_num_threads(1)
 LOG = math.log

@@ -158,7 +158,7 @@ def test_kl_reference_is_the_policy_rl_started_from(tmp_path, rl_rank):
     reference (adapters off) and the SFT policy give the same log-probs, for an RL LoRA rank equal to the SFT's and
     different from it."""
     from common.config import load_config
-    from common.init import initial_policy
+    from common.policy_start import initial_policy
     from models import TokenPolicy, TokenPolicyConfig
     from tests.test_models_token_policy import INSTR, make_obs
     from train_srpo import Config
@@ -390,7 +390,7 @@ def test_a_failed_metrics_row_ends_training_with_one_line(tmp_path):
     """#47 probe full_disk_sft_completely: a disk full to the last byte fails the next metrics.jsonl row (and the
     file's close at exit) before any checkpoint write; it ended in two tracebacks. Now: one line with the advice to
     continue from the last checkpoint, which stays intact."""
-    out, run_dir, err = train_srpo_with("import common.logging as lg\n"
+    out, run_dir, err = train_srpo_with("import common.metrics_log as lg\n"
                                         "class Full:\n"
                                         "    closed = False\n"
                                         "    def __init__(self, f): self.f = f\n"
@@ -520,7 +520,7 @@ def test_benchmarks_run_as_the_readme_writes_them(script):
 
 def test_missing_sft_checkpoint_says_how_to_make_it(tmp_path):
     from common.config import ConfigError, load_config
-    from common.init import initial_policy
+    from common.policy_start import initial_policy
     from train_srpo import Config
 
     cfg = load_config(Config, None, ["env.task_ids=[3]", f"init.path={tmp_path}/nope", "init.mode=checkpoint"])
@@ -567,7 +567,7 @@ def test_a_broken_checkpoint_is_one_line_for_rl_sft_and_evaluate(tmp_path, how):
     import evaluate
     import train_sft
     from common.config import ConfigError, load_config
-    from common.init import initial_policy
+    from common.policy_start import initial_policy
     from train_srpo import Config
 
     folder = _broken_oft(tmp_path, how)

@@ -1,10 +1,12 @@
-"""Hand-computed checks of common/srpo.py: SRPO's embodied reward and the dynamic-sampling filter (siiRL)."""
+"""Hand-computed checks of SRPO's embodied reward (train_srpo.py) and the dynamic-sampling filter (common/dynamic_sampling.py;
+siiRL)."""
 import numpy as np
 import pytest
 import torch
 from scipy.special import expit
 
-from common.srpo import compute_embodied_reward, filter_groups, filter_metrics
+from common.dynamic_sampling import filter_groups, filter_metrics
+from train_srpo import compute_embodied_reward
 
 torch.set_num_threads(1)
 

@@ -178,7 +178,7 @@ def test_refill_rounds_until_the_quota_or_the_cap_then_trims_the_surplus():
     round."""
     import numpy as np
 
-    from common.train import refill_more, trim_to_quota
+    from common.dynamic_sampling import refill_more, trim_to_quota
 
     kept_per_round = [(1, 0), (0, 1), (2, 1), (5, 5)]
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from common.advantages import compute_flow_sar_self_annotation, flow_sar_ema_beta
+from train_flowsar import compute_flow_sar_self_annotation, flow_sar_ema_beta
 from tests.scripts import read_metrics, run_script
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

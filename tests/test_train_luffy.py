@@ -13,7 +13,7 @@ import torch
 
 from common.advantages import compute_advantage, make_response_mask
 from common.config import ConfigError, load_config
-from common.srpo import filter_groups
+from common.dynamic_sampling import filter_groups
 from models import TokenPolicy, TokenPolicyConfig
 from train_luffy import Config, check_config, luffy_loss
 from tests.scripts import read_metrics, run_script

@@ -1,62 +1,19 @@
-"""SRPO pieces (siiRL's SRPO): world-model progress reward for failures and the dynamic-sampling group filter."""
+"""Dynamic sampling, shared by SRPO and LUFFY: keep a group of rollouts only if it carries a learning signal (its
+success rate within bounds, optionally none truncated: siiRL's filter), count what was kept for the logs, and with
+rollout.refill roll out further rounds until the kept groups reach the quota, then train on the first quota of them
+(siiRL, SimpleVLA-RL)."""
 from __future__ import annotations
 
-from typing import Dict, Sequence, Union
+from typing import Callable, Dict, List, Sequence, Union
 
 import numpy as np
 import torch
-from scipy.spatial.distance import cdist
-from scipy.special import expit
-from sklearn.cluster import DBSCAN
-from sklearn.preprocessing import StandardScaler
 
 ArrayOrTensor = Union[np.ndarray, torch.Tensor]
 
 
 def _to_numpy(x: ArrayOrTensor | Sequence) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embeddings: ArrayOrTensor,
-                            task_names: Sequence[str], dbscan_eps: float = 0.5, dbscan_min_samples: int = 2,
-                            sigmoid_steepness: float = 10.0, sigmoid_offset: float = 0.5,
-                            max_failure_reward: float = 0.6) -> np.ndarray:
-    """siiRL's compute_embodied_reward: success 1; failure max_failure_reward * expit(k (offset - d_norm)),
-    d = distance to the nearest DBSCAN cluster of the task's successes; zero embedding or no success/failure -> 0."""
-    completes = _to_numpy(completes).astype(bool)
-    embeddings = _to_numpy(embeddings).astype(np.float64)
-    batch = completes.shape[0] if completes.ndim == 1 else -1
-    if completes.ndim != 1 or embeddings.ndim != 2 or embeddings.shape[0] != batch or len(task_names) != batch:
-        raise ValueError(f"need completes (B,), embeddings (B, D), B task_names; got completes {completes.shape}, "
-                         f"embeddings {embeddings.shape}, {len(task_names)} task_names")
-
-    rewards = np.zeros(batch, dtype=np.float64)
-    valid = ~np.all(embeddings == 0, axis=1)  # an all-zero embedding marks a row whose video failed to embed
-    by_task: Dict[str, list] = {}
-    for i in np.flatnonzero(valid):
-        by_task.setdefault(task_names[i], []).append(i)
-
-    for indices in by_task.values():
-        indices = np.asarray(indices)
-        success, fail = indices[completes[indices]], indices[~completes[indices]]
-        rewards[success] = 1.0
-        if len(success) == 0 or len(fail) == 0:
-            continue
-        # centres of the DBSCAN clusters of the (standardised) success embeddings, in raw embedding space
-        succ = embeddings[success]
-        scaler = StandardScaler()
-        scaled = scaler.fit_transform(succ)
-        labels = DBSCAN(eps=dbscan_eps, min_samples=dbscan_min_samples).fit(scaled).labels_
-        centres = [scaler.inverse_transform(scaled[labels == c].mean(axis=0, keepdims=True)).ravel()
-                   for c in sorted(set(labels) - {-1})]
-        if not centres:
-            centres = [succ.mean(axis=0)]
-        # min-max normalised distance of each failure to its nearest centre -> sigmoid reward
-        dists = cdist(embeddings[fail], np.asarray(centres), "euclidean").min(axis=1)
-        span = dists.max() - dists.min()
-        d_norm = np.full_like(dists, 0.5) if span < 1e-6 else (dists - dists.min()) / span
-        rewards[fail] = max_failure_reward * expit(sigmoid_steepness * (sigmoid_offset - d_norm))
-    return rewards
 
 
 def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrTensor | Sequence[int], n_samples: int,
@@ -102,3 +59,35 @@ def filter_metrics(success: ArrayOrTensor | Sequence[bool], keep: torch.Tensor, 
         "sampling/all_failure_groups": float((accuracy == 0).sum()),
         "sampling/success_rate": float(success.mean()) if success.numel() else 0.0,
     }
+
+
+def refill_more(gather: Callable[[List], List], kept_groups: int, quota: int, rounds: int, max_rounds: int,
+                refill: bool) -> bool:
+    """Dynamic sampling with refill (rollout.refill): whether to roll out another round of fresh prompts. Collective
+    (every process gets the same answer from the gathered kept counts): refill is on, the kept groups of all
+    processes so far fall short of quota x processes (rollout.prompts_per_iteration per process), and fewer than
+    `max_rounds` rounds ran (rollout.max_rounds; at the cap the update trains on the groups kept so far).
+
+    The references refill without a cap: siiRL's DataCoordinator returns nothing until the filtered samples reach
+    train_batch_size x n (siirl/data_coordinator/data_buffer.py:180-183@af00a77) and the step is rolled out again
+    (siirl/dag_worker/dagworker.py:296-305); SimpleVLA-RL loops `while len(valid_batch) < batch_size * n_samples`
+    (verl/trainer/ppo/ray_trainer.py:513@7c51662) until the epoch's prompts run out, then skips the step (:594)."""
+    counts = gather([int(kept_groups)])
+    return bool(refill) and sum(counts) < quota * len(counts) and rounds < max_rounds
+
+
+def trim_to_quota(gather: Callable[[List], List], rank: int, group_rounds: Sequence[int], quota: int) -> np.ndarray:
+    """Which of this process's kept groups (`group_rounds`: the round each was rolled out in, in this process's
+    order) the update keeps: the first quota x processes of all processes' kept groups in the order (round, process,
+    group), the surplus of the last round dropped, as the references keep the first train_batch_size groups and drop
+    the rest: siiRL's coordinator takes potential_items[:global_batch_size] (data_buffer.py:183@af00a77) and clears
+    its queue after the step (dagworker.py:398, reset_cache); SimpleVLA-RL's add_to_buffer keeps the first
+    batch_size groups (ray_trainer.py:596-597, 818-829@7c51662; its buffer is commented out). Collective."""
+    mine = [(int(r), rank, i) for i, r in enumerate(group_rounds)]
+    everyone = gather(mine)
+    processes = len(gather([0]))
+    kept = {(r, p, i) for r, p, i in sorted(everyone)[:quota * processes]}
+    return np.array([(r, p, i) in kept for r, p, i in mine], dtype=bool)
+
+
+__all__ = ["filter_groups", "filter_metrics", "refill_more", "trim_to_quota"]
