@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
+from common.scripts import SCRIPTS, script_file  # noqa: F401 - script_file re-exported
 from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
 from common import memory_plan
 from models.configs import FAMILIES, config_class
@@ -344,13 +345,6 @@ def save_config(cfg: Any, path: str, script: Optional[str] = None, exclusive: bo
 
 
 SCRIPT_MARK = "run of script"
-
-
-def script_file(script: str) -> str:
-    """train_srpo.py for "srpo"; train_sft.py for "train_sft"."""
-    return f"{script}.py" if script.startswith("train_") else f"train_{script}.py"
-
-
 def saved_script(run_dir: str) -> Optional[str]:
     """The script a run folder belongs to: its config.yaml's first line, else its default name's prefix."""
     try:
@@ -361,7 +355,7 @@ def saved_script(run_dir: str) -> Optional[str]:
     if first.startswith(f"# {SCRIPT_MARK} "):
         return first.split()[4]
     head = os.path.basename(run_dir.rstrip("/")).split("__")[0]
-    return head if head in ("srpo", "gae_ppo", "luffy", "flowsar", "train_sft") else None
+    return head if head in SCRIPTS else None
 
 
 def field_comments(cls: type) -> Dict[str, str]:

@@ -50,8 +50,6 @@ GIB = 2 ** 30
 MARGIN = 0.95  # a plan fits when its peak is at most this fraction of the device's memory
 KAPPA = 0.8  # the counted per-layer activations times this: fitted to docs/gpu.md (docs/scale.md, Memory plan)
 BUCKET = 1 << 24  # common/fsdp.py's reduction bucket (elements)
-SCRIPTS = {"srpo": "train_srpo.py", "gae_ppo": "train_gae_ppo.py", "luffy": "train_luffy.py",
-           "flowsar": "train_flowsar.py", "train_sft": "train_sft.py"}
 CLI: Dict[str, Any] = {"dry_run": False, "device_memory_gib": None, "processes": None}  # common/config.py sets it
 
 
@@ -423,6 +421,7 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
              model: Optional[Model] = None, **override: Any) -> Plan:
     """The plan of `script` (srpo | gae_ppo | luffy | flowsar | train_sft) run with `cfg` over `world` processes on
     CUDA devices of `capacity` bytes. `override`: strategy / offload / micro to plan a variant (the fixes)."""
+    from common.scripts import script_file
     from common.fsdp import check_strategy
 
     strategy = override.get("strategy", getattr(cfg.train, "strategy", "ddp"))
@@ -443,7 +442,7 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
     section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
     variant = model.variant or (f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else
                                 "full fine-tuning")
-    title = (f"{SCRIPTS.get(script, script)}: {model.label}, {variant}; {strategy}"
+    title = (f"{script_file(script)}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
              f"{micro} of {mini}{' episodes' if by_trajectory else ''}")
     # bf16 autocast on CUDA unless the policy turns it off (bf16 weights imply it)

@@ -24,9 +24,9 @@ import torch
 import yaml
 
 from common.config import ROOT, ConfigError
+from common.run import INTERRUPTED
 from common.run_folder import run_order, sibling_lock
 
-INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
 SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
                "flow": "train_flowsar.py or train_gae_ppo.py"}
 
@@ -195,4 +195,4 @@ def _checked(run: Any, policy: Any) -> Any:
     return policy
 
 
-__all__ = ["initial_policy", "sft_command", "default_sft_path", "unfinished_sft_run", "INTERRUPTED", "SCRIPTS_FOR"]
+__all__ = ["initial_policy", "sft_command", "default_sft_path", "unfinished_sft_run", "SCRIPTS_FOR"]

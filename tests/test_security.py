@@ -188,7 +188,7 @@ def test_the_cpu_launch_file_fixes_no_port():
 # ---- 4. auto_sft's shared export
 
 def test_two_auto_sft_runs_racing_make_the_sft_start_once(tmp_path, monkeypatch):
-    import common.init as init
+    import common.policy_start as init
 
     made = []
 
