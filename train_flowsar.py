@@ -446,6 +446,7 @@ if __name__ == "__main__":
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))
+            metrics["train/optimizer_steps"] = float(len(stats.get("grad_norm", [])))  # this update's optimizer steps
 
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors;
             #    fsdp: in shards/)

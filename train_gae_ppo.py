@@ -441,6 +441,7 @@ if __name__ == "__main__":
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = actor_sched.get_last_lr()[0]  # the policy's learning rate, as in every script
             metrics.update(mean_stats(stats))
+            metrics["train/optimizer_steps"] = float(len(stats["grad_norm"]))  # this update's policy optimizer steps
             metrics["train/advantage_abs_mean"] = float(np.abs(steps.data["advantages"][:, 0]).mean()) \
                 if len(steps) else float("nan")
 

@@ -510,6 +510,7 @@ if __name__ == "__main__":
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))
+            metrics["train/optimizer_steps"] = float(len(stats["grad_norm"]))  # this update's policy optimizer steps
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter

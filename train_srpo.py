@@ -24,7 +24,7 @@ from models.configs import EncoderConfig, TokenPolicyConfig
 @dataclass
 class RolloutConfig:
     n: int = 8  # group size: samples per (task, trial) prompt (actor_rollout_ref.rollout.n)
-    prompts_per_iteration: int = 8  # (task, trial) prompts per iteration and process (x n = 64 episodes)
+    prompts_per_iteration: int = 8  # (task, trial) prompts per iteration and process, x rollout.n episodes each
     temperature: float = 1.0  # rollout sampling temperature, log-probs use the same (siiRL's LIBERO recipe: 1.6 for
                               # OpenVLA-OFT; the tiny policy is sharper, docs/results.md)
     train_trials: int = 30  # trials 0..train_trials-1 are practised; eval.trial_start on are held out
@@ -381,6 +381,7 @@ if __name__ == "__main__":
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0] * lr_scale
             metrics.update(mean_stats(stats))
+            metrics["train/optimizer_steps"] = float(len(stats["grad_norm"]))  # this update's policy optimizer steps
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter

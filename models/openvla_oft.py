@@ -647,7 +647,8 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         folder = folder or getattr(policy_cfg, "init_path", None)
         if not folder:
             raise ConfigError(f"memory plan: policy.type={cls.family()} is built from its folder's config.json: set "
-                              f"init.path=<the checkpoint folder> (a folder with only config.json plans too)")
+                              f"init.path=<the checkpoint folder> (a folder with only config.json plans too: the "
+                              f"published 7B's is tests/fixtures/openvla_oft_7b_config)")
         if policy_cfg is None:
             saved = {}
             if os.path.isfile(os.path.join(folder, "policy_config.json")):  # a folder this project saved

@@ -147,3 +147,32 @@ def test_estimates_are_within_ten_percent_of_the_measured_peaks():
     assert len(checked) >= 12
     bad = [(r["what"], r["measured"], r["estimate"]) for r in checked if abs(r["error"]) > 0.10]
     assert not bad, bad
+
+
+def test_srpo_libero_help_and_dry_run_show_siirls_update(tmp_path):
+    """`configs/srpo_libero.yaml --help` shows siiRL's update (64 prompts x n 8 per update, mini-batches of 32 whole
+    trajectories, refill on, dual clip off, the V-JEPA 2 ViT-g/384 encoder) and `--dry-run` plans it from the 7B's
+    config.json: memory is set by the micro-batch (8 policy steps), not by the 512 trajectories of the update; without
+    init.path the dry-run names the folder that plans it."""
+    out = run_script("train_srpo.py", ["--config", "configs/srpo_libero.yaml", "--help"]).stdout
+    shown = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and "=" in line.split()[0]}
+    assert {"rollout.prompts_per_iteration=64", "rollout.n=8", "train.mini_batch_unit=trajectory",
+            "train.ppo_mini_batch_size=32", "train.ppo_micro_batch_size=8", "rollout.refill=true",
+            "algorithm.clip_ratio_c=10000.0", "algorithm.loss_agg_mode=traj-token-mean",
+            "reward.encoder.kind=vjepa2", "reward.encoder.model_path=facebook/vjepa2-vitg-fpc64-384",
+            "reward.encoder.num_frames=64"} <= shown, sorted(shown)
+    out = run_script("train_srpo.py", ["--config", "configs/srpo_libero.yaml", "--task-id", "0", "--dry-run",
+                                       "--device-memory-gib", "139.8", f"init.path={OFT_7B}"], outputs=tmp_path)
+    lines = out.stdout.splitlines()
+    assert lines[0] == ("[memory plan] train_srpo.py: openvla_oft (openvla_oft_7b_config), full fine-tuning; ddp over "
+                        "1 process; micro-batch 8 of 32 episodes"), lines[0]
+    assert any(line.split()[:2] == ["activations", "2.27"] and "micro-batch 8," in line for line in lines), out.stdout
+    assert any("(vitg, 384 px: published size)" in line for line in lines), out.stdout
+    assert any(line.strip().startswith("peak (update forward)") and "131.58" in line and ": fits" in line
+               for line in lines), out.stdout
+    assert not os.path.exists(tmp_path / "runs")
+    from common.config import ConfigError
+    from models.openvla_oft import OpenVLAOFTPolicy
+
+    with pytest.raises(ConfigError, match="set init.path=.*tests/fixtures/openvla_oft_7b_config"):
+        OpenVLAOFTPolicy.memory_model(None, None)  # what --dry-run without init.path answers

@@ -1,0 +1,142 @@
+"""Every LIBERO RL config issue 57 changed, run on the real simulator for two iterations on the CPU with a tiny policy:
+the overrides make the policy, images, envs, episodes and batch counts small and keep each config's update structure
+(mini-batch unit, loss aggregation, refill, ratio / GAE unit, Adam betas, weight decay, epochs), so the update the
+config ships is the one that runs. Each run asserts its env steps, its optimizer steps per update (hand-computed from
+episodes, steps and mini-batch sizes), its refill rounds and finite losses. One parametrized test, short episodes."""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.scripts import ROOT, read_metrics, run_script
+
+OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
+COMMON = ["--task-id", "0", "--no-wandb", "env.num_envs=2", "env.fast_render=true", "eval.protocol=heldout",
+          "train.iterations=2", "eval.every=0", "log.checkpoint_every=1000"]
+OFT = ["init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.bf16_weights=false", "policy.unnorm_key=libero_10",
+       "env.image_size=64"]
+TOKEN = ["init.mode=scratch", "policy.hidden_size=64", "policy.num_layers=1"]  # the tiny token policy, untrained
+STRUCTURE = {"mini_batch_unit", "loss_agg_mode", "refill", "ratio_unit", "gae_unit", "adam_beta1", "adam_beta2",
+             "weight_decay", "ppo_epochs", "update_epochs", "clip_ratio_c", "clip_ratio_high", "loss_remove_clip",
+             "n", "flow_sar_loss_variant"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
+KEEP_ALL = "algorithm.accuracy_lower_bound=0.0"  # an untrained policy fails every group: keep them so the update runs
+
+
+def pi0_folder(tmp_path):
+    """A tiny pi0 in RLinf's layout (horizon 10, 5 executed) and its byte tokenizer: the init arguments."""
+    from models.text_tokenizer import ByteTokenizer
+    from tests.test_models_pi0_checkpoint import tiny_pi0, write_openpi
+
+    folder = write_openpi(tmp_path / "pi0", tiny_pi0(chunk=10))
+    ByteTokenizer().save_pretrained(str(tmp_path / "tok"))
+    return ["init.mode=checkpoint", f"init.path={folder}", f"policy.tokenizer_path={tmp_path}/tok",
+            "env.image_size=64"]
+
+
+def luffy_demos(tmp_path):
+    """Two HDF5 demos of libero_spatial task 0 from LIBERO's own starts (12 open-gripper no-ops: replayed, they fail
+    and are dropped, as tests/test_train_luffy.py's): the demos argument."""
+    import h5py
+
+    name = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
+    path = tmp_path / f"{name}_demo.hdf5"
+    script = ("import sys, numpy as np; from envs import libero; libero.import_libero(); "
+              "np.save(sys.argv[1], libero._init_states('libero_spatial', 0)[[3, 5]])")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path / "starts.npy")], cwd=ROOT,
+                   env=dict(os.environ, PYTHONPATH=ROOT), check=True)
+    starts = np.load(tmp_path / "starts.npy")
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["problem_info"] = json.dumps({"language_instruction": "pick up the black bowl and place it"})
+        data.attrs["bddl_file_name"] = f"/x/libero_spatial/{name}.bddl"
+        for i, start in enumerate(starts):
+            g = data.create_group(f"demo_{i}")
+            g.attrs["task_id"] = 0
+            g.create_dataset("actions", data=np.tile([0, 0, 0, 0, 0, 0, -1.0], (12, 1)))
+            g.create_dataset("states", data=np.stack([start] * 12))
+            for key, shape in (("agentview_rgb", (12, 8, 8, 3)), ("eye_in_hand_rgb", (12, 8, 8, 3)),
+                               ("ee_pos", (12, 3)), ("ee_ori", (12, 3)), ("gripper_states", (12, 2))):
+                g.create_dataset(f"obs/{key}", data=np.zeros(shape, np.uint8 if "rgb" in key else np.float64))
+    return [f"demos.paths=[{path}]"]
+
+
+# config -> (script, start builder, overrides, expected {metric: value} per iteration). Episodes are 32 env steps
+# (8-action chunks: 4 policy steps) or 20 (pi0's 5 executed: 4 policy steps). Optimizer steps per update:
+# trajectory unit: episodes / mini-batch episodes x epochs; step unit: ceil(policy steps / mini-batch) x epochs.
+CASES = {
+    # 2 prompts x n 2 = 4 episodes in mini-batches of 2 trajectories: 2 steps; refill on (1 round: all kept)
+    "srpo_libero.yaml": ("train_srpo.py", None, [*OFT, "env.max_steps=32", "rollout.n=2",
+                                                 "rollout.prompts_per_iteration=2", "rollout.max_rounds=2", KEEP_ALL,
+                                                 "reward.encoder.kind=pixels",
+                                                 "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=4"],
+                         {"rollout/env_steps": 128, "sampling/rounds": 1, "train/optimizer_steps": 2}),
+    "srpo_libero_cpu.yaml": ("train_srpo.py", None, [*TOKEN, "env.max_steps=32", "rollout.n=2",
+                                                     "rollout.prompts_per_iteration=2", "rollout.max_rounds=2",
+                                                     KEEP_ALL],
+                             {"rollout/env_steps": 128, "sampling/rounds": 1, "train/optimizer_steps": 2}),
+    # the accuracy filter kept: every all-failure group dropped, refill rolls out to its cap and the update is skipped
+    "srpo_libero_grpo_cpu.yaml": ("train_srpo.py", None, [*TOKEN, "env.max_steps=32", "rollout.n=2",
+                                                          "rollout.prompts_per_iteration=1", "rollout.max_rounds=2"],
+                                  {"rollout/env_steps": 128, "sampling/rounds": 2, "sampling/kept_groups": 0,
+                                   "train/skipped_update": 1, "train/optimizer_steps": 0}),
+    # 2 episodes x 4 policy steps in mini-batches of 2 steps, 10 epochs: 40 actor steps (ratio per step, wd 0.01)
+    "gae_ppo_libero.yaml": ("train_gae_ppo.py", None, [*OFT, "policy.lora_rank=4", "env.max_steps=32"],
+                            {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
+    "gae_ppo_libero_cpu.yaml": ("train_gae_ppo.py", None, [*TOKEN, "env.max_steps=32"],
+                                {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
+    # 2 episodes x 4 chunk-steps in one mini-batch of 8 (the config's 2048 scaled), 4 epochs: 4 steps (beta2 0.95)
+    "gae_ppo_libero_pi0.yaml": ("train_gae_ppo.py", pi0_folder, ["env.max_steps=20", "rollout.episodes_per_iteration=2",
+                                                                  "train.ppo_mini_batch_size=8",
+                                                                  "train.ppo_micro_batch_size=4"],
+                                {"rollout/env_steps": 40, "train/optimizer_steps": 4}),
+    # 2 prompts x n 1 (RLinf's group size 1) x 4 chunk-steps in mini-batches of 4, 4 epochs: 8 steps
+    "flowsar_libero.yaml": ("train_flowsar.py", pi0_folder, ["env.max_steps=20", "rollout.prompts_per_iteration=2",
+                                                             "train.mini_batch_size=4", "train.micro_batch_size=4"],
+                            {"rollout/env_steps": 40, "train/optimizer_steps": 8}),
+    "flowsar_libero_rlinf.yaml": ("train_flowsar.py", pi0_folder, ["env.max_steps=20",
+                                                                   "rollout.prompts_per_iteration=2",
+                                                                   "train.mini_batch_size=4",
+                                                                   "train.micro_batch_size=4"],
+                                  {"rollout/env_steps": 40, "train/optimizer_steps": 8}),
+    # 2 demo prompts x (2 rollouts + 1 demo, dropped: it fails on replay) = 4 trajectories in mini-batches of 2
+    "luffy_libero.yaml": ("train_luffy.py", luffy_demos, [*OFT, "policy.lora_rank=4", "env.max_steps=32",
+                                                          "rollout.n=3", "rollout.prompts_per_iteration=2",
+                                                          "train.ppo_mini_batch_size=2",
+                                                          "train.ppo_micro_batch_size=4"],
+                          {"rollout/env_steps": 2 * 2 * 32 + 2 * 12, "demos/dropped": 2,
+                           "train/optimizer_steps": 2}),
+}
+
+
+@pytest.mark.real_libero
+@pytest.mark.parametrize("config", sorted(CASES))
+def test_libero_config_two_iterations_with_its_update_structure(config, tmp_path):
+    script, start, overrides, expected = CASES[config]
+    args = ["--config", f"configs/{config}", *COMMON, *(start(tmp_path) if start else []), *overrides]
+    t0 = time.perf_counter()
+    run_script(script, args, outputs=tmp_path, timeout=900)
+    print(f"{config}: {time.perf_counter() - t0:.1f} s")
+    (run,) = os.listdir(tmp_path / "runs")
+    rows = read_metrics(str(tmp_path / "runs" / run))
+    assert [r["iteration"] for r in rows] == [1, 2]
+    with open(tmp_path / "runs" / run / "config.yaml") as f:
+        saved = yaml.safe_load(f)
+    with open(os.path.join(ROOT, "configs", config)) as f:
+        shipped = yaml.safe_load(f)
+    structure = [(section, key) for section, values in shipped.items() if isinstance(values, dict) for key in values
+                 if key in STRUCTURE]
+    assert structure and all(saved[s][k] == shipped[s][k] for s, k in structure), (config, structure)  # kept
+    for row in rows:
+        got = {k: row.get(k) for k in expected}
+        assert got == pytest.approx(expected), (config, got)
+        losses = [v for k, v in row.items() if k.startswith("train/") and k.endswith("_loss")]
+        assert all(math.isfinite(v) for v in losses), (config, row)
+        if not row.get("train/skipped_update"):
+            assert losses and math.isfinite(row["train/grad_norm"]), (config, row)
+
