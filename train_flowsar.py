@@ -27,23 +27,23 @@ from models.configs import FlowPolicyConfig
 
 @dataclass
 class RolloutConfig:
-    n: int = ranged(4, "[1, 1024]")  # episodes per (task, trial) prompt (FlowSAR needs no groups; repeats just share a
-                                     # start)
+    n: int = ranged(4, "[1, 1024]")  # episodes per (task, trial) prompt (FlowSAR
+                                     # needs no groups; repeats just share a start)
     prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration and process
-    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 train; the rest are held out for
-                                                   # evaluation
+    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 train; the
+                                                   # rest are held out for evaluation
     flow_steps: Optional[int] = None  # Euler steps per action chunk (rollout and evaluation); None = policy.num_steps
-    flow_noise_level: float = ranged(0.0, "[0, inf)")  # flow-SDE exploration (RLinf): s * sqrt(dt) * z after each ODE
-                                                       # step; 0 = off
+    flow_noise_level: float = ranged(0.0, "[0, inf)")  # flow-SDE exploration (RLinf): s *
+                                                       # sqrt(dt) * z after each ODE step; 0 = off
 
 
 @dataclass
 class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and defaults (two differ for the tiny policy, marked)
     flow_sar_beta: float = ranged(1.0, "(0, 1]")  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
-    flow_sar_temperature: float = ranged(0.5, "(0, inf)")  # credit-assignment softmax temperature (smaller = more
-                                                           # extreme weights)
-    flow_sar_tau_mid: float = ranged(0.5, "(0, 1)")  # self-annotation time tau: x = (1 - tau) a + tau eps, a_hat = x -
-                                                     # tau v_old
+    flow_sar_temperature: float = ranged(0.5, "(0, inf)")  # credit-assignment softmax temperature
+                                                           # (smaller = more extreme weights)
+    flow_sar_tau_mid: float = ranged(0.5, "(0, 1)")  # self-annotation time tau: x = (1 - tau)
+                                                     # a + tau eps, a_hat = x - tau v_old
     flow_sar_ema_schedule: str = "fixed"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max);
                                           # the seed's default)
     flow_sar_ema_beta: float = ranged(0.995, "[0, 1]")  # fixed schedule only
@@ -54,8 +54,8 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
     flow_sar_kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
     flow_sar_t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
     flow_sar_t_max: float = ranged(0.8, "(0, 1)")
-    flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping), then renormalised per
-                                                   # episode
+    flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
+                                                   # then renormalised per episode
     flow_sar_w_max: float = ranged(1.0, "[0, 1]")
 
 
@@ -70,10 +70,10 @@ class TrainConfig:
     update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps (chunk-steps, as RLinf) shuffled across
                                    # episodes | trajectory: of whole episodes
-    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes with
-                                                       # train.mini_batch_unit=trajectory
-    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation), also
-                                                      # self-annotation
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                       # with train.mini_batch_unit=trajectory
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
+                                                      # accumulation), also self-annotation
     grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)

@@ -36,14 +36,14 @@ from models.configs import TokenPolicyConfig, ValueHeadConfig
 
 @dataclass
 class RolloutConfig:
-    episodes_per_iteration: int = ranged(64, "[1, 1048576]")  # episodes per iteration and process, each from a random
-                                                              # practice (task, trial)
-    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs use the same (token
-                                                  # policies)
-    flow_noise_level: float = ranged(0.5, "[0, inf)")  # flow policies: the flow-SDE step's sigma scale (RLinf
-                                                       # noise_level); > 0
-    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 are practised; the rest are held out for
-                                                   # evaluation
+    episodes_per_iteration: int = ranged(64, "[1, 1048576]")  # episodes per iteration and process, each
+                                                              # from a random practice (task, trial)
+    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs
+                                                  # use the same (token policies)
+    flow_noise_level: float = ranged(0.5, "[0, inf)")  # flow policies: the flow-SDE step's
+                                                       # sigma scale (RLinf noise_level); > 0
+    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 are practised;
+                                                   # the rest are held out for evaluation
 
 
 @dataclass
@@ -54,8 +54,8 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     use_gae: bool = True  # false = the GAE-PPO reference's value-free baseline: discounted reward-to-go, no value head
-    gamma: float = ranged(0.99, "[0, 1]")  # discount per policy step (one action chunk), or per env action with
-                                           # gae_unit=action
+    gamma: float = ranged(0.99, "[0, 1]")  # discount per policy step (one action chunk),
+                                           # or per env action with gae_unit=action
     gae_lambda: float = ranged(0.95, "[0, 1]")
     gae_unit: str = "step"  # step: GAE over policy steps (gamma, lambda per chunk) | action: over env actions, each
                             # with its chunk's value and advantage per action (the GAE-PPO reference's buffer)
@@ -69,8 +69,8 @@ class AlgorithmConfig:
     loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens (common/losses.py
                                        # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean)
     entropy_coeff: float = ranged(0.0, "[0, inf)")
-    value_loss_coef: float = ranged(0.5, "[0, inf)")  # total = policy + value_loss_coef * value - entropy_coeff *
-                                                      # entropy
+    value_loss_coef: float = ranged(0.5, "[0, inf)")  # total = policy + value_loss_coef
+                                                      # * value - entropy_coeff * entropy
     cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = plain MSE
     freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
                                          # head only)
@@ -80,8 +80,8 @@ class AlgorithmConfig:
 class TrainConfig:
     iterations: int = ranged(60, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
-    actor_lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for LoRA on a 7B VLA
-                                                # (configs/gae_ppo_libero.yaml)
+    actor_lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for
+                                                # LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
     critic_lr: float = ranged(1e-3, "[0, inf)")  # the GAE-PPO reference: 3e-4
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear actor-lr warmup over the first N actor steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay (actor and critic)
@@ -90,15 +90,15 @@ class TrainConfig:
     ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes with
-                                                           # train.mini_batch_unit=trajectory
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                           # with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     actor_max_grad_norm: float = ranged(1.0, "(0, inf)")
     critic_max_grad_norm: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
-    critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value head only (the actor
-                                                           # does not move)
+    critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value
+                                                           # head only (the actor does not move)
 
 
 @dataclass

@@ -29,14 +29,14 @@ from models.configs import TokenPolicyConfig
 
 @dataclass
 class RolloutConfig:
-    n: int = ranged(8, "[1, 1024]")  # group size: samples per prompt, on-policy rollouts + demonstrations (LUFFY: n 8
-                                     # ...)
-    n_off: int = ranged(1, "[0, 1024]")  # ... of which off-policy expert demonstrations of the same start (LUFFY: 1;
-                                         # copies of one demo)
+    n: int = ranged(8, "[1, 1024]")  # group size: samples per prompt, on-policy
+                                     # rollouts + demonstrations (LUFFY: n 8 ...)
+    n_off: int = ranged(1, "[0, 1024]")  # ... of which off-policy expert demonstrations of
+                                         # the same start (LUFFY: 1; copies of one demo)
     prompts_per_iteration: int = ranged(8, "[1, 65536]")  # prompts per iteration and process
     temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs use the same
-    train_trials: int = ranged(10, "[1, 100000]")  # tabletop: trials 0..train_trials-1 train, the rest are held out
-                                                   # (LIBERO: demo starts)
+    train_trials: int = ranged(10, "[1, 100000]")  # tabletop: trials 0..train_trials-1 train,
+                                                   # the rest are held out (LIBERO: demo starts)
     refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
                           # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
     max_rounds: int = ranged(  # refill: at most this many rounds per iteration (then the update trains on what was kept)
@@ -54,10 +54,10 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo: statistics over all n rows (LUFFY's recipe) | grpo_split: on-policy rows only
     norm_adv_by_std_in_grpo: bool = False  # LUFFY: use_std false (A = r - mean)
     filter_accuracy: bool = True  # dynamic sampling on the ON-POLICY rows' success: keep lower <= mean <= upper
-    accuracy_lower_bound: float = ranged(0.0, "[0, 1]")  # 0: keep all-failure groups, which only the demo can teach
-                                                         # (LUFFY's point)
-    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # drop groups whose on-policy samples all succeeded (no signal
-                                                         # left)
+    accuracy_lower_bound: float = ranged(0.0, "[0, 1]")  # 0: keep all-failure groups, which only
+                                                         # the demo can teach (LUFFY's point)
+    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # drop groups whose on-policy samples
+                                                         # all succeeded (no signal left)
     filter_truncated: bool = False  # drop a prompt if any on-policy sample hit max_steps
     clip_ratio: float = ranged(0.2, "(0, 1)")  # on-policy PPO clip range (cliprange)
     clip_upper_bound: float = ranged(100.0, "[1, inf)")  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
@@ -90,8 +90,8 @@ class TrainConfig:
     ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (LUFFY's mini-batches of responses)
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes with
-                                                           # train.mini_batch_unit=trajectory
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                           # with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)

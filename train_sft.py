@@ -36,12 +36,12 @@ class PolicySection:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = ranged(10, "[0, 100000]")  # demos per task: the scripted expert's (starts 0..num_demos-1), or the
-                                                # first of each task in sft.demo_paths (0 = all; LIBERO ships 50)
+    num_demos: int = ranged(10, "[0, 100000]")  # demos per task: the scripted expert's (starts 0..num_demos-1), or
+                                                # the first of each task in sft.demo_paths (0 = all; LIBERO ships 50)
     demo_starts: bool = True  # record them from the suite's demo starts (disjoint from every evaluation trial, as
                               # LIBERO's demos are); false = from trials 0..num_demos-1
-    demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed xyz deltas (labels stay clean:
-                                                 # DART)
+    demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed
+                                                 # xyz deltas (labels stay clean: DART)
     demo_seed: int = 0
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
     steps: int = ranged(1000, "[1, inf)", "0 steps would export the untrained policy as the best one")  # gradient steps
@@ -52,15 +52,15 @@ class SFTConfig:
     min_lr_ratio: float = ranged(0.1, "[0, 1]")
     max_grad_norm: float = ranged(1.0, "(0, inf)")
     augment_shift: int = ranged(4, "[0, 256]")  # DrQ random shift: pad each camera image by this many pixels
-                                                # (edge-replicated) and crop back at a random offset, per sample and
-                                                # camera; 0 = off (task 0 held-out 15% -> 40%)
+                                                # (edge-replicated) and crop back at a random offset, per
+                                                # sample and camera; 0 = off (task 0 held-out 15% -> 40%)
     log_every: int = ranged(10, "[1, inf)")  # steps per logged iteration
-    eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (and checkpoints); 0 = once at the end, so the
-                                             # exported policy is the last one (> 0 exports the best, picked on the
-                                             # trials RL evaluates on)
+    eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (and checkpoints); 0 = once
+                                             # at the end, so the exported policy is the last one (> 0
+                                             # exports the best, picked on the trials RL evaluates on)
     eval_trials: int = ranged(20, "[1, 10000]")  # trials per task for evaluation
-    eval_trial_start: Optional[int] = ranged(None, "[0, inf)")  # first evaluation trial id; None = the suite's last
-                                                                # `eval_trials` trials
+    eval_trial_start: Optional[int] = ranged(None, "[0, inf)")  # first evaluation trial id; None = the
+                                                                # suite's last `eval_trials` trials
     output_path: Optional[str] = "auto"  # final (best) policy; auto = checkpoints/sft_<suite>_task<ids>; null = none
 
 

@@ -25,13 +25,13 @@ from models.configs import EncoderConfig, TokenPolicyConfig
 @dataclass
 class RolloutConfig:
     n: int = ranged(8, "[1, 1024]")  # group size: samples per (task, trial) prompt (actor_rollout_ref.rollout.n)
-    prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration and process (x n = 64
-                                                          # episodes)
-    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature, log-probs use the same (siiRL's LIBERO
-                                                  # recipe: 1.6 for OpenVLA-OFT; the tiny policy is sharper,
-                                                  # docs/results.md)
-    train_trials: int = ranged(30, "[1, 100000]")  # trials 0..train_trials-1 are practised; eval.trial_start on are
-                                                   # held out
+    prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration
+                                                          # and process (x n = 64 episodes)
+    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature, log-probs use the
+                                                  # same (siiRL's LIBERO recipe: 1.6 for OpenVLA-OFT;
+                                                  # the tiny policy is sharper, docs/results.md)
+    train_trials: int = ranged(30, "[1, 100000]")  # trials 0..train_trials-1 are practised;
+                                                   # eval.trial_start on are held out
     refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
                           # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
     max_rounds: int = ranged(  # refill: at most this many rounds per iteration (then the update trains on what was kept)
@@ -73,11 +73,11 @@ class AlgorithmConfig:
 @dataclass
 class TrainConfig:
     iterations: int = ranged(120, "[1, inf)")  # held-out success plateaus by ~100 on tabletop (docs/results.md)
-    lr: float = ranged(1e-4, "[0, inf)")  # siiRL: 5e-6 for a 7B model (configs/srpo_libero.yaml); the tiny policy needs
-                                          # a larger step
+    lr: float = ranged(1e-4, "[0, inf)")  # siiRL: 5e-6 for a 7B model (configs/srpo_libero.yaml);
+                                          # the tiny policy needs a larger step
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps (verl's
-                                                   # lr_warmup_steps): Adam's first steps move every weight by about lr,
-                                                   # enough to knock a sharp SFT policy off its skill
+                                                   # lr_warmup_steps): Adam's first steps move every weight by
+                                                   # about lr, enough to knock a sharp SFT policy off its skill
     lr_schedule: str = "constant"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
@@ -85,11 +85,11 @@ class TrainConfig:
     ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (siiRL, SimpleVLA-RL)
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps (observation + its chunk
-                                                           # of action tokens), or episodes with
-                                                           # train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation
-                                                          # inside a mini-batch)
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps (observation
+                                                           # + its chunk of action tokens), or episodes
+                                                           # with train.mini_batch_unit=trajectory
+    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
+                                                          # accumulation inside a mini-batch)
     grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)

@@ -42,15 +42,15 @@ class LogConfig:
 
 @dataclass
 class EvalConfig:
-    every: int = ranged(10, "[0, inf)")  # evaluate every N iterations (and before the first and after the last); 0 =
-                                         # never
+    every: int = ranged(10, "[0, inf)")  # evaluate every N iterations (and before
+                                         # the first and after the last); 0 = never
     trials_per_task: int = ranged(20, "[1, 10000]")  # fixed trials per task: one greedy episode each (val/success_rate)
-    trial_start: Optional[int] = ranged(30, "[0, inf)")  # first evaluation trial (tabletop: 30..49 are never practised
-                                                         # nor demoed); None = rollout.train_trials (the trials after
-                                                         # the practised ones)
-    samples_per_trial: int = ranged(8, "[0, 1024]")  # > 0: also this many episodes per trial at the rollout temperature
-                                                     # (val/sampled_success_rate: the stochastic policy RL trains); 0 =
-                                                     # greedy only
+    trial_start: Optional[int] = ranged(30, "[0, inf)")  # first evaluation trial (tabletop: 30..49 are never
+                                                         # practised nor demoed); None = rollout.train_trials
+                                                         # (the trials after the practised ones)
+    samples_per_trial: int = ranged(8, "[0, 1024]")  # > 0: also this many episodes per trial at the
+                                                     # rollout temperature (val/sampled_success_rate:
+                                                     # the stochastic policy RL trains); 0 = greedy only
     protocol: str = "heldout"  # heldout (this project's: trials never practised, fixtures seeded by trial id) |
                                # simplevla-rl | siirl | openvla-oft | openpi | rlinf: that reference's LIBERO protocol
                                # (episode limit, settling steps, fixture seeding, 256 px, decoding, all 50 trials, RL

@@ -34,17 +34,17 @@ class EnvConfig:
     num_envs: int = ranged(  # parallel environments in one rollout chunk
         16, "[1, 4096]", "each env holds its own observation buffers (LIBERO: a simulator process)")
     image_size: int = ranged(64, "[32, 1024]")  # square camera resolution (px) for agentview and wrist
-    max_steps: Optional[int] = ranged(None, "[1, 10000]")  # episode limit in env steps; None = the suite's per-task
-                                                           # default
+    max_steps: Optional[int] = ranged(None, "[1, 10000]")  # episode limit in env steps; None
+                                                           # = the suite's per-task default
     action_chunk: int = ranged(8, "[1, 64]")  # actions executed per policy call
-    expert_noise: float = ranged(0.0, "[0, inf)")  # tabletop: std of Gaussian noise added to the scripted expert's
-                                                   # actions
+    expert_noise: float = ranged(0.0, "[0, inf)")  # tabletop: std of Gaussian noise added
+                                                   # to the scripted expert's actions
     # real LIBERO only
     pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
-    num_steps_wait: int = ranged(10, "[0, 1000]")  # no-op steps after reset so objects settle (not counted in
-                                                   # max_steps)
+    num_steps_wait: int = ranged(10, "[0, 1000]")  # no-op steps after reset so objects
+                                                   # settle (not counted in max_steps)
     wait_action: str = "open"  # the no-op of those steps: open ([0]*6 + [-1], gripper open: OpenVLA-OFT, openpi,
                                # SimpleVLA-RL, siiRL) | zero ([0]*7: RLinf's OpenVLA-OFT GRPO, reset_gripper_open false)
     fixture_seed: str = "trial"  # numpy seed of the fixture placement (cabinets, stoves) LIBERO draws on every reset:

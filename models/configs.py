@@ -43,8 +43,8 @@ class FlowPolicyConfig:
     action_chunk: int = 8  # actions executed per policy call (openpi's replan_steps)
     horizon: Optional[int] = None  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
                                    # the checkpoint's chunk_size (pi0: 50) when it carries statistics
-    n_bins: int = ranged(256, "[2, 65536]")  # only for the shared ActionTokenizer (its statistics normalise the
-                                             # actions)
+    n_bins: int = ranged(256, "[2, 65536]")  # only for the shared ActionTokenizer
+                                             # (its statistics normalise the actions)
     use_wrist: bool = True  # wrist camera as PI0's second camera
     hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
     num_layers: int = 2  # tiny: depth of the LM, the action expert and the SigLIP tower
@@ -74,8 +74,8 @@ class OpenVLAOFTConfig:
     type: str = "openvla_oft"  # the policy family (models/configs.py FAMILIES)
     init_path: str = ""  # the published (or saved) checkpoint folder
     unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
-    image_size: int = ranged(OFT_IMAGE_SIZE, "[32, 1024]")  # camera image side the env renders; resized to 224 when
-                                                            # different
+    image_size: int = ranged(OFT_IMAGE_SIZE, "[32, 1024]")  # camera image side the env renders;
+                                                            # resized to 224 when different
     action_chunk: int = OFT_ACTION_CHUNK  # fixed by the checkpoint (8 x 7 slots)
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
     lora_alpha: int = ranged(16, "(0, inf)")
@@ -99,8 +99,8 @@ class OpenVLAOFTL1Config(OpenVLAOFTConfig):
 class EncoderConfig:
     kind: str = "vjepa2"  # vjepa2 | pixels
     model_path: Optional[str] = None  # V-JEPA 2 checkpoint (e.g. facebook/vjepa2-vitl-fpc64-256); None = tiny random
-    num_frames: int = ranged(16, "[1, 4096]")  # frames sampled uniformly per episode (vjepa2: a multiple of its tubelet
-                                               # size 2)
+    num_frames: int = ranged(16, "[1, 4096]")  # frames sampled uniformly per episode
+                                               # (vjepa2: a multiple of its tubelet size 2)
     crop_size: int = 64  # tiny random V-JEPA 2 input size (a checkpoint uses its own crop_size)
     hidden_size: int = 64  # tiny random V-JEPA 2 width
     num_layers: int = 2  # tiny random V-JEPA 2 depth
