@@ -19,60 +19,69 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
+from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
+                           parse_cli, ranged)
 from envs import EnvConfig
 from models.configs import FlowPolicyConfig
 
 
 @dataclass
 class RolloutConfig:
-    n: int = 4  # episodes per (task, trial) prompt (FlowSAR needs no groups; repeats just share a start)
-    prompts_per_iteration: int = 8  # (task, trial) prompts per iteration and process
-    train_trials: int = 10  # trials 0..train_trials-1 train; the rest are held out for evaluation
+    n: int = ranged(4, "[1, 1024]")  # episodes per (task, trial) prompt (FlowSAR
+                                     # needs no groups; repeats just share a start)
+    prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration and process
+    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 train; the
+                                                   # rest are held out for evaluation
     flow_steps: Optional[int] = None  # Euler steps per action chunk (rollout and evaluation); None = policy.num_steps
-    flow_noise_level: float = 0.0  # flow-SDE exploration (RLinf): s * sqrt(dt) * z after each ODE step; 0 = off
+    flow_noise_level: float = ranged(0.0, "[0, inf)")  # flow-SDE exploration (RLinf): s *
+                                                       # sqrt(dt) * z after each ODE step; 0 = off
 
 
 @dataclass
 class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and defaults (two differ for the tiny policy, marked)
-    flow_sar_beta: float = 1.0  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
-    flow_sar_temperature: float = 0.5  # credit-assignment softmax temperature (smaller = more extreme weights)
-    flow_sar_tau_mid: float = 0.5  # self-annotation time tau: x = (1 - tau) a + tau eps, a_hat = x - tau v_old
+    flow_sar_beta: float = ranged(1.0, "(0, 1]")  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
+    flow_sar_temperature: float = ranged(0.5, "(0, inf)")  # credit-assignment softmax temperature
+                                                           # (smaller = more extreme weights)
+    flow_sar_tau_mid: float = ranged(0.5, "(0, 1)")  # self-annotation time tau: x = (1 - tau)
+                                                     # a + tau eps, a_hat = x - tau v_old
     flow_sar_ema_schedule: str = "fixed"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max);
                                           # the seed's default)
-    flow_sar_ema_beta: float = 0.995  # fixed schedule only
-    flow_sar_ema_eta_rate: float = 0.001  # linear schedule only
-    flow_sar_ema_eta_max: float = 0.5  # linear schedule only
+    flow_sar_ema_beta: float = ranged(0.995, "[0, 1]")  # fixed schedule only
+    flow_sar_ema_eta_rate: float = ranged(0.001, "[0, 1]")  # linear schedule only
+    flow_sar_ema_eta_max: float = ranged(0.5, "[0, 1]")  # linear schedule only
     flow_sar_energy_type: str = "mse"  # mse (ODE) | sde (energies / 2t, Mahalanobis)
     flow_sar_loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
-    flow_sar_kl_coeff: float = 1.0  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
-    flow_sar_t_min: float = 0.2  # training flow time t ~ U[t_min, t_max]
-    flow_sar_t_max: float = 0.8
-    flow_sar_w_min: float = 0.0  # weight clipping (0 and 1 = no clipping), then renormalised per episode
-    flow_sar_w_max: float = 1.0
+    flow_sar_kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
+    flow_sar_t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
+    flow_sar_t_max: float = ranged(0.8, "(0, 1)")
+    flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
+                                                   # then renormalised per episode
+    flow_sar_w_max: float = ranged(1.0, "[0, 1]")
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 80
-    lr: float = 3e-4  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
-    lr_warmup_steps: int = 0  # linear warmup over the first N optimizer steps
-    weight_decay: float = 0.0  # AdamW weight decay
-    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
-    adam_beta2: float = 0.999  # AdamW beta2 (torch's default; RLinf: 0.95)
-    update_epochs: int = 1  # passes over the iteration's policy steps
+    iterations: int = ranged(80, "[1, inf)")
+    lr: float = ranged(3e-4, "[0, inf)")  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
+    lr_warmup_steps: int = ranged(0, "[0, inf)")  # linear warmup over the first N optimizer steps
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
+    adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
+    adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default; RLinf: 0.95)
+    update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps (chunk-steps, as RLinf) shuffled across
                                    # episodes | trajectory: of whole episodes
-    mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
-    micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation), also self-annotation
-    grad_clip: float = 1.0
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                       # with train.mini_batch_unit=trajectory
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
+                                                      # accumulation), also self-annotation
+    grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
 
 
 @dataclass
 class Config:
-    seed: int = 1
+    seed: int = ranged(1, "[0, inf)")
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys
@@ -273,31 +282,15 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"algorithm.flow_sar_energy_type={a.flow_sar_energy_type!r}: use mse or sde")
     if a.flow_sar_ema_schedule not in EMA_SCHEDULES:
         raise ConfigError(f"algorithm.flow_sar_ema_schedule={a.flow_sar_ema_schedule!r}: use fixed or linear")
-    if not 0.0 <= a.flow_sar_t_min < a.flow_sar_t_max <= 1.0:
+    if not a.flow_sar_t_min < a.flow_sar_t_max:  # (each in (0, 1): its range)
         raise ConfigError(f"algorithm.flow_sar_t_min={a.flow_sar_t_min}, flow_sar_t_max={a.flow_sar_t_max}: need "
                           f"0 <= t_min < t_max <= 1 (t = 0 clean, t = 1 noise; the seed uses 0.2 and 0.8)")
-    if a.flow_sar_energy_type == "sde" and a.flow_sar_t_min <= 0.0:
-        raise ConfigError("algorithm.flow_sar_energy_type=sde divides the energies by 2t: set flow_sar_t_min > 0")
-    if not 0.0 < a.flow_sar_tau_mid < 1.0:
-        raise ConfigError(f"algorithm.flow_sar_tau_mid={a.flow_sar_tau_mid}: must lie in (0, 1) (at 0 nothing is "
-                          f"noised, at 1 nothing of the action is left; the seed uses 0.5)")
-    if not a.flow_sar_temperature > 0 or not a.flow_sar_beta > 0:
-        raise ConfigError(f"algorithm.flow_sar_temperature={a.flow_sar_temperature} and flow_sar_beta="
-                          f"{a.flow_sar_beta} must be > 0")
-    if not 0.0 <= a.flow_sar_w_min <= a.flow_sar_w_max or a.flow_sar_w_max <= 0:
+    if a.flow_sar_w_min > a.flow_sar_w_max or a.flow_sar_w_max <= 0:  # (each in [0, 1]: its range)
         raise ConfigError(f"algorithm.flow_sar_w_min={a.flow_sar_w_min}, flow_sar_w_max={a.flow_sar_w_max}: need "
                           f"0 <= w_min <= w_max and w_max > 0 (0 and 1 = no clipping)")
-    if not (0.0 <= a.flow_sar_ema_beta <= 1.0 and 0.0 <= a.flow_sar_ema_eta_max <= 1.0 and a.flow_sar_ema_eta_rate >= 0):
-        raise ConfigError(f"algorithm.flow_sar_ema_beta={a.flow_sar_ema_beta}, flow_sar_ema_eta_max="
-                          f"{a.flow_sar_ema_eta_max} must lie in [0, 1] and flow_sar_ema_eta_rate >= 0")
-    if a.flow_sar_kl_coeff < 0:
-        raise ConfigError(f"algorithm.flow_sar_kl_coeff={a.flow_sar_kl_coeff}: must be >= 0")
     r = cfg.rollout
-    if r.n < 1 or r.prompts_per_iteration < 1:
-        raise ConfigError(f"rollout.n={r.n}, rollout.prompts_per_iteration={r.prompts_per_iteration}: need >= 1")
-    if r.flow_noise_level < 0 or (r.flow_steps is not None and r.flow_steps < 1):
-        raise ConfigError(f"rollout.flow_noise_level={r.flow_noise_level}, rollout.flow_steps={r.flow_steps}: need "
-                          f"noise >= 0 and steps >= 1 (or null = the policy's num_steps)")
+    if r.flow_steps is not None and r.flow_steps < 1:
+        raise ConfigError(f"rollout.flow_steps={r.flow_steps}: need steps >= 1 (or null = the policy's num_steps)")
 
 
 @contextlib.contextmanager

@@ -29,17 +29,21 @@ from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
-                           exit_on_bad_config, parse_cli)
+                           exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
 from models.configs import TokenPolicyConfig, ValueHeadConfig
 
 
 @dataclass
 class RolloutConfig:
-    episodes_per_iteration: int = 64  # episodes per iteration and process, each from a random practice (task, trial)
-    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same (token policies)
-    flow_noise_level: float = 0.5  # flow policies: the flow-SDE step's sigma scale (RLinf noise_level); > 0
-    train_trials: int = 10  # trials 0..train_trials-1 are practised; the rest are held out for evaluation
+    episodes_per_iteration: int = ranged(64, "[1, 1048576]")  # episodes per iteration and process, each
+                                                              # from a random practice (task, trial)
+    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs
+                                                  # use the same (token policies)
+    flow_noise_level: float = ranged(0.5, "[0, inf)")  # flow policies: the flow-SDE step's
+                                                       # sigma scale (RLinf noise_level); > 0
+    train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 are practised;
+                                                   # the rest are held out for evaluation
 
 
 @dataclass
@@ -50,20 +54,23 @@ class RewardConfig:
 @dataclass
 class AlgorithmConfig:
     use_gae: bool = True  # false = the GAE-PPO reference's value-free baseline: discounted reward-to-go, no value head
-    gamma: float = 0.99  # discount per policy step (one action chunk), or per env action with gae_unit=action
-    gae_lambda: float = 0.95
+    gamma: float = ranged(0.99, "[0, 1]")  # discount per policy step (one action chunk),
+                                           # or per env action with gae_unit=action
+    gae_lambda: float = ranged(0.95, "[0, 1]")
     gae_unit: str = "step"  # step: GAE over policy steps (gamma, lambda per chunk) | action: over env actions, each
                             # with its chunk's value and advantage per action (the GAE-PPO reference's buffer)
     ratio_unit: str = "token"  # token: one PPO ratio per action token | step: one per policy step, from the mean of
                                # its chunk's token log-probs (the GAE-PPO reference)
     normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.2
-    clip_ratio_c: float = 3.0  # dual clip for negative advantages (> 1; a huge value switches it off)
+    clip_ratio_low: float = ranged(0.2, "[0, 1)")
+    clip_ratio_high: float = ranged(0.2, "[0, inf)")
+    clip_ratio_c: float = ranged(  # dual clip for negative advantages (> 1; a huge value switches it off)
+        3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
     loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens (common/losses.py
                                        # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean)
-    entropy_coeff: float = 0.0
-    value_loss_coef: float = 0.5  # total = policy + value_loss_coef * value - entropy_coeff * entropy
+    entropy_coeff: float = ranged(0.0, "[0, inf)")
+    value_loss_coef: float = ranged(0.5, "[0, inf)")  # total = policy + value_loss_coef
+                                                      # * value - entropy_coeff * entropy
     cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = plain MSE
     freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
                                          # head only)
@@ -71,29 +78,32 @@ class AlgorithmConfig:
 
 @dataclass
 class TrainConfig:
-    iterations: int = 60  # at most this many iterations
+    iterations: int = ranged(60, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
-    actor_lr: float = 1e-4  # the tiny policy's; the reference: 1e-5 for LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
-    critic_lr: float = 1e-3  # the GAE-PPO reference: 3e-4
-    lr_warmup_steps: int = 50  # linear actor-lr warmup over the first N actor steps
-    weight_decay: float = 0.0  # AdamW weight decay (actor and critic)
-    adam_beta1: float = 0.9  # AdamW beta1 (actor and critic; torch's default)
-    adam_beta2: float = 0.999  # AdamW beta2 (actor and critic; torch's default)
-    ppo_epochs: int = 1
+    actor_lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for
+                                                # LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
+    critic_lr: float = ranged(1e-3, "[0, inf)")  # the GAE-PPO reference: 3e-4
+    lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear actor-lr warmup over the first N actor steps
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay (actor and critic)
+    adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (actor and critic; torch's default)
+    adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (actor and critic; torch's default)
+    ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes
-    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
-    actor_max_grad_norm: float = 1.0
-    critic_max_grad_norm: float = 1.0
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                           # with train.mini_batch_unit=trajectory
+    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
+    actor_max_grad_norm: float = ranged(1.0, "(0, inf)")
+    critic_max_grad_norm: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
-    critic_warmup_iterations: int = 0  # first N iterations train the value head only (the actor does not move)
+    critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value
+                                                           # head only (the actor does not move)
 
 
 @dataclass
 class Config:
-    seed: int = 1
+    seed: int = ranged(1, "[0, inf)")
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft | flow) picks
@@ -145,11 +155,8 @@ def check_config(cfg: Config) -> None:
     if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
         raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
                           f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")
-    if not (0 <= a.gamma <= 1 and 0 <= a.gae_lambda <= 1):
-        raise ConfigError(f"algorithm.gamma={a.gamma}, algorithm.gae_lambda={a.gae_lambda}: both must lie in [0, 1]")
-    if a.clip_ratio_c <= 1 or a.loss_agg_mode not in LOSS_AGG_MODES:
-        raise ConfigError(f"algorithm.clip_ratio_c={a.clip_ratio_c} must be > 1 and algorithm.loss_agg_mode="
-                          f"{a.loss_agg_mode!r} one of {', '.join(LOSS_AGG_MODES)}")
+    if a.loss_agg_mode not in LOSS_AGG_MODES:
+        raise ConfigError(f"algorithm.loss_agg_mode={a.loss_agg_mode!r}: use one of {', '.join(LOSS_AGG_MODES)}")
     if a.gae_unit not in ("step", "action") or a.ratio_unit not in ("token", "step"):
         raise ConfigError(f"algorithm.gae_unit={a.gae_unit!r}, algorithm.ratio_unit={a.ratio_unit!r}: use gae_unit "
                           f"step or action and ratio_unit token or step")
@@ -159,8 +166,6 @@ def check_config(cfg: Config) -> None:
     if t.critic_warmup_iterations > 0 and not a.use_gae:
         raise ConfigError(f"train.critic_warmup_iterations={t.critic_warmup_iterations} needs a critic: set "
                           f"algorithm.use_gae=true or critic_warmup_iterations=0")
-    if cfg.rollout.episodes_per_iteration < 1:
-        raise ConfigError(f"rollout.episodes_per_iteration={cfg.rollout.episodes_per_iteration}: must be >= 1")
     if action_kind(cfg.policy.type) == "flow":  # PPO's log-prob is the flow-SDE step's Gaussian density
         if cfg.policy.noise_method != "flow_sde" or not cfg.rollout.flow_noise_level > 0:
             raise ConfigError(f"policy.noise_method={cfg.policy.noise_method}, rollout.flow_noise_level="

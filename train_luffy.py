@@ -21,21 +21,26 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
+from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
+                           parse_cli, ranged)
 from envs import EnvConfig, max_steps
 from models.configs import TokenPolicyConfig
 
 
 @dataclass
 class RolloutConfig:
-    n: int = 8  # group size: samples per prompt, on-policy rollouts + demonstrations (LUFFY: n 8 ...)
-    n_off: int = 1  # ... of which off-policy expert demonstrations of the same start (LUFFY: 1; copies of one demo)
-    prompts_per_iteration: int = 8  # prompts per iteration and process
-    temperature: float = 1.0  # rollout sampling temperature; log-probs use the same
-    train_trials: int = 10  # tabletop: trials 0..train_trials-1 train, the rest are held out (LIBERO: demo starts)
+    n: int = ranged(8, "[1, 1024]")  # group size: samples per prompt, on-policy
+                                     # rollouts + demonstrations (LUFFY: n 8 ...)
+    n_off: int = ranged(1, "[0, 1024]")  # ... of which off-policy expert demonstrations of
+                                         # the same start (LUFFY: 1; copies of one demo)
+    prompts_per_iteration: int = ranged(8, "[1, 65536]")  # prompts per iteration and process
+    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs use the same
+    train_trials: int = ranged(10, "[1, 100000]")  # tabletop: trials 0..train_trials-1 train,
+                                                   # the rest are held out (LIBERO: demo starts)
     refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
                           # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
-    max_rounds: int = 10  # refill: at most this many rounds per iteration (then the update trains on what was kept)
+    max_rounds: int = ranged(  # refill: at most this many rounds per iteration (then the update trains on what was kept)
+        10, "[1, 1000]", "rollout.refill's cap on rollout rounds per iteration (1 = no refill)")
 
 
 @dataclass
@@ -49,11 +54,13 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo: statistics over all n rows (LUFFY's recipe) | grpo_split: on-policy rows only
     norm_adv_by_std_in_grpo: bool = False  # LUFFY: use_std false (A = r - mean)
     filter_accuracy: bool = True  # dynamic sampling on the ON-POLICY rows' success: keep lower <= mean <= upper
-    accuracy_lower_bound: float = 0.0  # 0: keep all-failure groups, which only the demo can teach (LUFFY's point)
-    accuracy_upper_bound: float = 0.9  # drop groups whose on-policy samples all succeeded (no signal left)
+    accuracy_lower_bound: float = ranged(0.0, "[0, 1]")  # 0: keep all-failure groups, which only
+                                                         # the demo can teach (LUFFY's point)
+    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # drop groups whose on-policy samples
+                                                         # all succeeded (no signal left)
     filter_truncated: bool = False  # drop a prompt if any on-policy sample hit max_steps
-    clip_ratio: float = 0.2  # on-policy PPO clip range (cliprange)
-    clip_upper_bound: float = 100.0  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
+    clip_ratio: float = ranged(0.2, "(0, 1)")  # on-policy PPO clip range (cliprange)
+    clip_upper_bound: float = ranged(100.0, "[1, inf)")  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
     on_policy_reshape: str = "no_reshape"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1 | p_div_p_0.5
     on_policy_reshape_weight: float = 1.0
     on_policy_reshape_pow_exp: float = 0.5
@@ -67,25 +74,26 @@ class AlgorithmConfig:
     loss_remove_token_mean: bool = True  # sum over tokens / tokens per step, instead of the token mean
     loss_remove_clip: bool = False  # true = no PPO clip on rollout tokens: LUFFY's recipe, with ~2 optimizer steps
                                     # per batch (configs/luffy_libero.yaml); here ~7 per iteration keep the clip
-    entropy_coeff: float = 0.001
+    entropy_coeff: float = ranged(0.001, "[0, inf)")
     use_sft_multitask_loss: bool = False  # "RL w/ SFT loss": PPO on on-policy tokens + sft_loss_coef * NLL of demos
-    sft_loss_coef: float = 1.0
+    sft_loss_coef: float = ranged(1.0, "[0, inf)")
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 60
-    lr: float = 1e-4
-    lr_warmup_steps: int = 50  # linear warmup over the first N optimizer steps
-    weight_decay: float = 0.0  # AdamW weight decay
-    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
-    adam_beta2: float = 0.999  # AdamW beta2 (torch's default)
-    ppo_epochs: int = 1
+    iterations: int = ranged(60, "[1, inf)")
+    lr: float = ranged(1e-4, "[0, inf)")
+    lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
+    adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
+    adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
+    ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (LUFFY's mini-batches of responses)
-    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps, or episodes with train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation)
-    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+                                                           # with train.mini_batch_unit=trajectory
+    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
+    grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = True  # on-policy rows (demo rows have none); False = the rollout's log-probs
@@ -93,7 +101,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = 1
+    seed: int = ranged(1, "[0, inf)")
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys
@@ -288,12 +296,11 @@ def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
     r, a = cfg.rollout, cfg.algorithm
-    if not 0 <= r.n_off < r.n:
+    if r.n_off >= r.n:  # (n_off >= 0: its range)
         raise ConfigError(f"rollout.n_off={r.n_off} with rollout.n={r.n}: need 0 <= n_off < n (a group is n - n_off "
                           f"on-policy rollouts plus n_off demonstrations; LUFFY uses n=8, n_off=1)")
-    if r.n < 2 or r.prompts_per_iteration < 1:
-        raise ConfigError(f"rollout.n={r.n}, prompts_per_iteration={r.prompts_per_iteration}: need n >= 2 (a group) "
-                          f"and >= 1 prompt")
+    if r.n < 2:
+        raise ConfigError(f"rollout.n={r.n}: need n >= 2 (a group)")
     if a.adv_estimator not in ("grpo", "grpo_split"):
         raise ConfigError(f"algorithm.adv_estimator={a.adv_estimator!r}: use grpo (LUFFY's recipe) or grpo_split")
     if a.use_sft_multitask_loss and r.n_off == 0:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import envs
-from common.config import ConfigError, EnvConfig, LogConfig, check_ranges, exit_on_bad_config, parse_cli, save_config
+from common.config import (ConfigError, EnvConfig, LogConfig, check_ranges, exit_on_bad_config, parse_cli, ranged,
+                           save_config)
 from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
 
 
@@ -35,27 +36,31 @@ class PolicySection:
 
 @dataclass
 class SFTConfig:
-    num_demos: int = 10  # demos per task: the scripted expert's (starts 0..num_demos-1), or the first of each task in
-                        # sft.demo_paths (0 = all; LIBERO ships 50)
+    num_demos: int = ranged(10, "[0, 100000]")  # demos per task: the scripted expert's (starts 0..num_demos-1), or
+                                                # the first of each task in sft.demo_paths (0 = all; LIBERO ships 50)
     demo_starts: bool = True  # record them from the suite's demo starts (disjoint from every evaluation trial, as
                               # LIBERO's demos are); false = from trials 0..num_demos-1
-    demo_noise: float = 0.0  # std of noise on the expert's executed xyz deltas (labels stay clean: DART)
+    demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed
+                                                 # xyz deltas (labels stay clean: DART)
     demo_seed: int = 0
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
-    steps: int = 1000  # gradient steps
-    batch_size: int = 16
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    warmup_steps: int = 20  # linear LR warm-up, then cosine decay to lr * min_lr_ratio
-    min_lr_ratio: float = 0.1
-    max_grad_norm: float = 1.0
-    augment_shift: int = 4  # DrQ random shift: pad each camera image by this many pixels (edge-replicated) and crop
-                            # back at a random offset, per sample and camera; 0 = off (task 0 held-out 15% -> 40%)
-    log_every: int = 10  # steps per logged iteration
-    eval_every: int = 0  # steps between evaluations (and checkpoints); 0 = once at the end, so the exported policy
-                         # is the last one (> 0 exports the best, picked on the trials RL evaluates on)
-    eval_trials: int = 20  # trials per task for evaluation
-    eval_trial_start: Optional[int] = None  # first evaluation trial id; None = the suite's last `eval_trials` trials
+    steps: int = ranged(1000, "[1, inf)", "0 steps would export the untrained policy as the best one")  # gradient steps
+    batch_size: int = ranged(16, "[1, 65536]")
+    lr: float = ranged(1e-3, "[0, inf)")
+    weight_decay: float = ranged(0.0, "[0, inf)")
+    warmup_steps: int = ranged(20, "[0, inf)")  # linear LR warm-up, then cosine decay to lr * min_lr_ratio
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")
+    max_grad_norm: float = ranged(1.0, "(0, inf)")
+    augment_shift: int = ranged(4, "[0, 256]")  # DrQ random shift: pad each camera image by this many pixels
+                                                # (edge-replicated) and crop back at a random offset, per
+                                                # sample and camera; 0 = off (task 0 held-out 15% -> 40%)
+    log_every: int = ranged(10, "[1, inf)")  # steps per logged iteration
+    eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (and checkpoints); 0 = once
+                                             # at the end, so the exported policy is the last one (> 0
+                                             # exports the best, picked on the trials RL evaluates on)
+    eval_trials: int = ranged(20, "[1, 10000]")  # trials per task for evaluation
+    eval_trial_start: Optional[int] = ranged(None, "[0, inf)")  # first evaluation trial id; None = the
+                                                                # suite's last `eval_trials` trials
     output_path: Optional[str] = "auto"  # final (best) policy; auto = checkpoints/sft_<suite>_task<ids>; null = none
 
 
@@ -67,7 +72,7 @@ class TrainSection:  # how the processes share the work: the RL scripts' train.s
 
 @dataclass
 class Config:
-    seed: int = 0
+    seed: int = ranged(0, "[0, inf)")
     resume: Optional[str] = None
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=20))
     log: LogConfig = field(default_factory=lambda: LogConfig(wandb=False))
@@ -78,7 +83,7 @@ class Config:
 
 def check_config(cfg: Config) -> None:
     """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run: every key's
-    range (common/config.py RANGES), then what depends on several keys."""
+    range (declared beside its field: `ranged`), then what depends on several keys."""
     check_ranges(cfg)
     try:
         envs.check_training_suite(cfg.env.suite)  # robustness variants (tabletop_lan, ...) are never demoed or trained on

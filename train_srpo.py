@@ -16,32 +16,37 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Union
 
-from common.config import ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config, parse_cli
+from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
+                           parse_cli, ranged)
 from envs import EnvConfig
 from models.configs import EncoderConfig, TokenPolicyConfig
 
 
 @dataclass
 class RolloutConfig:
-    n: int = 8  # group size: samples per (task, trial) prompt (actor_rollout_ref.rollout.n)
-    prompts_per_iteration: int = 8  # (task, trial) prompts per iteration and process, x rollout.n episodes each
-    temperature: float = 1.0  # rollout sampling temperature, log-probs use the same (siiRL's LIBERO recipe: 1.6 for
-                              # OpenVLA-OFT; the tiny policy is sharper, docs/results.md)
-    train_trials: int = 30  # trials 0..train_trials-1 are practised; eval.trial_start on are held out
+    n: int = ranged(8, "[1, 1024]")  # group size: samples per (task, trial) prompt (actor_rollout_ref.rollout.n)
+    prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration and process,
+                                                          # x rollout.n episodes each
+    temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature, log-probs use the
+                                                  # same (siiRL's LIBERO recipe: 1.6 for OpenVLA-OFT;
+                                                  # the tiny policy is sharper, docs/results.md)
+    train_trials: int = ranged(30, "[1, 100000]")  # trials 0..train_trials-1 are practised;
+                                                   # eval.trial_start on are held out
     refill: bool = False  # dynamic sampling refill: roll out further rounds of fresh prompts until the kept groups
                           # reach prompts_per_iteration (the quota; surplus dropped), as siiRL and SimpleVLA-RL
-    max_rounds: int = 10  # refill: at most this many rounds per iteration (then the update trains on what was kept)
+    max_rounds: int = ranged(  # refill: at most this many rounds per iteration (then the update trains on what was kept)
+        10, "[1, 1000]", "rollout.refill's cap on rollout rounds per iteration (1 = no refill)")
 
 
 @dataclass
 class RewardConfig:
     mode: str = "srpo"  # srpo (world-model progress reward) | binary (plain GRPO: success 1, failure 0)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)  # vjepa2 (default) or pixels
-    dbscan_eps: float = 0.5
-    dbscan_min_samples: int = 2
-    sigmoid_steepness: float = 10.0
+    dbscan_eps: float = ranged(0.5, "(0, inf)")
+    dbscan_min_samples: int = ranged(2, "[1, inf)")
+    sigmoid_steepness: float = ranged(10.0, "(0, inf)")
     sigmoid_offset: float = 0.5
-    max_failure_reward: float = 0.6
+    max_failure_reward: float = ranged(0.6, "[0, 1]")
 
 
 @dataclass
@@ -49,38 +54,43 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | step_grpo | advanced_grpo
     norm_adv_by_std_in_grpo: bool = True  # False = Dr.GRPO (no division by the group std)
     filter_accuracy: bool = True  # dynamic sampling: keep prompts with lower <= mean success <= upper
-    accuracy_lower_bound: float = 0.1
-    accuracy_upper_bound: float = 0.9
+    accuracy_lower_bound: float = ranged(0.1, "[0, 1]")
+    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")
     filter_truncated: bool = False  # drop a prompt if any of its samples hit max_steps
-    clip_ratio_low: float = 0.2
-    clip_ratio_high: float = 0.28
-    clip_ratio_c: float = 3.0  # dual clip for negative advantages
+    clip_ratio_low: float = ranged(0.2, "[0, 1)")
+    clip_ratio_high: float = ranged(0.28, "[0, inf)")
+    clip_ratio_c: float = ranged(  # dual clip for negative advantages
+        3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
                                        # | traj-token-mean (each episode's token mean, then the mean over the
                                        # mini-batch's episodes: siiRL's embodied actor)
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = ranged(0.0, "[0, inf)")
     use_kl_loss: bool = False  # KL to the policy RL started from (LoRA adapters off); needs policy.lora_rank > 0
-    kl_loss_coef: float = 0.01
+    kl_loss_coef: float = ranged(0.01, "[0, inf)")
     kl_loss_type: str = "low_var_kl"  # low_var_kl | kl | abs | mse
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = 120  # held-out success plateaus by ~100 on tabletop (docs/results.md)
-    lr: float = 1e-4  # siiRL: 5e-6 for a 7B model (configs/srpo_libero.yaml); the tiny policy needs a larger step
-    lr_warmup_steps: int = 50  # linear warmup over the first N optimizer steps (verl's lr_warmup_steps): Adam's first
-                              # steps move every weight by about lr, enough to knock a sharp SFT policy off its skill
+    iterations: int = ranged(120, "[1, inf)")  # held-out success plateaus by ~100 on tabletop (docs/results.md)
+    lr: float = ranged(1e-4, "[0, inf)")  # siiRL: 5e-6 for a 7B model (configs/srpo_libero.yaml);
+                                          # the tiny policy needs a larger step
+    lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps (verl's
+                                                   # lr_warmup_steps): Adam's first steps move every weight by
+                                                   # about lr, enough to knock a sharp SFT policy off its skill
     lr_schedule: str = "constant"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup
-    weight_decay: float = 0.0  # AdamW weight decay
-    adam_beta1: float = 0.9  # AdamW beta1 (torch's default)
-    adam_beta2: float = 0.999  # AdamW beta2 (torch's default)
-    ppo_epochs: int = 1
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
+    adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
+    adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
+    ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (siiRL, SimpleVLA-RL)
-    ppo_mini_batch_size: int = 64  # per optimizer step: policy steps (observation + its chunk of action tokens), or
-                                   # episodes with train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = 32  # policy steps per forward/backward (gradient accumulation inside a mini-batch)
-    grad_clip: float = 1.0
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps (observation
+                                                           # + its chunk of action tokens), or episodes
+                                                           # with train.mini_batch_unit=trajectory
+    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
+                                                          # accumulation inside a mini-batch)
+    grad_clip: float = ranged(1.0, "(0, inf)")
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = False  # True = siiRL's actor_old_log_prob node, a second forward over every
@@ -92,7 +102,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = 1
+    seed: int = ranged(1, "[0, inf)")
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys
@@ -187,8 +197,6 @@ def check_config(cfg: Config) -> None:
     check_run_config(cfg)
     if cfg.rollout.n < 2:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: GRPO needs n >= 2 samples per prompt to form a group baseline")
-    if cfg.rollout.prompts_per_iteration < 1:
-        raise ConfigError(f"rollout.prompts_per_iteration={cfg.rollout.prompts_per_iteration}: needs at least 1")
     if cfg.reward.mode not in ("srpo", "binary"):
         raise ConfigError(f"reward.mode={cfg.reward.mode!r}: use srpo or binary")
     if cfg.algorithm.adv_estimator not in ("grpo", "step_grpo", "advanced_grpo"):

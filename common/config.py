@@ -20,7 +20,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
 from common.scripts import SCRIPTS, script_file  # noqa: F401 - script_file re-exported
-from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials  # noqa: F401 - both re-exported
+from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials, ranged  # noqa: F401 - re-exported
 from common import memory_plan
 from models.configs import FAMILIES, config_class
 
@@ -35,19 +35,22 @@ class LogConfig:
     wandb: bool = True  # --no-wandb switches it off
     wandb_mode: str = "offline"  # offline (no network needed) | online
     wandb_project: str = "vla-rl"
-    plot_every: int = 1  # write PNG panels every N updates
-    checkpoint_every: int = 5  # save a checkpoint every N updates (and at the end)
-    keep_checkpoints: int = 2  # how many recent checkpoints to keep
+    plot_every: int = ranged(1, "[0, inf)")  # write PNG panels every N updates
+    checkpoint_every: int = ranged(5, "[1, inf)")  # save a checkpoint every N updates (and at the end)
+    keep_checkpoints: int = ranged(2, "[1, inf)")  # how many recent checkpoints to keep
 
 
 @dataclass
 class EvalConfig:
-    every: int = 10  # evaluate every N iterations (and before the first and after the last); 0 = never
-    trials_per_task: int = 20  # fixed trials per task: one greedy episode each (val/success_rate)
-    trial_start: Optional[int] = 30  # first evaluation trial (tabletop: 30..49 are never practised nor demoed);
-                                     # None = rollout.train_trials (the trials after the practised ones)
-    samples_per_trial: int = 8  # > 0: also this many episodes per trial at the rollout temperature
-                                # (val/sampled_success_rate: the stochastic policy RL trains); 0 = greedy only
+    every: int = ranged(10, "[0, inf)")  # evaluate every N iterations (and before
+                                         # the first and after the last); 0 = never
+    trials_per_task: int = ranged(20, "[1, 10000]")  # fixed trials per task: one greedy episode each (val/success_rate)
+    trial_start: Optional[int] = ranged(30, "[0, inf)")  # first evaluation trial (tabletop: 30..49 are never
+                                                         # practised nor demoed); None = rollout.train_trials
+                                                         # (the trials after the practised ones)
+    samples_per_trial: int = ranged(8, "[0, 1024]")  # > 0: also this many episodes per trial at the
+                                                     # rollout temperature (val/sampled_success_rate:
+                                                     # the stochastic policy RL trains); 0 = greedy only
     protocol: str = "heldout"  # heldout (this project's: trials never practised, fixtures seeded by trial id) |
                                # simplevla-rl | siirl | openvla-oft | openpi | rlinf: that reference's LIBERO protocol
                                # (episode limit, settling steps, fixture seeding, 256 px, decoding, all 50 trials, RL
@@ -196,54 +199,6 @@ def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
     return default
 
 
-# The range of every numeric key, one table for every script: `check_ranges` checks each key a script's config has,
-# before anything loads. Intervals as in mathematics: [a, b] inclusive, (a, b) exclusive, inf unbounded; after
-# "; " why, when the range alone does not say it.
-RANGES: Dict[str, str] = {
-    "seed": "[0, inf)",
-    "env.num_envs": "[1, 4096]; each env holds its own observation buffers (LIBERO: a simulator process)",
-    "env.image_size": "[32, 1024]", "env.action_chunk": "[1, 64]",
-    "env.max_steps": "[1, 10000]", "env.expert_noise": "[0, inf)", "env.num_steps_wait": "[0, 1000]",
-    "eval.every": "[0, inf)", "eval.trials_per_task": "[1, 10000]", "eval.trial_start": "[0, inf)",
-    "eval.samples_per_trial": "[0, 1024]",
-    "log.checkpoint_every": "[1, inf)", "log.keep_checkpoints": "[1, inf)", "log.plot_every": "[0, inf)",
-    "policy.image_size": "[32, 1024]", "policy.lora_rank": "[0, 4096]", "policy.lora_alpha": "(0, inf)",
-    "policy.lora_dropout": "[0, 1)", "policy.n_bins": "[2, 65536]", "policy.num_steps": "[1, 1000]",
-    "rollout.n": "[1, 1024]", "rollout.n_off": "[0, 1024]", "rollout.prompts_per_iteration": "[1, 65536]",
-    "rollout.episodes_per_iteration": "[1, 1048576]", "rollout.temperature": "(0, inf)",
-    "rollout.flow_noise_level": "[0, inf)", "rollout.train_trials": "[1, 100000]",
-    "reward.dbscan_eps": "(0, inf)", "reward.dbscan_min_samples": "[1, inf)", "reward.sigmoid_steepness": "(0, inf)",
-    "reward.max_failure_reward": "[0, 1]", "reward.encoder.num_frames": "[1, 4096]",
-    "reward.encoder.batch_size": "[1, 65536]",
-    "algorithm.clip_ratio_low": "[0, 1)", "algorithm.clip_ratio_high": "[0, inf)",
-    "algorithm.clip_ratio_c": "(1, inf); the dual clip bounds a negative advantage's ratio at c, above 1 + clip",
-    "algorithm.clip_ratio": "(0, 1)", "algorithm.clip_upper_bound": "[1, inf)",
-    "algorithm.accuracy_lower_bound": "[0, 1]", "algorithm.accuracy_upper_bound": "[0, 1]",
-    "algorithm.entropy_coeff": "[0, inf)", "algorithm.kl_loss_coef": "[0, inf)", "algorithm.sft_loss_coef": "[0, inf)",
-    "algorithm.gamma": "[0, 1]", "algorithm.gae_lambda": "[0, 1]", "algorithm.value_loss_coef": "[0, inf)",
-    "algorithm.flow_sar_beta": "(0, 1]", "algorithm.flow_sar_temperature": "(0, inf)",
-    "algorithm.flow_sar_tau_mid": "(0, 1)", "algorithm.flow_sar_ema_beta": "[0, 1]",
-    "algorithm.flow_sar_ema_eta_rate": "[0, 1]", "algorithm.flow_sar_ema_eta_max": "[0, 1]",
-    "algorithm.flow_sar_kl_coeff": "[0, inf)", "algorithm.flow_sar_t_min": "(0, 1)", "algorithm.flow_sar_t_max": "(0, 1)",
-    "algorithm.flow_sar_w_min": "[0, 1]", "algorithm.flow_sar_w_max": "[0, 1]",
-    "train.iterations": "[1, inf)", "train.lr": "[0, inf)", "train.actor_lr": "[0, inf)", "train.critic_lr": "[0, inf)",
-    "train.weight_decay": "[0, inf)", "train.lr_warmup_steps": "[0, inf)", "train.grad_clip": "(0, inf)",
-    "train.actor_max_grad_norm": "(0, inf)", "train.critic_max_grad_norm": "(0, inf)",
-    "train.critic_warmup_iterations": "[0, inf)",
-    "sft.num_demos": "[0, 100000]", "sft.demo_noise": "[0, inf)", "sft.batch_size": "[1, 65536]",
-    "sft.steps": "[1, inf); 0 steps would export the untrained policy as the best one",
-    "sft.lr": "[0, inf)", "sft.weight_decay": "[0, inf)", "sft.warmup_steps": "[0, inf)", "sft.min_lr_ratio": "[0, 1]",
-    "sft.max_grad_norm": "(0, inf)", "sft.augment_shift": "[0, 256]", "sft.log_every": "[1, inf)",
-    "sft.eval_every": "[0, inf)", "sft.eval_trials": "[1, 10000]", "sft.eval_trial_start": "[0, inf)",
-    "value_head.dropout": "[0, 1)",
-    "train.adam_beta1": "[0, 1)", "train.adam_beta2": "[0, 1)",
-    "rollout.max_rounds": "[1, 1000]; rollout.refill's cap on rollout rounds per iteration (1 = no refill)",
-    "train.ppo_epochs": "[1, 1000]", "train.update_epochs": "[1, 1000]",
-    "train.ppo_mini_batch_size": "[1, 1048576]", "train.mini_batch_size": "[1, 1048576]",
-    "train.ppo_micro_batch_size": "[1, 65536]", "train.micro_batch_size": "[1, 65536]",
-}
-
-
 def _in_interval(value: float, interval: str) -> bool:
     low, high = (x.strip() for x in interval.strip()[1:-1].split(","))
     low_ok = value > float(low) if interval[0] == "(" else value >= float(low)
@@ -251,21 +206,26 @@ def _in_interval(value: float, interval: str) -> bool:
     return low_ok and high_ok
 
 
-def check_ranges(cfg: Any) -> None:
-    """ConfigError (one line) for the first numeric key of `cfg` outside its RANGES interval (None is a key's "unset"
-    and is not checked); a family's `policy.<family>.` section (train_sft.py) is checked as `policy.`."""
-    for key, value in _flatten(cfg).items():
-        rule = RANGES.get(key) or RANGES.get(re.sub(r"^policy\.\w+\.", "policy.", key))
-        if rule is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+def check_ranges(cfg: Any, prefix: str = "") -> None:
+    """ConfigError (one line) for the first numeric key of the config tree `cfg` outside the range its field declares
+    (`ranged(default, interval, why)` beside the field, in the dataclass that declares the key; None is a key's "unset"
+    and is not checked). Intervals as in mathematics: [a, b] inclusive, (a, b) exclusive, inf unbounded."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if is_dataclass(value):
+            check_ranges(value, f"{prefix}{f.name}.")
             continue
-        interval, _, why = rule.partition("; ")
+        interval, why = f.metadata.get("range"), f.metadata.get("why")
+        if interval is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
         if not _in_interval(float(value), interval):
-            raise ConfigError(f"{key}={value}: must be in {interval}" + (f" ({why})" if why else ""))
+            raise ConfigError(f"{prefix}{f.name}={value}: must be in {interval}" + (f" ({why})" if why else ""))
 
 
 def check_run_config(cfg: Any) -> None:
     """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, every key's range
-    (RANGES), and unknown task ids. Reads the suites' static facts (envs/suites.py): no simulator is imported."""
+    (declared beside its field), and unknown task ids. Reads the suites' static facts (envs/suites.py): no simulator
+    is imported."""
     check_ranges(cfg)
     if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
         raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
@@ -282,9 +242,6 @@ def check_run_config(cfg: Any) -> None:
         raise ConfigError(str(e)) from None
     protocol = apply_protocol(cfg)
     rollout, train = getattr(cfg, "rollout", None), cfg.train
-    if hasattr(rollout, "temperature") and not rollout.temperature > 0:
-        raise ConfigError(f"rollout.temperature={rollout.temperature}: must be > 0 (it divides the logits; greedy "
-                          f"evaluation is separate, eval.*)")
     unit = getattr(train, "mini_batch_unit", "step")
     if unit not in ("step", "trajectory"):
         raise ConfigError(f"train.mini_batch_unit={unit!r}: use step (mini-batches of policy steps) or trajectory "
@@ -293,13 +250,13 @@ def check_run_config(cfg: Any) -> None:
                          "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
     if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
         epochs, mini, micro = (getattr(train, k) for k in sizes)
-        if mini % micro and unit == "step":  # (each >= 1: RANGES) trajectory mini-batches count episodes,
+        if mini % micro and unit == "step":  # (each >= 1: its range) trajectory mini-batches count episodes,
             # micro-batches policy steps: no multiple to check there
             raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: the "
                               f"mini-batch must be a multiple of the micro-batch")
     if protocol["practice_on_eval_trials"]:  # the reference practises on every trial it evaluates: nothing held out
         pass
-    elif hasattr(rollout, "train_trials") and not 0 < rollout.train_trials < num_trials(cfg.env):
+    elif hasattr(rollout, "train_trials") and rollout.train_trials >= num_trials(cfg.env):  # (>= 1: its range)
         raise ConfigError(f"rollout.train_trials={rollout.train_trials} must leave held-out trials: the suite has "
                           f"{num_trials(cfg.env)} trials per task")
     practice, first = getattr(rollout, "train_trials", None), cfg.eval.trial_start

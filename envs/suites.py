@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from envs import tabletop
 
@@ -18,21 +18,33 @@ class ConfigError(ValueError):
     (Defined here, at the bottom of the imports, so envs/ can raise it; `common.config` re-exports it.)"""
 
 
+def ranged(default: Any, interval: str, why: str = "") -> Any:
+    """A numeric config field with its range beside it, e.g. `n: int = ranged(8, "[1, 1024]")  # help`: intervals as
+    in mathematics ([a, b] inclusive, (a, b) exclusive, inf unbounded), `why` when the range alone does not say it.
+    `common.config.check_ranges` reads them before anything loads (None, a key's "unset", is not checked). Defined
+    here, beside ConfigError at the bottom of the imports, so every config dataclass can declare its ranges."""
+    return field(default=default, metadata={"range": interval, "why": why})
+
+
 @dataclass
 class EnvConfig:
     suite: str = "tabletop"  # tabletop | libero_{spatial,object,goal,10,90} | LIBERO-PRO: libero_<base>_{lan,object,swap,task}
                              # | tabletop_<variant> (robustness, evaluation only)
     task_ids: List[int] = field(default_factory=lambda: [0])  # tasks trained on (--task-id / --task-ids)
-    num_envs: int = 16  # parallel environments in one rollout chunk
-    image_size: int = 64  # square camera resolution (px) for agentview and wrist
-    max_steps: Optional[int] = None  # episode limit in env steps; None = the suite's per-task default
-    action_chunk: int = 8  # actions executed per policy call
-    expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
+    num_envs: int = ranged(  # parallel environments in one rollout chunk
+        16, "[1, 4096]", "each env holds its own observation buffers (LIBERO: a simulator process)")
+    image_size: int = ranged(64, "[32, 1024]")  # square camera resolution (px) for agentview and wrist
+    max_steps: Optional[int] = ranged(None, "[1, 10000]")  # episode limit in env steps; None
+                                                           # = the suite's per-task default
+    action_chunk: int = ranged(8, "[1, 64]")  # actions executed per policy call
+    expert_noise: float = ranged(0.0, "[0, inf)")  # tabletop: std of Gaussian noise added
+                                                   # to the scripted expert's actions
     # real LIBERO only
     pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
-    num_steps_wait: int = 10  # no-op steps after reset so objects settle (not counted in max_steps)
+    num_steps_wait: int = ranged(10, "[0, 1000]")  # no-op steps after reset so objects
+                                                   # settle (not counted in max_steps)
     wait_action: str = "open"  # the no-op of those steps: open ([0]*6 + [-1], gripper open: OpenVLA-OFT, openpi,
                                # SimpleVLA-RL, siiRL) | zero ([0]*7: RLinf's OpenVLA-OFT GRPO, reset_gripper_open false)
     fixture_seed: str = "trial"  # numpy seed of the fixture placement (cabinets, stoves) LIBERO draws on every reset:
@@ -112,7 +124,8 @@ FIXTURE_SEED = re.compile(r"trial|\d+|env:\d+|stream:\d+")
 
 
 def check_env_config(cfg: EnvConfig) -> None:
-    """ValueError (one line naming the key) for a suite, task id or size no environment could run."""
+    """ValueError (one line naming the key) for a suite, task id, settling action or fixture seed no environment could
+    run (its sizes: their ranges, which common.config.check_ranges checks first)."""
     check_task_ids(cfg)
     if cfg.wait_action not in WAIT_ACTIONS:
         raise ValueError(f"env.wait_action={cfg.wait_action!r}: use open ([0]*6 + [-1]) or zero ([0]*7)")
@@ -120,10 +133,3 @@ def check_env_config(cfg: EnvConfig) -> None:
         raise ValueError(f"env.fixture_seed={cfg.fixture_seed!r}: use trial (seed = trial id), a number N (seeded N "
                          f"before every reset), env:N (env i of the vector env seeded N + i before every reset) or "
                          f"stream:N (seeded N once per task, running on across its trials)")
-    if cfg.num_steps_wait < 0:
-        raise ValueError(f"env.num_steps_wait={cfg.num_steps_wait}: must be >= 0")
-    for key in ("num_envs", "image_size", "action_chunk"):
-        if getattr(cfg, key) < 1:
-            raise ValueError(f"env.{key}={getattr(cfg, key)}: must be >= 1")
-    if cfg.max_steps is not None and cfg.max_steps < 1:
-        raise ValueError(f"env.max_steps={cfg.max_steps}: must be >= 1, or null for the suite's own limit")

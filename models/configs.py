@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from envs.suites import ranged
+
 OFT_ACTION_CHUNK = 8  # OpenVLA-OFT's chunk: 8 actions x 7 dims = 56 parallel-decoded slots
 OFT_IMAGE_SIZE = 224  # OpenVLA-OFT's vision input side
 
@@ -14,9 +16,9 @@ OFT_IMAGE_SIZE = 224  # OpenVLA-OFT's vision input side
 class TokenPolicyConfig:
     type: str = "token"  # the policy family (models/configs.py FAMILIES); openvla_oft loads a published checkpoint
     preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
-    image_size: int = 64  # square camera images (px); multiple of 16
+    image_size: int = ranged(64, "[32, 1024]")  # square camera images (px); multiple of 16
     action_chunk: int = 8  # actions per policy call; the model predicts action_chunk * 7 tokens
-    n_bins: int = 256  # action bins per dimension
+    n_bins: int = ranged(256, "[2, 65536]")  # action bins per dimension
     use_wrist: bool = True  # also encode the wrist camera
     vision_path: Optional[str] = None  # SigLIP checkpoint (hub id or dir) for from_pretrained; None = random init
     backbone_path: Optional[str] = None  # LM checkpoint + tokenizer (Llama/Qwen2); None = random init, byte tokenizer
@@ -24,9 +26,9 @@ class TokenPolicyConfig:
     num_layers: int = 2  # tiny preset LM depth
     num_heads: int = 4  # tiny preset LM attention heads
     max_text_len: int = 48  # instruction tokens kept (truncated beyond)
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
+    lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
+    lora_alpha: int = ranged(16, "(0, inf)")
+    lora_dropout: float = ranged(0.0, "[0, 1)")
     lora_vision: bool = False  # also put LoRA on the vision tower
     bf16: bool = True  # bf16 autocast on CUDA (log-probs are always computed in float32)
 
@@ -37,11 +39,12 @@ class FlowPolicyConfig:
     preset: str = "tiny"  # tiny (random init from the width/depth fields) | pi0 (PI0Config() defaults, random init)
     pretrained_path: Optional[str] = None  # pi0 checkpoint: openpi/RLinf or LeRobot folder, transformers' dir or hub id
     tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer
-    image_size: int = 64  # square camera images (px) in the observations; multiple of 16
+    image_size: int = ranged(64, "[32, 1024]")  # square camera images (px) in the observations; multiple of 16
     action_chunk: int = 8  # actions executed per policy call (openpi's replan_steps)
     horizon: Optional[int] = None  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
                                    # the checkpoint's chunk_size (pi0: 50) when it carries statistics
-    n_bins: int = 256  # only for the shared ActionTokenizer (its statistics normalise the actions)
+    n_bins: int = ranged(256, "[2, 65536]")  # only for the shared ActionTokenizer
+                                             # (its statistics normalise the actions)
     use_wrist: bool = True  # wrist camera as PI0's second camera
     hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
     num_layers: int = 2  # tiny: depth of the LM, the action expert and the SigLIP tower
@@ -50,11 +53,11 @@ class FlowPolicyConfig:
     expert_layers: Optional[int] = None  # PI0's expert attends to the LM layer by layer: must equal num_layers
     expert_heads: Optional[int] = None  # must equal num_heads (the expert shares the LM's head_dim and KV heads)
     max_text_len: int = 48  # instruction tokens (BOS + text + newline), truncated beyond
-    num_steps: int = 10  # default Euler steps for sample()
+    num_steps: int = ranged(10, "[1, 1000]")  # default Euler steps for sample()
     time_sampling: str = "beta"  # training t: beta (pi0: t = 0.999 * Beta(1.5, 1) + 0.001, favours noisy t) | uniform
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
+    lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
+    lora_alpha: int = ranged(16, "(0, inf)")
+    lora_dropout: float = ranged(0.0, "[0, 1)")
     lora_vision: bool = False
     bf16: bool = True  # bf16 autocast on CUDA
     bf16_weights: bool = False  # frozen weights bf16 except openpi's fp32 set (patch/position embeddings, norms);
@@ -71,11 +74,12 @@ class OpenVLAOFTConfig:
     type: str = "openvla_oft"  # the policy family (models/configs.py FAMILIES)
     init_path: str = ""  # the published (or saved) checkpoint folder
     unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
-    image_size: int = OFT_IMAGE_SIZE  # camera image side the env renders; resized to 224 when different
+    image_size: int = ranged(OFT_IMAGE_SIZE, "[32, 1024]")  # camera image side the env renders;
+                                                            # resized to 224 when different
     action_chunk: int = OFT_ACTION_CHUNK  # fixed by the checkpoint (8 x 7 slots)
-    lora_rank: int = 0  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
+    lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
+    lora_alpha: int = ranged(16, "(0, inf)")
+    lora_dropout: float = ranged(0.0, "[0, 1)")
     bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
     bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
     gradient_checkpointing: bool = False
@@ -95,12 +99,13 @@ class OpenVLAOFTL1Config(OpenVLAOFTConfig):
 class EncoderConfig:
     kind: str = "vjepa2"  # vjepa2 | pixels
     model_path: Optional[str] = None  # V-JEPA 2 checkpoint (e.g. facebook/vjepa2-vitl-fpc64-256); None = tiny random
-    num_frames: int = 16  # frames sampled uniformly per episode (vjepa2: a multiple of its tubelet size 2)
+    num_frames: int = ranged(16, "[1, 4096]")  # frames sampled uniformly per episode
+                                               # (vjepa2: a multiple of its tubelet size 2)
     crop_size: int = 64  # tiny random V-JEPA 2 input size (a checkpoint uses its own crop_size)
     hidden_size: int = 64  # tiny random V-JEPA 2 width
     num_layers: int = 2  # tiny random V-JEPA 2 depth
     pixel_size: int = 8  # pixels: per-frame resolution after downsampling
-    batch_size: int = 8  # episodes per forward pass
+    batch_size: int = ranged(8, "[1, 65536]")  # episodes per forward pass
     seed: int = 0  # initialisation seed of the tiny random model (same seed -> same embeddings)
     pooling: str = "mean"  # mean (all frames / all tokens averaged, as siiRL) | final_spatial (last frames, per patch)
     fp16: bool = True  # fp16 autocast on CUDA
@@ -109,7 +114,7 @@ class EncoderConfig:
 @dataclass
 class ValueHeadConfig:
     hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # the GAE-PPO reference: 4096->1024->512->1
-    dropout: float = 0.0
+    dropout: float = ranged(0.0, "[0, 1)")
 
 
 # family -> (module, policy class, config class, kind); the policy's module is imported on use (models/policy.py

@@ -167,7 +167,7 @@ def test_shared_checks_are_one_line_and_need_no_simulator(override, message, mon
 
 def test_step_mini_batches_are_a_multiple_of_the_micro_batch():
     """Mini-batches of policy steps split into whole micro-batches (trajectory mini-batches count episodes: no
-    multiple to check); each size >= 1 is RANGES' check."""
+    multiple to check); each size >= 1 is its range's check."""
     import train_srpo
     cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48"])
     with pytest.raises(ConfigError, match=r"^train.ppo_epochs=1, train.ppo_mini_batch_size=64, "

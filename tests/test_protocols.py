@@ -81,13 +81,17 @@ def test_reference_protocols_refuse_the_embedded_suite_in_one_line(name):
 
 
 def test_env_keys_are_checked_in_one_line():
+    from common.config import check_ranges
+
     check_env_config(EnvConfig(fixture_seed="stream:7", wait_action="zero"))
     for cfg, message in ((EnvConfig(fixture_seed="seven"), "env.fixture_seed='seven': use trial"),
-                         (EnvConfig(wait_action="closed"), "env.wait_action='closed': use open"),
-                         (EnvConfig(num_steps_wait=-1), "env.num_steps_wait=-1: must be >= 0")):
+                         (EnvConfig(wait_action="closed"), "env.wait_action='closed': use open")):
         with pytest.raises(ValueError) as e:
             check_env_config(cfg)
         assert str(e.value).startswith(message)
+    with pytest.raises(ValueError) as e:  # sizes: the range beside each field (check_run_config checks it first)
+        check_ranges(EnvConfig(num_steps_wait=-1), "env.")
+    assert str(e.value) == "env.num_steps_wait=-1: must be in [0, 1000]"
 
 
 @pytest.mark.parametrize("mode, index, expected", [
