@@ -32,7 +32,8 @@ class RolloutConfig:
     prompts_per_iteration: int = ranged(8, "[1, 65536]")  # (task, trial) prompts per iteration and process
     train_trials: int = ranged(10, "[1, 100000]")  # trials 0..train_trials-1 train; the
                                                    # rest are held out for evaluation
-    flow_steps: Optional[int] = None  # Euler steps per action chunk (rollout and evaluation); None = policy.num_steps
+    flow_steps: Optional[int] = ranged(None, "[1, 1000]")  # Euler steps per action chunk (rollout and
+                                                          # evaluation); None = policy.num_steps
     flow_noise_level: float = ranged(0.0, "[0, inf)")  # flow-SDE exploration (RLinf): s *
                                                        # sqrt(dt) * z after each ODE step; 0 = off
 
@@ -288,9 +289,6 @@ def check_config(cfg: Config) -> None:
     if a.flow_sar_w_min > a.flow_sar_w_max or a.flow_sar_w_max <= 0:  # (each in [0, 1]: its range)
         raise ConfigError(f"algorithm.flow_sar_w_min={a.flow_sar_w_min}, flow_sar_w_max={a.flow_sar_w_max}: need "
                           f"0 <= w_min <= w_max and w_max > 0 (0 and 1 = no clipping)")
-    r = cfg.rollout
-    if r.flow_steps is not None and r.flow_steps < 1:
-        raise ConfigError(f"rollout.flow_steps={r.flow_steps}: need steps >= 1 (or null = the policy's num_steps)")
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ class SFTConfig:
                               # LIBERO's demos are); false = from trials 0..num_demos-1
     demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed
                                                  # xyz deltas (labels stay clean: DART)
-    demo_seed: int = 0
+    demo_seed: int = ranged(0, "[0, inf)")
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
     steps: int = ranged(1000, "[1, inf)", "0 steps would export the untrained policy as the best one")  # gradient steps
     batch_size: int = ranged(16, "[1, 65536]")

@@ -17,15 +17,15 @@ class TokenPolicyConfig:
     type: str = "token"  # the policy family (models/configs.py FAMILIES); openvla_oft loads a published checkpoint
     preset: str = "tiny"  # tiny (CNN + small Llama, CPU) | minivla (SigLIP-base/16 + Qwen2.5-0.5B architecture)
     image_size: int = ranged(64, "[32, 1024]")  # square camera images (px); multiple of 16
-    action_chunk: int = 8  # actions per policy call; the model predicts action_chunk * 7 tokens
+    action_chunk: int = ranged(8, "[1, 64]")  # actions per policy call; the model predicts action_chunk * 7 tokens
     n_bins: int = ranged(256, "[2, 65536]")  # action bins per dimension
     use_wrist: bool = True  # also encode the wrist camera
     vision_path: Optional[str] = None  # SigLIP checkpoint (hub id or dir) for from_pretrained; None = random init
     backbone_path: Optional[str] = None  # LM checkpoint + tokenizer (Llama/Qwen2); None = random init, byte tokenizer
-    hidden_size: int = 128  # tiny preset LM width (ignored when the LM comes from minivla or backbone_path)
-    num_layers: int = 2  # tiny preset LM depth
-    num_heads: int = 4  # tiny preset LM attention heads
-    max_text_len: int = 48  # instruction tokens kept (truncated beyond)
+    hidden_size: int = ranged(128, "[1, 65536]")  # tiny preset LM width (ignored when the LM comes from minivla or backbone_path)
+    num_layers: int = ranged(2, "[1, 1024]")  # tiny preset LM depth
+    num_heads: int = ranged(4, "[1, 1024]")  # tiny preset LM attention heads
+    max_text_len: int = ranged(48, "[1, 8192]")  # instruction tokens kept (truncated beyond)
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
     lora_alpha: int = ranged(16, "(0, inf)")
     lora_dropout: float = ranged(0.0, "[0, 1)")
@@ -40,19 +40,19 @@ class FlowPolicyConfig:
     pretrained_path: Optional[str] = None  # pi0 checkpoint: openpi/RLinf or LeRobot folder, transformers' dir or hub id
     tokenizer_path: Optional[str] = None  # instruction tokenizer; None = pretrained_path's, else the byte tokenizer
     image_size: int = ranged(64, "[32, 1024]")  # square camera images (px) in the observations; multiple of 16
-    action_chunk: int = 8  # actions executed per policy call (openpi's replan_steps)
-    horizon: Optional[int] = None  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
+    action_chunk: int = ranged(8, "[1, 64]")  # actions executed per policy call (openpi's replan_steps)
+    horizon: Optional[int] = ranged(None, "[1, 1024]")  # actions the model predicts per call (PI0's chunk_size); None = action_chunk, or
                                    # the checkpoint's chunk_size (pi0: 50) when it carries statistics
     n_bins: int = ranged(256, "[2, 65536]")  # only for the shared ActionTokenizer
                                              # (its statistics normalise the actions)
     use_wrist: bool = True  # wrist camera as PI0's second camera
-    hidden_size: int = 64  # tiny: PaliGemma LM (Gemma) width = SigLIP width
-    num_layers: int = 2  # tiny: depth of the LM, the action expert and the SigLIP tower
-    num_heads: int = 2  # tiny: query heads (LM and expert; one shared key/value head, as pi0)
-    expert_dim: int = 64  # tiny: action expert (Gemma) width
-    expert_layers: Optional[int] = None  # PI0's expert attends to the LM layer by layer: must equal num_layers
-    expert_heads: Optional[int] = None  # must equal num_heads (the expert shares the LM's head_dim and KV heads)
-    max_text_len: int = 48  # instruction tokens (BOS + text + newline), truncated beyond
+    hidden_size: int = ranged(64, "[1, 65536]")  # tiny: PaliGemma LM (Gemma) width = SigLIP width
+    num_layers: int = ranged(2, "[1, 1024]")  # tiny: depth of the LM, the action expert and the SigLIP tower
+    num_heads: int = ranged(2, "[1, 1024]")  # tiny: query heads (LM and expert; one shared key/value head, as pi0)
+    expert_dim: int = ranged(64, "[1, 65536]")  # tiny: action expert (Gemma) width
+    expert_layers: Optional[int] = ranged(None, "[1, 1024]")  # PI0's expert attends to the LM layer by layer: must equal num_layers
+    expert_heads: Optional[int] = ranged(None, "[1, 1024]")  # must equal num_heads (the expert shares the LM's head_dim and KV heads)
+    max_text_len: int = ranged(48, "[1, 8192]")  # instruction tokens (BOS + text + newline), truncated beyond
     num_steps: int = ranged(10, "[1, 1000]")  # default Euler steps for sample()
     time_sampling: str = "beta"  # training t: beta (pi0: t = 0.999 * Beta(1.5, 1) + 0.001, favours noisy t) | uniform
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
@@ -65,7 +65,7 @@ class FlowPolicyConfig:
     train_expert_only: bool = False  # freeze PaliGemma (vision, projector, LM); train the expert + projections fully
     noise_method: str = "additive"  # exploration at noise_level > 0: additive (s sqrt(dt) z after every step but the
                                     # last) | flow_sde (RLinf: one random step is an SDE step, sigma = s sqrt(t/(1-t)))
-    delta_action_dims: Optional[int] = None  # first N action dims relative to the state; None = as the checkpoint
+    delta_action_dims: Optional[int] = ranged(None, "[0, 64]")  # first N action dims relative to the state; None = as the checkpoint
                                              # says (openpi pi0_libero: 6; 0 without statistics)
 
 
@@ -76,7 +76,7 @@ class OpenVLAOFTConfig:
     unnorm_key: Optional[str] = None  # dataset_statistics.json key or suite (libero_10 -> libero_10_no_noops)
     image_size: int = ranged(OFT_IMAGE_SIZE, "[32, 1024]")  # camera image side the env renders;
                                                             # resized to 224 when different
-    action_chunk: int = OFT_ACTION_CHUNK  # fixed by the checkpoint (8 x 7 slots)
+    action_chunk: int = ranged(OFT_ACTION_CHUNK, "[1, 64]")  # fixed by the checkpoint (8 x 7 slots)
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
     lora_alpha: int = ranged(16, "(0, inf)")
     lora_dropout: float = ranged(0.0, "[0, 1)")
@@ -91,7 +91,7 @@ class OpenVLAOFTConfig:
 @dataclass
 class OpenVLAOFTL1Config(OpenVLAOFTConfig):
     type: str = "openvla_oft_l1"  # the policy family (models/configs.py FAMILIES)
-    num_images: int = 2  # agentview + wrist (the published L1 checkpoints); 1 = agentview only
+    num_images: int = ranged(2, "[1, 2]")  # agentview + wrist (the published L1 checkpoints); 1 = agentview only
     use_proprio: Optional[bool] = None  # None: when the folder holds a proprio_projector file
 
 
@@ -101,12 +101,12 @@ class EncoderConfig:
     model_path: Optional[str] = None  # V-JEPA 2 checkpoint (e.g. facebook/vjepa2-vitl-fpc64-256); None = tiny random
     num_frames: int = ranged(16, "[1, 4096]")  # frames sampled uniformly per episode
                                                # (vjepa2: a multiple of its tubelet size 2)
-    crop_size: int = 64  # tiny random V-JEPA 2 input size (a checkpoint uses its own crop_size)
-    hidden_size: int = 64  # tiny random V-JEPA 2 width
-    num_layers: int = 2  # tiny random V-JEPA 2 depth
-    pixel_size: int = 8  # pixels: per-frame resolution after downsampling
+    crop_size: int = ranged(64, "[1, 4096]")  # tiny random V-JEPA 2 input size (a checkpoint uses its own crop_size)
+    hidden_size: int = ranged(64, "[1, 65536]")  # tiny random V-JEPA 2 width
+    num_layers: int = ranged(2, "[1, 1024]")  # tiny random V-JEPA 2 depth
+    pixel_size: int = ranged(8, "[1, 1024]")  # pixels: per-frame resolution after downsampling
     batch_size: int = ranged(8, "[1, 65536]")  # episodes per forward pass
-    seed: int = 0  # initialisation seed of the tiny random model (same seed -> same embeddings)
+    seed: int = ranged(0, "[0, inf)")  # initialisation seed of the tiny random model (same seed -> same embeddings)
     pooling: str = "mean"  # mean (all frames / all tokens averaged, as siiRL) | final_spatial (last frames, per patch)
     fp16: bool = True  # fp16 autocast on CUDA
 

@@ -227,3 +227,30 @@ def test_help_lists_the_keys_of_the_family_the_config_names():
     assert "shown: the value configs/srpo_libero.yaml gives" in out.stdout
     assert "policy.type=openvla_oft" in out.stdout and "policy.image_pipeline=" in out.stdout
     assert "policy.preset=" not in out.stdout  # a token-family key
+
+
+def test_every_integer_key_has_a_range():
+    """#55: every count or size a config can set (an int field: envs, episodes, batch sizes, widths, depths, steps) is
+    bounded by a range declared beside its field, in every script's config and every policy family's, so a typo of
+    three extra zeros stops in one line before anything is allocated. train.total_timesteps keeps its own check (its
+    message names --timesteps)."""
+    import importlib
+    from dataclasses import fields, is_dataclass
+
+    from models.configs import FAMILIES, config_class
+
+    unranged = set()
+
+    def walk(cfg, prefix):
+        for f in fields(cfg):
+            value = getattr(cfg, f.name)
+            if is_dataclass(value):
+                walk(value, f"{prefix}{f.name}.")
+            elif f.type in (int, Optional[int], "int", "Optional[int]") and "range" not in f.metadata:
+                unranged.add(f"{prefix}{f.name}")
+
+    for script in ("train_srpo", "train_gae_ppo", "train_luffy", "train_flowsar", "train_sft"):
+        walk(importlib.import_module(script).Config(), "")
+    for family in FAMILIES:
+        walk(config_class(family)(), "policy.")
+    assert unranged == {"train.total_timesteps"}
