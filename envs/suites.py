@@ -29,7 +29,8 @@ class EnvConfig:
     action_chunk: int = 8  # actions executed per policy call
     expert_noise: float = 0.0  # tabletop: std of Gaussian noise added to the scripted expert's actions
     # real LIBERO only
-    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
+    pipeline: bool = False  # episodes streamed (an env takes the next as it frees, reset while others step) and the
+                            # policy acting for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
     num_steps_wait: int = 10  # no-op steps after reset so objects settle (not counted in max_steps)
