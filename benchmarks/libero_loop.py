@@ -192,6 +192,17 @@ def print_profiles(profiles: Dict[str, Dict[str, float]]) -> None:
             ("rollout alone, builds left out", lambda p: p["train_steps"], lambda p: p["rollout"] - p["build"])):
         rates = [(steps_of(profiles[n]) / secs_of(profiles[n]), profiles[n]["ceiling"]) for n in names]
         print(f"| {label} | " + " | ".join(f"{r:.1f} = **{r / c:.0%}** of the ceiling" for r, c in rates) + " |")
+    for label, keys, less in (("workers' time stepping, process wall (load-robust: the run's own stepping rate)",
+                                ("physics", "eval_physics"), ()),
+                               ("the same, steady state", ("physics", "eval_physics"),
+                                ("startup_checkpoint", "build", "eval_build")),
+                               ("the same, rollout alone", ("physics",), ("build",))):
+        shares = []
+        for n in names:
+            q = profiles[n]
+            total_s = q["rollout"] if keys == ("physics",) else q["wall"]
+            shares.append(sum(q[k] for k in keys) / (total_s - sum(q[k] for k in less)))
+        print(f"| {label} | " + " | ".join(f"**{x:.0%}**" for x in shares) + " |")
     print("| ceiling (env steps/s, zero-cost policy, measured before and after the run) | " + " | ".join(
         f"{profiles[n]['ceiling']:.1f}" for n in names) + " |")
     print("| env steps (training + evaluation) | " + " | ".join(

@@ -221,8 +221,9 @@ def test_a_streamed_rollout_leaves_the_simulator_workers_their_cores(monkeypatch
 
 @pytest.mark.real_libero
 def test_pipelined_rollout_is_the_sequential_rollout_on_real_libero():
-    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): pipelined and sequential
-    rollouts give the same actions, log-probs, rewards, finish steps, observations and videos; and a worker's chunk
+    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): the streamed rollout (each worker
+    runs two episodes, its second reset in the worker while the other steps) gives the same actions, log-probs,
+    rewards, finish steps, observations and videos with and without the overlap; and a worker's chunk
     (cameras rendered only where an image is returned) gives the images of rendering every step."""
     from envs.libero import LiberoEnv
 
