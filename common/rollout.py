@@ -9,7 +9,9 @@ the world-model reward. `flatten_steps` turns the valid policy steps into the ro
 """
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -191,12 +193,16 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     Token policies are called as `policy.act(obs, instructions, temperature, greedy, generators=...)`; flow policies
     (no `act`) as `policy.sample(obs, instructions, flow_steps, flow_noise_level, generators=...)`. Each call returns a
     chunk of actions that the envs execute (`vec_env.step_chunk_async/wait`); envs that finish stop being fed.
-    Without `pipeline` (default: `vec_env.pipeline`, set from env.pipeline; off on the embedded suite) the policy acts
-    once per chunk for all active envs, drawing from torch's global RNG (`generators=None`). With it the policy acts
-    for the two halves of the envs in separate calls, every episode drawing from its own torch Generator
-    (`episode_generators`), and `overlap` (default) runs a half's chunk in the simulator workers while the policy
-    computes the other half's next chunk; `overlap=False` makes the same calls on the same inputs one after the other,
-    so the episodes, actions and log-probs are identical bit for bit (on any device): only the clock changes.
+    Without `pipeline` (default: `vec_env.pipeline`, set from env.pipeline; off on the embedded suite) the episodes run
+    in blocks of N (all envs reset together, the block runs until its last episode ends) and the policy acts once per
+    chunk for all active envs, drawing from torch's global RNG (`generators=None`). With it the episodes are streamed
+    (`stream_episodes` below): an env that frees is reset to the next episode in its worker while the others step, no
+    block barrier; the policy acts for the two halves of the envs in separate calls, every episode drawing from its
+    own torch Generator (`episode_generators`), and `overlap` (default) serves each half as soon as its workers answer,
+    its chunk stepping while the policy computes the other half's; `overlap=False` makes the same calls on the same
+    inputs in rounds, so the episodes, actions and log-probs are identical bit for bit (on any device): only the clock
+    changes. `stats` holds the collection's timings: its wall time, the policy's calls, the waits for the envs and the
+    workers' own seconds stepping (physics + render), resetting and, of that, building a task's simulator.
     `keep_hidden` stores the policy's pooled hidden state of every step in `extras["hidden"]` (token policies: `act`'s,
     flow policies: the sample's prefix features). `keep_chain` (flow policies, flow-SDE sampling) stores what PPO needs
     to recompute each step's log-prob: `extras["sde_step"]` (B, T) int64, `extras["x_t"]` and `extras["x_next"]`
@@ -224,128 +230,274 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     instructions: List[str] = [""] * total
     t_policy = t_env = 0.0
     env_steps = 0
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, unit="ep")
-    for start in range(0, total, n_env):
-        rows = prompts[start:start + n_env]
-        k = len(rows)
-        ep = np.arange(start, start + k)
-        pad = n_env - k  # the last block may not fill every env: the spare envs replay row 0 and are ignored
-        tasks = rows[:, 0].tolist() + [int(rows[0, 0])] * pad
-        trials = rows[:, 1].tolist() + [int(rows[0, 1])] * pad
+    def policy_call(sub: Dict[str, np.ndarray], sub_instr: List[str], rows_e: np.ndarray) -> Dict[str, Any]:
+        """The policy's chunk for episodes `rows_e` seeing observations `sub` (its call record, in `calls`)."""
+        nonlocal t_policy
+        gens = None if generators is None else [generators[r] for r in rows_e]
         t0 = time.perf_counter()
-        options = {"task_ids": tasks, "trial_ids": trials}
-        for key, values in (reset_options or {}).items():  # per prompt -> per env of this block (spares: row 0's)
-            options[key] = [values[g] for g in rows[:, 2]] + [values[rows[0, 2]]] * pad
-        obs, info = vec_env.reset(options=options)
-        obs = {key: obs[key] for key in OBS_KEYS}
-        t_env += time.perf_counter() - t0
-        desc_list = [str(s) for s in info["task_description"]]
-        for j in range(k):
-            names[ep[j]] = str(info["task_name"][j])
-            instructions[ep[j]] = desc_list[j]
-        block_frames = [[obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames else []  # copies: `obs` is
-        # overwritten in place by every chunk (`finish`), so a view would show the last observation as frame 0
-        block_steps = np.zeros(k, dtype=np.int64)
-        running = np.zeros(n_env, dtype=bool)
-        running[:k] = True  # spare envs never run
+        if is_token:
+            out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden,
+                             generators=gens)
+            act, tokens, logp = out[:3]
+            tokens, logp = tokens.cpu().numpy(), logp.float().cpu().numpy()
+        else:
+            sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level,
+                                   generators=gens)
+            act, noise = sample.actions, sample.noise.float().cpu().numpy()
+        act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
+        t_policy += time.perf_counter() - t0
+        call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act}
+        step_of[rows_e] += 1
+        if keep_obs:
+            call.update(sub)
+        if keep_hidden:  # the value head's input: act's pooled hidden state, or the flow sample's prefix features
+            call["hidden"] = (out[3] if is_token else sample.hidden).float().cpu().numpy()
+        if is_token:
+            call.update(tokens=tokens, old_log_probs=logp)
+        else:
+            call["noise"] = noise
+            if keep_x0:
+                call["x0"] = sample.x0.float().cpu().numpy()
+            if keep_chain:
+                if sample.sde_step is None:
+                    raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
+                call.update(sde_step=sample.sde_step.cpu().numpy(), x_t=sample.x_t.float().cpu().numpy(),
+                            x_next=sample.x_next.float().cpu().numpy(),
+                            old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
+        calls.append(call)
+        return call
 
-        def act_for(idx: np.ndarray) -> Dict[str, Any]:
-            """The policy's chunk for envs `idx` (its call record)."""
-            nonlocal t_policy
-            sub = {key: obs[key][idx] for key in OBS_KEYS}
-            sub_instr = [desc_list[i] for i in idx]
-            rows_e = ep[idx]
-            gens = None if generators is None else [generators[r] for r in rows_e]
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, unit="ep")
+
+    def stream_episodes() -> float:
+        """env.pipeline: run every episode as soon as an env frees, no round barrier; returns the seconds spent
+        waiting for the envs. The envs form groups (`groups`: two halves), each acting in its own policy calls, every
+        episode drawing from its own generator. A group takes rows from a queue: one shared queue when every group is
+        one env (an episode then never shares a policy call, so which env runs it changes nothing), else rows dealt
+        to the groups in turn. A group's env whose episode ends is reset to the group's next row in its worker while
+        the other groups go on stepping; the group acts again once its resets are in, for every env with an episode
+        (so which episodes share a call is fixed by the rows, not by the clock). With `overlap` a group is served as
+        soon as its envs answer; without it all groups go in rounds (act, step, wait for all): the same calls on the
+        same inputs, so the same episodes, bit for bit."""
+        n_groups = len(groups)
+        if all(len(m) == 1 for m in groups):
+            queues = [deque(range(total))] * n_groups  # one queue object, shared
+        else:
+            queues = [deque(range(g, total, n_groups)) for g in range(n_groups)]
+        slot_row = np.full(n_env, -1, dtype=np.int64)  # the episode each env runs (-1: none)
+        state: List[Optional[str]] = [None] * n_env  # what is in flight in each env: "reset", "chunk" or None
+        slot_obs: Dict[str, np.ndarray] = {}
+        row_frames: List[List[np.ndarray]] = [[] for _ in range(total)]
+        in_flight: Dict[int, Any] = {}  # group -> its chunk's call record, or the envs it is resetting
+        done = [False] * n_groups
+        waited = 0.0
+
+        def collect(g: int) -> None:
+            """Take group g's results: its chunk's outcome or its envs' resets."""
+            nonlocal waited, env_steps
+            what = in_flight.pop(g)
             t0 = time.perf_counter()
-            if is_token:
-                out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden,
-                                 generators=gens)
-                act, tokens, logp = out[:3]
-                tokens, logp = tokens.cpu().numpy(), logp.float().cpu().numpy()
-            else:
-                sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level,
-                                       generators=gens)
-                act, noise = sample.actions, sample.noise.float().cpu().numpy()
-            act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
-            t_policy += time.perf_counter() - t0
-            call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act, "idx": idx}
-            step_of[rows_e] += 1
-            if keep_obs:
-                call.update(sub)
-            if keep_hidden:  # the value head's input: act's pooled hidden state, or the flow sample's prefix features
-                call["hidden"] = (out[3] if is_token else sample.hidden).float().cpu().numpy()
-            if is_token:
-                call.update(tokens=tokens, old_log_probs=logp)
-            else:
-                call["noise"] = noise
-                if keep_x0:
-                    call["x0"] = sample.x0.float().cpu().numpy()
-                if keep_chain:
-                    if sample.sde_step is None:
-                        raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
-                    call.update(sde_step=sample.sde_step.cpu().numpy(), x_t=sample.x_t.float().cpu().numpy(),
-                                x_next=sample.x_next.float().cpu().numpy(),
-                                old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
-            calls.append(call)
+            if isinstance(what, dict):  # a chunk
+                idx = what.pop("idx")
+                res = vec_env.step_chunk_wait(idx)
+                waited += time.perf_counter() - t0
+                busy["physics"] += float(np.sum(res["busy_s"]))
+                rows_e = slot_row[idx]
+                for key in OBS_KEYS:
+                    slot_obs[key][idx] = res["obs"][key]
+                finish_step[rows_e] += res["steps"]
+                env_steps += int(np.sum(res["steps"]))
+                ended = res["terminated"] | res["truncated"]
+                what["rewards"], what["dones"] = res["reward"].astype(np.float32), ended
+                for j, i in enumerate(idx):
+                    state[i] = None
+                    e = rows_e[j]
+                    if keep_frames:
+                        row_frames[e].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
+                    if not ended[j]:
+                        continue
+                    complete[e] = bool(res["success"][j])
+                    truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
+                    invalid[e] = bool(res["invalid"][j])
+                    if keep_obs:
+                        for key in OBS_KEYS:
+                            if key not in last_obs:
+                                last_obs[key] = np.zeros((total,) + slot_obs[key].shape[1:], slot_obs[key].dtype)
+                            last_obs[key][e] = slot_obs[key][i]
+                    slot_row[i] = -1
+                    bar.update(1)
+            else:  # resets
+                idx = what
+                got, info = vec_env.reset_envs_wait(idx)
+                waited += time.perf_counter() - t0
+                busy["reset"] += float(np.sum(info["reset_s"]))
+                busy["build"] += float(np.sum(info["build_s"]))
+                for key in OBS_KEYS:
+                    if key not in slot_obs:
+                        slot_obs[key] = np.zeros((n_env,) + got[key].shape[1:], got[key].dtype)
+                    slot_obs[key][idx] = got[key]
+                for j, i in enumerate(idx):
+                    state[i] = None
+                    e = slot_row[i]
+                    names[e], instructions[e] = str(info["task_name"][j]), str(info["task_description"][j])
+                    if keep_frames:  # the reset view (a copy: slot_obs is overwritten by every chunk)
+                        row_frames[e].append(got["agentview"][j][None].copy())
+
+        def advance(g: int) -> Optional[Any]:
+            """Group g's next move: resets of its free envs to the next rows, else a policy call for its envs with an
+            episode; returns what to send (None: the group is done)."""
+            members = groups[g]
+            free = []
+            for i in members:
+                if slot_row[i] < 0 and queues[g]:
+                    slot_row[i] = queues[g].popleft()
+                    free.append(i)
+            if free:
+                return np.array(free, dtype=np.int64)
+            idx = members[slot_row[members] >= 0]
+            if not len(idx):
+                return None
+            call = policy_call({key: slot_obs[key][idx] for key in OBS_KEYS}, [instructions[e] for e in slot_row[idx]],
+                               slot_row[idx].copy())
+            call["idx"] = idx
             return call
 
-        def finish(call: Dict[str, Any]) -> None:
-            """Wait for the chunk of `call` and record its outcome."""
-            nonlocal t_env
-            idx = call.pop("idx")
-            t0 = time.perf_counter()
-            res = vec_env.step_chunk_wait(idx)
-            t_env += time.perf_counter() - t0
-            for key in OBS_KEYS:
-                obs[key][idx] = res["obs"][key]
-            block_steps[idx] += res["steps"]
-            ended = res["terminated"] | res["truncated"]
-            call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
-            for j, i in enumerate(idx):
-                if keep_frames:
-                    block_frames[i].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
-                if not ended[j]:
-                    continue
-                running[i] = False
-                e = ep[i]
-                complete[e] = bool(res["success"][j])
-                truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
-                invalid[e] = bool(res["invalid"][j])
-                if keep_obs:
-                    for key in OBS_KEYS:
-                        if key not in last_obs:
-                            last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
-                        last_obs[key][e] = obs[key][i]
-
-        # Sequential: the policy acts for each batch (all envs, or each half), then all envs step their chunks (in
-        # parallel workers) and are waited for. Overlapped: the halves take turns, a half's chunk stepping in its
-        # workers while the policy acts for the other half.
-        pending: Dict[int, Dict[str, Any]] = {}
-        while running.any() or pending:
-            if pipeline and overlap:
-                for g, members in enumerate(groups):
-                    if g in pending:
-                        finish(pending.pop(g))
-                    idx = members[running[members]]
-                    if len(idx):
-                        pending[g] = act_for(idx)
-                        vec_env.step_chunk_async(idx, pending[g]["actions"], keep_frames)
+        def send(g: int, what: Any) -> None:
+            if what is None:
+                done[g] = True
+                return
+            in_flight[g] = what
+            if isinstance(what, dict):
+                vec_env.step_chunk_async(what["idx"], what["actions"], keep_frames)
             else:
-                for g, members in enumerate(groups):
-                    idx = members[running[members]]
-                    if len(idx):
-                        pending[g] = act_for(idx)
-                for call in pending.values():
-                    vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames)
-                for g in list(pending):
-                    finish(pending.pop(g))
-        finish_step[ep] = block_steps
-        env_steps += int(block_steps.sum())
+                rows_e = slot_row[what]
+                options = {"task_ids": prompts[rows_e, 0].tolist(), "trial_ids": prompts[rows_e, 1].tolist()}
+                for key, values in (reset_options or {}).items():  # per prompt -> per env being reset
+                    options[key] = [values[p] for p in prompts[rows_e, 2]]
+                vec_env.reset_envs_async(what, options)
+            for i in (what["idx"] if isinstance(what, dict) else what):
+                state[i] = "chunk" if isinstance(what, dict) else "reset"
+
+        if overlap:
+            for g in range(n_groups):
+                send(g, advance(g))
+            while not all(done):
+                served = False
+                for g in range(n_groups):
+                    if done[g]:
+                        continue
+                    busy_envs = [i for i in groups[g] if state[i] is not None]
+                    if not vec_env.envs_ready(busy_envs).all():
+                        continue
+                    collect(g)
+                    send(g, advance(g))
+                    served = True
+                if not served:  # every group is waiting for its workers: sleep until one of those answers
+                    t0 = time.perf_counter()
+                    pending = [i for i in range(n_env) if state[i] is not None]
+                    vec_env.wait_envs(np.asarray(pending)[~vec_env.envs_ready(pending)])
+                    waited += time.perf_counter() - t0
+        else:
+            while not all(done):
+                moves = [(g, advance(g)) for g in range(n_groups) if not done[g]]
+                for g, what in moves:
+                    send(g, what)
+                for g in list(in_flight):
+                    collect(g)
         if keep_frames:  # an episode's frames: the reset view, then one per env step it took
+            for e in range(total):
+                frames[e] = np.concatenate(row_frames[e])
+        return waited
+
+    t_rollout = time.perf_counter()
+    if hasattr(vec_env, "drain"):
+        vec_env.drain()  # chunks and resets a stopped rollout left in flight
+    busy = {"physics": 0.0, "reset": 0.0, "build": 0.0}  # the workers' seconds stepping chunks, resetting (of it:
+    # building a task's simulator)
+    if pipeline:
+        threads = torch.get_num_threads()
+        torch.set_num_threads(policy_threads(vec_env, policy, threads))
+        try:
+            t_env = stream_episodes()
+        finally:
+            torch.set_num_threads(threads)
+    else:  # blocks of N episodes: every env reset together, the block runs until its last episode ends
+        for start in range(0, total, n_env):
+            rows = prompts[start:start + n_env]
+            k = len(rows)
+            ep = np.arange(start, start + k)
+            pad = n_env - k  # the last block may not fill every env: the spare envs replay row 0 and are ignored
+            tasks = rows[:, 0].tolist() + [int(rows[0, 0])] * pad
+            trials = rows[:, 1].tolist() + [int(rows[0, 1])] * pad
+            t0 = time.perf_counter()
+            options = {"task_ids": tasks, "trial_ids": trials}
+            for key, values in (reset_options or {}).items():  # per prompt -> per env of this block (spares: row 0's)
+                options[key] = [values[g] for g in rows[:, 2]] + [values[rows[0, 2]]] * pad
+            vec_env.reset_envs_async(np.arange(n_env), options)
+            obs, info = vec_env.reset_envs_wait(np.arange(n_env))
+            obs = {key: obs[key] for key in OBS_KEYS}
+            busy["reset"] += float(np.sum(info["reset_s"]))
+            busy["build"] += float(np.sum(info["build_s"]))
+            t_env += time.perf_counter() - t0
+            desc_list = [str(s) for s in info["task_description"]]
             for j in range(k):
-                frames[ep[j]] = np.concatenate(block_frames[j])
-        bar.update(k)
+                names[ep[j]] = str(info["task_name"][j])
+                instructions[ep[j]] = desc_list[j]
+            # copies: `obs` is overwritten in place by every chunk (`finish`), so a view would show the last
+            # observation as frame 0
+            block_frames = [[obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames else []
+            block_steps = np.zeros(k, dtype=np.int64)
+            running = np.zeros(n_env, dtype=bool)
+            running[:k] = True  # spare envs never run
+
+            def act_for(idx: np.ndarray) -> Dict[str, Any]:
+                """The policy's chunk for envs `idx` (its call record)."""
+                call = policy_call({key: obs[key][idx] for key in OBS_KEYS}, [desc_list[i] for i in idx], ep[idx])
+                call["idx"] = idx
+                return call
+
+            def finish(call: Dict[str, Any]) -> None:
+                """Wait for the chunk of `call` and record its outcome."""
+                nonlocal t_env
+                idx = call.pop("idx")
+                t0 = time.perf_counter()
+                res = vec_env.step_chunk_wait(idx)
+                t_env += time.perf_counter() - t0
+                for key in OBS_KEYS:
+                    obs[key][idx] = res["obs"][key]
+                block_steps[idx] += res["steps"]
+                busy["physics"] += float(np.sum(res["busy_s"]))
+                ended = res["terminated"] | res["truncated"]
+                call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
+                for j, i in enumerate(idx):
+                    if keep_frames:
+                        block_frames[i].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
+                    if not ended[j]:
+                        continue
+                    running[i] = False
+                    e = ep[i]
+                    complete[e] = bool(res["success"][j])
+                    truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
+                    invalid[e] = bool(res["invalid"][j])
+                    if keep_obs:
+                        for key in OBS_KEYS:
+                            if key not in last_obs:
+                                last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
+                            last_obs[key][e] = obs[key][i]
+
+            # The policy acts for all running envs, then they step their chunks (in parallel workers), waited for.
+            while running.any():
+                call = act_for(np.flatnonzero(running))
+                vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames)
+                finish(call)
+            finish_step[ep] = block_steps
+            env_steps += int(block_steps.sum())
+            if keep_frames:  # an episode's frames: the reset view, then one per env step it took
+                for j in range(k):
+                    frames[ep[j]] = np.concatenate(block_frames[j])
+            bar.update(k)
     bar.close()
+    wall = time.perf_counter() - t_rollout
     valid_steps = step_of
     T = int(valid_steps.max()) if total else 0
 
@@ -360,7 +512,9 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         rewards=gather("rewards", (), np.float32),
         dones=gather("dones", (), bool),
         frames=frames if keep_frames else None,
-        stats={"rollout/env_steps": float(env_steps), "time/rollout_policy_s": t_policy, "time/rollout_env_s": t_env},
+        stats={"rollout/env_steps": float(env_steps), "time/rollout_policy_s": t_policy, "time/rollout_env_s": t_env,
+               "time/rollout_s": wall, "time/rollout_physics_s": busy["physics"], "time/rollout_reset_s": busy["reset"],
+               "time/rollout_build_s": busy["build"], "rollout/envs": float(n_env)},
     )
     if keep_obs and calls:
         for key in OBS_KEYS:
@@ -384,6 +538,19 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     if keep_hidden and calls:
         batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
     return batch
+
+
+def policy_threads(vec_env, policy, threads: int) -> int:
+    """torch's CPU threads for the policy while a streamed rollout runs: when the envs step in worker processes on
+    this machine's cores and the policy computes on the CPU, the cores the workers leave (at least 1), so the policy's
+    thread pool does not fight the simulators for the cores (on 2 cores with 2 workers a tiny policy's call took
+    100-250 ms with 2 threads instead of 6 ms with 1: docs/results.md, "How fast is it?"). The update keeps every
+    thread. Other cases: `threads` unchanged."""
+    params = next(iter(policy.parameters()), None) if hasattr(policy, "parameters") else None
+    if not hasattr(vec_env, "processes") or params is None or params.device.type != "cpu":
+        return threads
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(threads, cores - vec_env.num_envs))
 
 
 def scatter_calls(calls: List[Dict[str, np.ndarray]], key: str, shape: tuple, dtype) -> np.ndarray:

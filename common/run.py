@@ -257,12 +257,17 @@ class Run:
         t0 = time.perf_counter()
         protocol = getattr(getattr(self.cfg, "eval", None), "protocol", "heldout")  # SimpleVLA-RL: a random 496
         pairs = eval_pairs(protocol, self.cfg.env.task_ids, self.schedule.eval_trials, self.cfg.seed, iteration)
-        metrics, _ = evaluate_policy(self.envs, self._tracked["policy"], self.cfg.env.task_ids,
-                                     self.schedule.eval_trials, pairs=pairs,
-                                     samples_per_trial=self.schedule.samples_per_trial,
-                                     rank=self.rank, world=self.world, gather=self.gather, progress=self.is_main,
-                                     desc=f"eval {iteration}", **self.eval_kwargs)
+        metrics, batches = evaluate_policy(self.envs, self._tracked["policy"], self.cfg.env.task_ids,
+                                           self.schedule.eval_trials, pairs=pairs,
+                                           samples_per_trial=self.schedule.samples_per_trial,
+                                           rank=self.rank, world=self.world, gather=self.gather, progress=self.is_main,
+                                           desc=f"eval {iteration}", **self.eval_kwargs)
         metrics["time/eval"] = time.perf_counter() - t0
+        for batch in batches.values():  # this process's evaluation episodes: env steps, and the rollout's timings
+            for key, value in batch.stats.items():
+                if key != "rollout/envs":
+                    name = "eval/env_steps" if key == "rollout/env_steps" else key.replace("rollout", "eval_rollout")
+                    metrics[name] = metrics.get(name, 0.0) + value
         return metrics
 
     def begin_iteration(self, iteration: int) -> Dict[str, float]:
@@ -291,6 +296,8 @@ class Run:
         metrics["rollout/env_steps"] = steps
         metrics["charts/env_steps"] = self.state["env_steps"]  # the x-axis of sample-efficiency plots
         metrics["charts/SPS"] = steps / max(seconds, 1e-9)
+        # this process's rollout timings (common/rollout.py: policy, waits, the workers' physics and resets)
+        metrics.update({k: v for k, v in batch.stats.items() if k.startswith("time/") or k == "rollout/envs"})
 
     def _stop_before_update(self) -> None:
         """Every process, together, before the iteration's first optimizer step: the weights, optimizer and scheduler

@@ -17,6 +17,8 @@ import os
 import re
 import signal
 import sys
+import time
+from multiprocessing.connection import wait as wait_connections
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -218,6 +220,7 @@ class LiberoEnv(gym.Env):
         self.raw_env: Any = None  # LIBERO's OffScreenRenderEnv for `task_id` (built on first reset of a task)
         self.task_id, self.trial_id = int(cfg.task_ids[0]), 0
         self._built_task = -1
+        self._build_s = 0.0  # seconds the last simulator build took
         self._steps = 0
         self._last: Optional[Tuple[Dict[str, np.ndarray], bool, bool]] = None  # obs, terminated, truncated
         # env.fixture_seed stream:N: numpy's RNG state before the reset of trial j, per task ({task: {j: state}})
@@ -229,6 +232,7 @@ class LiberoEnv(gym.Env):
 
     def _build(self, task_id: int) -> None:
         """(Re)create the simulator for a task: BDDL scene, both cameras at image_size, soft resets from then on."""
+        t0 = time.perf_counter()
         self.close()
         from libero.libero.envs import OffScreenRenderEnv
 
@@ -241,6 +245,7 @@ class LiberoEnv(gym.Env):
             if key not in self._cameras:
                 self.raw_env.env._observables[name].set_enabled(False)
         self._built_task = task_id
+        self._build_s = time.perf_counter() - t0
 
     def _fast_render(self) -> None:
         """MSAA off (needs a fresh MjrContext) and reflections off: ~3x faster rendering on a CPU."""
@@ -423,6 +428,7 @@ class LiberoEnv(gym.Env):
         actions = np.asarray(actions, dtype=np.float32)
         if actions.ndim != 2:
             raise ValueError(f"actions must have shape (chunk, 7), got {actions.shape}")
+        t0 = time.perf_counter()
         obs, terminated, truncated = self._last
         reward, steps, frames, info = 0.0, 0, [], self._info(terminated)
         cameras = {key: self.raw_env.env._observables[name] for key, name in self._cameras.items()}
@@ -454,7 +460,16 @@ class LiberoEnv(gym.Env):
                "success": bool(info["success"])}
         if keep_frames:
             out["frames"] = np.stack(frames) if frames else np.zeros((0,) + obs["agentview"].shape, np.uint8)
+        out["busy_s"] = time.perf_counter() - t0  # the worker's seconds on this chunk (physics + render)
         return out
+
+    def timed_reset(self, options: Dict[str, Any]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any], float, float]:
+        """`reset(options=options)`, the seconds it took in this process and of them the seconds spent building the
+        task's simulator (0 unless the task changed: the vector env's per-env reset)."""
+        t0, built = time.perf_counter(), self._built_task
+        obs, info = self.reset(options=options)
+        seconds = time.perf_counter() - t0
+        return obs, info, seconds, self._build_s if self._built_task != built else 0.0
 
     def render(self) -> Optional[np.ndarray]:
         return None if self._last is None else self._last[0]["agentview"]
@@ -512,6 +527,7 @@ class LiberoVectorEnv(AsyncVectorEnv):
         self.num_restarts = 0
         self._reset_kwargs: List[Dict[str, Any]] = []
         self._chunk_sent: Dict[int, Tuple[bool, bool]] = {}  # env -> (chunk sent, keep_frames) awaiting its result
+        self._reset_sent: Dict[int, Dict[str, Any]] = {}  # env -> its reset_envs_async kwargs, awaiting the result
         self.pipeline = False
 
     def _restart(self, i: int) -> None:
@@ -563,10 +579,7 @@ class LiberoVectorEnv(AsyncVectorEnv):
             raise RuntimeError(f"reset_async called while waiting for a pending '{self._state.value}'")
         if options and "reset_mask" in options:
             raise ValueError("LiberoVectorEnv resets all envs together; 'reset_mask' is not supported")
-        for i, (sent, _) in list(self._chunk_sent.items()):  # drain chunks of an abandoned rollout
-            if sent:
-                self._recv(i)
-        self._chunk_sent.clear()
+        self.drain()
         seeds = [None] * self.num_envs if seed is None else (
             [seed + i for i in range(self.num_envs)] if isinstance(seed, int) else list(seed))
         self._reset_kwargs = [{"seed": s, "options": options} for s in seeds]
@@ -672,9 +685,82 @@ class LiberoVectorEnv(AsyncVectorEnv):
         out["reward"] = out["reward"].astype(np.float32)
         out["invalid"] = self.invalid[np.asarray(env_ids, dtype=np.int64)].copy()
         out["obs"] = {k: np.stack([r["obs"][k] for r in results]) for k in self.observations}
+        out["busy_s"] = np.array([r.get("busy_s", 0.0) for r in results])  # each worker's seconds on its chunk
         if results and "frames" in results[0]:
             out["frames"] = [r["frames"] for r in results]
         return out
+
+    def drain(self) -> None:
+        """Take (and drop) the results of chunks and resets still in flight: an abandoned rollout's."""
+        for i, (sent, _) in list(self._chunk_sent.items()):
+            if sent:
+                self._recv(i)
+        self._chunk_sent.clear()
+        for i, kwargs in list(self._reset_sent.items()):
+            if kwargs["sent"]:
+                self._recv(i)
+        self._reset_sent.clear()
+
+    def reset_envs_async(self, env_ids: np.ndarray, options: Dict[str, Sequence[Any]]) -> None:
+        """Reset envs `env_ids` (k,) alone, each in its worker while the others go on (a chunk may be in flight in
+        another env): options hold one entry per env of env_ids ("task_ids", "trial_ids", "init_states", ...);
+        `reset_envs_wait(env_ids)` collects them."""
+        self._assert_is_running()
+        for j, i in enumerate(int(i) for i in env_ids):
+            if i in self._chunk_sent or i in self._reset_sent:
+                raise RuntimeError(f"env {i} already has a chunk or reset in flight")
+            mine = {key: [values[j]] * self.num_envs for key, values in options.items()}  # LiberoEnv reads its index
+            kwargs = {"options": mine}
+            if not self.processes[i].is_alive() and self.parent_pipes[i] is not None:
+                self._restart(i)
+            kwargs["sent"] = self._send(i, ("_call", ("timed_reset", (), {"options": mine})))
+            self._reset_sent[i] = kwargs
+
+    def reset_envs_wait(self, env_ids: np.ndarray) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        """Results of `reset_envs_async(env_ids, ...)`: observations (k, ...) and infos as lists over env_ids (with
+        "reset_s", each worker's seconds on its reset, and "build_s", of them building a simulator); a worker that
+        dies while resetting is restarted and reset once more, as in `reset_wait`."""
+        obs_list, infos = [], {}
+        for i in (int(i) for i in env_ids):
+            kwargs = self._reset_sent.pop(i)
+            result, ok = self._recv(i) if kwargs["sent"] else (None, False)
+            if not ok:
+                if not kwargs["sent"]:
+                    self._restart(i)
+                self._send(i, ("_call", ("timed_reset", (), {"options": kwargs["options"]})))
+                result, ok = self._recv(i)
+                if not ok:
+                    raise RuntimeError(f"LIBERO worker {i} failed to reset twice; see the logged traceback")
+            obs, info, seconds, build = result
+            for k, v in obs.items():
+                self.observations[k][i] = v
+            self.invalid[i] = False
+            obs_list.append(obs)
+            for key, value in {**info, "reset_s": seconds, "build_s": build}.items():
+                infos.setdefault(key, []).append(value)
+        return {k: np.stack([o[k] for o in obs_list]) for k in self.observations}, infos
+
+    def envs_ready(self, env_ids: np.ndarray) -> np.ndarray:
+        """(k,) bool: the chunk or reset in flight in each env of env_ids has its result waiting (or nothing is in
+        flight there); never blocks."""
+        return np.array([self._ready(int(i)) for i in env_ids], dtype=bool)
+
+    def _ready(self, i: int) -> bool:
+        sent = self._chunk_sent[i][0] if i in self._chunk_sent else self._reset_sent.get(i, {}).get("sent", False)
+        if not sent:
+            return True
+        try:
+            return self.parent_pipes[i].poll()
+        except (OSError, EOFError, AttributeError):  # a closed or dead worker's pipe: its wait restarts it
+            return True
+
+    def wait_envs(self, env_ids: np.ndarray, timeout: Optional[float] = None) -> None:
+        """Block until at least one env of env_ids has its result waiting (or `timeout` seconds)."""
+        if self.envs_ready(env_ids).any():
+            return
+        pipes = [self.parent_pipes[int(i)] for i in env_ids if self.parent_pipes[int(i)] is not None]
+        if pipes:
+            wait_connections(pipes, timeout)
 
     def _copy_obs(self) -> Dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self.observations.items()}

@@ -40,7 +40,8 @@ class EnvConfig:
     expert_noise: float = ranged(0.0, "[0, inf)")  # tabletop: std of Gaussian noise added
                                                    # to the scripted expert's actions
     # real LIBERO only
-    pipeline: bool = False  # the policy acts for one half of the envs while the other half steps
+    pipeline: bool = False  # episodes streamed (an env takes the next as it frees, reset while others step) and the
+                            # policy acting for one half of the envs while the other half steps
     render_backend: str = "egl"  # egl | osmesa
     fast_render: bool = False  # MSAA and reflections off (~3x faster rendering, images change slightly)
     num_steps_wait: int = ranged(10, "[0, 1000]")  # no-op steps after reset so objects

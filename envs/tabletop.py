@@ -19,6 +19,7 @@ is paired. They are for evaluation only: no demo starts, and the training script
 from __future__ import annotations
 
 import functools
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -723,10 +724,38 @@ class TabletopVectorEnv(VectorEnv):
     def step_chunk_wait(self, env_ids: np.ndarray) -> Dict[str, Any]:
         return self._chunks.pop(tuple(np.asarray(env_ids).tolist()))
 
+    def reset_envs_async(self, env_ids: np.ndarray, options: Dict[str, Any]) -> None:
+        """Reset envs `env_ids` alone, now (options: one entry per env of env_ids); `reset_envs_wait` returns them."""
+        ids = np.asarray(env_ids, dtype=np.int64)
+        order = np.argsort(ids)  # reset_mask takes the masked envs' entries in env order
+        mask = np.zeros(self.num_envs, dtype=bool)
+        mask[ids] = True
+        self.reset(options={**{k: [v[j] for j in order] for k, v in options.items()}, "reset_mask": mask})
+        obs, info = self._obs(), self._info()
+        self._chunks[("reset",) + tuple(ids.tolist())] = (
+            {k: v[ids] for k, v in obs.items()},
+            {"task_name": info["task_name"][ids].tolist(), "task_description": info["task_description"][ids].tolist(),
+             "reset_s": [0.0] * len(ids), "build_s": [0.0] * len(ids)})
+
+    def reset_envs_wait(self, env_ids: np.ndarray) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+        return self._chunks.pop(("reset",) + tuple(np.asarray(env_ids).tolist()))
+
+    def drain(self) -> None:
+        """Drop the results a stopped rollout left behind."""
+        self._chunks.clear()
+
+    def envs_ready(self, env_ids: np.ndarray) -> np.ndarray:
+        """Everything runs at once in-process: always ready."""
+        return np.ones(len(env_ids), dtype=bool)
+
+    def wait_envs(self, env_ids: np.ndarray, timeout: Optional[float] = None) -> None:
+        return None
+
     def step_chunk(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> Dict[str, Any]:
         """Envs `env_ids` (k,) execute their action chunks (k, chunk, 7) step by step, each stopping when its episode
         ends; the other envs are not touched. -> per env (k,): obs after its last step, summed reward, steps taken,
         terminated, truncated, success, invalid (always False), and with `keep_frames` its agent views, one per step."""
+        t0 = time.perf_counter()
         c, ids = self.core, np.asarray(env_ids, dtype=np.int64)
         actions = np.asarray(actions, dtype=np.float32)
         k = len(ids)
@@ -752,6 +781,7 @@ class TabletopVectorEnv(VectorEnv):
                "invalid": np.zeros(k, dtype=bool)}
         if keep_frames:
             out["frames"] = [np.stack(f) if f else np.zeros((0,) + c.agentview.shape[1:], np.uint8) for f in frames]
+        out["busy_s"] = np.full(k, (time.perf_counter() - t0) / max(k, 1))  # the chunk's seconds, shared out
         return out
 
     def expert_action(self) -> np.ndarray:

@@ -161,10 +161,69 @@ def test_pipelined_rollout_is_the_sequential_rollout(family):
     assert not np.array_equal(other.actions[:, 0], seq.actions[:, 0])
 
 
+class NoisyExpert(ExpertPolicy):
+    """The expert plus noise from each episode's own generator (pipelined rollouts): episodes succeed after
+    different numbers of steps or run to the limit, so envs free at uneven times and are reset mid-rollout."""
+
+    def act(self, obs, instructions, temperature=1.0, greedy=False, return_hidden=False, generators=None):
+        core = self.env.core  # each env found by its whole observation (two episodes may share an image)
+        state = core.state()
+        active = [int(np.flatnonzero(~core.done & (core.agentview == view).all((1, 2, 3))
+                                     & (state == s).all(1))[0]) for view, s in zip(obs["agentview"], obs["state"])]
+        a = self.env.expert_action()[active]
+        a[np.isin(core.task_id[active], list(self.fail_tasks))] = 0.0  # stand still: runs to max_steps
+        noise = torch.stack([torch.randn(1, 7, generator=g) for g in generators]).numpy()
+        b = len(instructions)
+        logp = torch.as_tensor(noise[:, 0]).float()  # the draw, kept in the batch for comparison
+        return np.clip(a[:, None, :] + 0.3 * noise, -1, 1), torch.zeros(b, 7, dtype=torch.long), logp
+
+
+def test_streamed_rollout_is_the_same_however_its_envs_run_it():
+    """env.pipeline streams episodes (an env takes the next one as soon as it frees, reset while the others step):
+    with and without the overlap, and on 2 or 3 envs (one shared queue, or rows dealt to halves of 2 and 1), one
+    iteration's batch is the same bit for bit: actions, draws, rewards, finish steps, observations and videos."""
+    runs = {}
+    for n_env in (2, 3):
+        for overlap in (False, True):
+            env = make_vector_env(EnvConfig(num_envs=n_env, max_steps=40), seed=0)
+            torch.manual_seed(5)
+            runs[n_env, overlap] = collect_rollouts(env, NoisyExpert(env, fail_tasks=[4]), [0, 4, 1], [0, 1, 2],
+                                                    n_samples=3, keep_frames=True, progress=False, pipeline=True,
+                                                    overlap=overlap)
+    first = runs[2, False]
+    assert len(first) == 9 and first.complete[[0, 1, 2, 6, 7, 8]].sum() >= 4 and not first.complete[3:6].any()
+    assert len(set(first.finish_step.tolist())) >= 5  # uneven ends: envs free at different times
+    assert first.stats["rollout/env_steps"] == first.finish_step.sum()
+    assert first.stats["time/rollout_physics_s"] > 0 and first.stats["rollout/envs"] == 2
+    for key, batch in runs.items():
+        _assert_same_episodes(first, batch)
+        assert batch.task_names == first.task_names and batch.instructions == first.instructions, key
+
+
+def test_a_streamed_rollout_leaves_the_simulator_workers_their_cores(monkeypatch):
+    """With the envs in worker processes and the policy on the CPU, the policy computes with the cores the workers
+    leave (at least one thread) during a streamed rollout; in-process envs and policies elsewhere keep every thread."""
+    import os
+
+    from common.rollout import policy_threads
+
+    class Workers:
+        num_envs, processes = 2, [None, None]
+
+    policy = TokenPolicy(TokenPolicyConfig(hidden_size=32, num_layers=1))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert policy_threads(Workers(), policy, 16) == 14  # 16 cores, 2 simulator workers
+    assert policy_threads(Workers(), policy, 8) == 8  # never more than the caller's
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert policy_threads(Workers(), policy, 2) == 1  # this machine: 2 cores, 2 workers
+    assert policy_threads(make_vector_env(EnvConfig(num_envs=2)), policy, 2) == 2  # tabletop: no workers
+
+
 @pytest.mark.real_libero
 def test_pipelined_rollout_is_the_sequential_rollout_on_real_libero():
-    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): pipelined and sequential
-    rollouts give the same actions, log-probs, rewards, finish steps, observations and videos; and a worker's chunk
+    """The same on the real simulator (2 spawned workers, tiny token policy, 64 px): the streamed rollout (each worker
+    runs two episodes, its second reset in the worker while the other steps) gives the same actions, log-probs,
+    rewards, finish steps, observations and videos with and without the overlap; and a worker's chunk
     (cameras rendered only where an image is returned) gives the images of rendering every step."""
     from envs.libero import LiberoEnv
 

@@ -53,9 +53,11 @@ def the_run(folder):
     return os.path.join(folder, name)
 
 
-def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path):
-    srpo([*FAST, "train.iterations=4", f"log.output_dir={tmp_path}/a", f"log.plots_dir={tmp_path}/plots"])
-    srpo([*FAST, "train.iterations=2", f"log.output_dir={tmp_path}/b", f"log.plots_dir={tmp_path}/plots"])
+@pytest.mark.parametrize("pipeline", ["false", "true"])  # true: streamed episodes, per-episode generators
+def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path, pipeline):
+    fast = [*FAST, f"env.pipeline={pipeline}"]
+    srpo([*fast, "train.iterations=4", f"log.output_dir={tmp_path}/a", f"log.plots_dir={tmp_path}/plots"])
+    srpo([*fast, "train.iterations=2", f"log.output_dir={tmp_path}/b", f"log.plots_dir={tmp_path}/plots"])
     a, b = the_run(tmp_path / "a"), the_run(tmp_path / "b")
     with open(os.path.join(b, "config.yaml")) as f:
         saved = f.read()

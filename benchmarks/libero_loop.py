@@ -1,0 +1,249 @@
+"""Where a real-LIBERO RL iteration's time goes, and how close the loop runs to the simulator's ceiling, in one run.
+
+    python benchmarks/libero_loop.py --sft runs/libero_learning/libero_object_t0/sft     # the CPU-scale recipe
+    python benchmarks/libero_loop.py --prompts 1 --eval-trials 2    # shorter (docs/results.md); scratch policy
+
+1. The ceiling: the same workers (env.num_envs, image size, fast render) stepping chunks of a zero-cost policy
+   (`benchmarks/rollout_pipeline.py`'s stand-in) in `collect_rollouts`: env steps per second of the workers' stepping
+   time (physics + render, resets left out: "stepping"), and of the wall (resets included).
+2. The loop: `train_srpo.py` at the CPU-scale setting of `benchmarks/libero_learning.py` (tiny token policy, 64 px,
+   2 workers, 2 init states x 8 episodes of <= 200 steps per iteration, GRPO), --iterations iterations with
+   evaluation at the start and every --eval-every, once with env.pipeline=false (the episodes in blocks of N, reset
+   together: how the recipe ran before issue 53) and once with env.pipeline=true (episodes streamed: an env takes the
+   next episode as soon as it frees, its reset overlapped with the other envs' steps). Each run's wall time is split
+   by the timings it logs (metrics.jsonl: time/*, the rollout's policy / physics / reset counters from the workers):
+   start-up (+ checkpoints and shut-down: the process's wall time minus its iterations and evaluations), rollout
+   (physics + render, resets, idle workers, the policy's share), reward, update, evaluation.
+3. A policy as slow as the physics (--latency-ms physics, as rollout_pipeline.py): the rollout alone (no update),
+   blocks against streaming, with the stand-in sleeping that long per call.
+Every figure is read against a ceiling measured in the same run (each training run's against the mean of two taken
+just before and just after it, as a shared machine's load drifts): compare the ratios, not the seconds. Needs real
+LIBERO; --sft is an SFT folder (benchmarks/libero_learning.py makes one), else the policy starts from scratch (every
+episode runs to the step limit: no successes, so no uneven episode ends).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def env_config(args, num_envs: int):
+    from envs import EnvConfig
+
+    return EnvConfig(suite=args.suite, task_ids=[args.task_id], image_size=args.image_size, fast_render=True,
+                     max_steps=args.max_steps, num_envs=num_envs, action_chunk=8)
+
+
+def ceiling(args) -> float:
+    """env steps/s of the workers stepping a zero-cost policy (their stepping time: resets left out), measured now."""
+    import torch
+
+    from benchmarks.rollout_pipeline import SleepPolicy
+    from common.rollout import collect_rollouts
+    from envs import make_vector_env
+
+    n = args.workers
+    env = make_vector_env(env_config(args, n))
+    try:
+        torch.manual_seed(0)
+        free, episodes = SleepPolicy(8), args.ceiling_episodes * n
+        collect_rollouts(env, free, [args.task_id] * n, list(range(n)), progress=False, pipeline=True)  # builds
+        b = collect_rollouts(env, free, [args.task_id] * episodes, list(range(episodes)), progress=False,
+                             pipeline=True)
+        return b.stats["rollout/env_steps"] / (b.stats["time/rollout_physics_s"] / n)
+    finally:
+        env.close()
+
+
+def rollout_rates(args) -> Dict[str, float]:
+    """Part 1 and 3: the ceiling (zero-cost policy, streamed) and, per latency, blocks vs streaming steps/s."""
+    import torch
+
+    from benchmarks.rollout_pipeline import SleepPolicy
+    from common.rollout import collect_rollouts
+    from envs import make_vector_env
+
+    n = args.workers
+    env = make_vector_env(env_config(args, n))
+    out: Dict[str, float] = {}
+    try:
+        torch.manual_seed(0)
+        free = SleepPolicy(8)
+        collect_rollouts(env, free, [args.task_id] * n, list(range(n)), progress=False, pipeline=True)  # builds
+        episodes = args.ceiling_episodes * n
+        t0 = time.perf_counter()
+        b = collect_rollouts(env, free, [args.task_id] * episodes, list(range(episodes)), progress=False,
+                             pipeline=True)
+        wall = time.perf_counter() - t0
+        steps = b.stats["rollout/env_steps"]
+        out["ceiling"] = steps / (b.stats["time/rollout_physics_s"] / n)  # stepping only
+        out["ceiling_with_resets"] = steps / (wall - b.stats["time/rollout_build_s"] / n)
+        out["reset_s_per_episode"] = b.stats["time/rollout_reset_s"] / episodes
+        print(f"ceiling: {out['ceiling']:.1f} env steps/s stepping ({n} workers, {episodes} episodes of "
+              f"{args.max_steps} steps, zero-cost policy); {out['ceiling_with_resets']:.1f} with the resets "
+              f"({out['reset_s_per_episode']:.2f} s per episode)", flush=True)
+        for latency in args.latency_ms:
+            ms = 1000 * (b.stats["time/rollout_physics_s"] / n) / (steps / n / 8) / 2 if latency == "physics" \
+                else float(latency)  # physics: half a round of chunks (rollout_pipeline.py's definition)
+            policy = SleepPolicy(8, ms / 1000)
+            for name, pipeline in (("blocks", False), ("streamed", True)):
+                t0 = time.perf_counter()
+                r = collect_rollouts(env, policy, [args.task_id] * episodes, list(range(episodes)), progress=False,
+                                     pipeline=pipeline)
+                rate = r.stats["rollout/env_steps"] / (time.perf_counter() - t0)
+                out[f"latency_{latency}_{name}"] = rate
+                print(f"policy {ms:.0f} ms/call ({latency}), {name}: {rate:.1f} env steps/s = "
+                      f"{rate / out['ceiling']:.0%} of the ceiling", flush=True)
+    finally:
+        env.close()
+    return out
+
+
+def train_command(args, pipeline: bool, out_dir: str) -> List[str]:
+    """train_srpo.py at benchmarks/libero_learning.py's CPU-scale setting."""
+    init = ["init.mode=checkpoint", f"init.path={args.sft}"] if args.sft else \
+        ["init.mode=scratch", "policy.preset=tiny", "policy.hidden_size=128", f"policy.image_size={args.image_size}"]
+    return [sys.executable, "train_srpo.py", "--task-id", str(args.task_id), "--seed", "1", f"env.suite={args.suite}",
+            f"env.image_size={args.image_size}", "env.fast_render=true", f"env.max_steps={args.max_steps}",
+            "--no-wandb", f"env.num_envs={args.workers}", f"env.pipeline={str(pipeline).lower()}", *init,
+            f"reward.mode={args.reward}", "reward.encoder.kind=pixels", "eval.protocol=heldout", "rollout.n=8",
+            f"rollout.prompts_per_iteration={args.prompts}", "rollout.temperature=0.5", "train.lr=2e-5",
+            f"train.iterations={args.iterations}", "train.ppo_mini_batch_size=16", "train.ppo_micro_batch_size=8",
+            "train.lr_warmup_steps=5", f"eval.every={args.eval_every}", f"eval.trials_per_task={args.eval_trials}",
+            f"eval.samples_per_trial={args.eval_samples}", f"log.output_dir={out_dir}", f"log.plots_dir={out_dir}",
+            "log.checkpoint_every=1"]
+
+
+def profile_run(args, pipeline: bool, tmp: str) -> Dict[str, float]:
+    """Part 2: one train_srpo.py run, its wall time split by what it logged."""
+    out_dir = os.path.join(tmp, f"pipeline_{pipeline}")
+    cmd = train_command(args, pipeline, out_dir)
+    t0 = time.perf_counter()
+    with open(out_dir + ".log", "w") as log:
+        code = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - t0
+    if code:
+        with open(out_dir + ".log") as f:
+            sys.exit(f"error: train_srpo.py failed (exit {code}):\n{f.read()[-3000:]}")
+    (metrics_file,) = glob.glob(os.path.join(out_dir, "*", "metrics.jsonl"))
+    with open(metrics_file) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+
+    def total(key: str) -> float:
+        return sum(float(r.get(key, 0.0)) for r in rows)
+
+    envs = max(float(r.get("rollout/envs", 0.0)) for r in rows) or args.workers
+    p: Dict[str, float] = {"wall": wall, "train_steps": total("rollout/env_steps"),
+                           "eval_steps": total("eval/env_steps")}
+    p["rollout"], p["eval"], p["iterations"] = total("time/rollout"), total("time/eval"), total("time/iteration")
+    eval0 = sum(float(r.get("time/eval", 0.0)) for r in rows if r["iteration"] == 0)  # inside iteration 1's time
+    p["physics"] = total("time/rollout_physics_s") / envs  # wall-equivalent seconds: worker-seconds / workers
+    p["build"] = total("time/rollout_build_s") / envs
+    p["reset"] = total("time/rollout_reset_s") / envs - p["build"]
+    p["idle"] = p["rollout"] - p["physics"] - p["reset"] - p["build"]
+    p["policy"] = total("time/rollout_policy_s")
+    p["reward"], p["update"] = total("time/reward"), total("time/update") + total("time/old_log_prob")
+    p["other_iteration"] = p["iterations"] - p["rollout"] - p["reward"] - p["update"] - eval0
+    p["startup_checkpoint"] = wall - p["iterations"] - (p["eval"] - eval0)
+    p["eval_physics"] = total("time/eval_rollout_physics_s") / envs
+    p["eval_build"] = total("time/eval_rollout_build_s") / envs
+    p["eval_reset"] = total("time/eval_rollout_reset_s") / envs - p["eval_build"]
+    p["eval_idle"] = p["eval"] - p["eval_physics"] - p["eval_reset"] - p["eval_build"]
+    p["eval_policy"] = total("time/eval_rollout_policy_s")
+    p["steady"] = p["iterations"] + p["eval"] - eval0 - p["build"] - p["eval_build"]  # no start-up, no builds
+    p["successes"] = sum(float(r.get("rollout/success_rate", 0.0)) for r in rows if "rollout/success_rate" in r)
+    return p
+
+
+def print_profiles(profiles: Dict[str, Dict[str, float]]) -> None:
+    names = list(profiles)
+    print("\n| seconds (share of the process's wall) | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    rows = [("start-up (imports, policy, workers), checkpoints, shut-down", "startup_checkpoint"),
+            ("rollout: workers building the task's simulator (first reset)", "build"),
+            ("rollout: workers stepping (physics + render)", "physics"),
+            ("rollout: workers resetting", "reset"), ("rollout: workers idle (policy, tail, messages)", "idle"),
+            ("(the rollout's policy calls, main process)", "policy"), ("reward", "reward"),
+            ("update (+ old log-probs)", "update"), ("rest of the iterations (logging, filtering)", "other_iteration"),
+            ("evaluation: workers building", "eval_build"), ("evaluation: workers stepping", "eval_physics"),
+            ("evaluation: workers resetting", "eval_reset"), ("evaluation: workers idle", "eval_idle"),
+            ("(the evaluation's policy calls)", "eval_policy")]
+    for label, key in rows:
+        print(f"| {label} | " + " | ".join(f"{profiles[n][key]:.0f} ({profiles[n][key] / profiles[n]['wall']:.0%})"
+                                         for n in names) + " |")
+    print("| **wall** | " + " | ".join(f"{profiles[n]['wall']:.0f}" for n in names) + " |")
+    for label, steps_of, secs_of in (
+            ("env steps/s end to end, training + evaluation steps, process wall",
+             lambda p: p["train_steps"] + p["eval_steps"], lambda p: p["wall"]),
+            ("the same without start-up and simulator builds (steady state)",
+             lambda p: p["train_steps"] + p["eval_steps"], lambda p: p["steady"]),
+            ("training env steps/s, steady state", lambda p: p["train_steps"], lambda p: p["steady"]),
+            ("training env steps/s, process wall", lambda p: p["train_steps"], lambda p: p["wall"]),
+            ("rollout alone, builds left out", lambda p: p["train_steps"], lambda p: p["rollout"] - p["build"])):
+        rates = [(steps_of(profiles[n]) / secs_of(profiles[n]), profiles[n]["ceiling"]) for n in names]
+        print(f"| {label} | " + " | ".join(f"{r:.1f} = **{r / c:.0%}** of the ceiling" for r, c in rates) + " |")
+    for label, keys, less in (("workers' time stepping, process wall (load-robust: the run's own stepping rate)",
+                                ("physics", "eval_physics"), ()),
+                               ("the same, steady state", ("physics", "eval_physics"),
+                                ("startup_checkpoint", "build", "eval_build")),
+                               ("the same, rollout alone", ("physics",), ("build",))):
+        shares = []
+        for n in names:
+            q = profiles[n]
+            total_s = q["rollout"] if keys == ("physics",) else q["wall"]
+            shares.append(sum(q[k] for k in keys) / (total_s - sum(q[k] for k in less)))
+        print(f"| {label} | " + " | ".join(f"**{x:.0%}**" for x in shares) + " |")
+    print("| ceiling (env steps/s, zero-cost policy, measured before and after the run) | " + " | ".join(
+        f"{profiles[n]['ceiling']:.1f}" for n in names) + " |")
+    print("| env steps (training + evaluation) | " + " | ".join(
+        f"{profiles[n]['train_steps']:.0f} + {profiles[n]['eval_steps']:.0f}" for n in names) + " |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--suite", default="libero_object")
+    p.add_argument("--task-id", type=int, default=0)
+    p.add_argument("--sft", default=None, help="SFT policy folder to start from (default: a scratch tiny policy)")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--image-size", type=int, default=64)
+    p.add_argument("--max-steps", type=int, default=200)
+    p.add_argument("--prompts", type=int, default=2, help="init states (groups of 8 episodes) per iteration")
+    p.add_argument("--reward", default="binary", choices=["binary", "srpo"])
+    p.add_argument("--iterations", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=2)
+    p.add_argument("--eval-trials", type=int, default=4, help="held-out init states per evaluation")
+    p.add_argument("--eval-samples", type=int, default=1, help="sampled episodes per held-out init state")
+    p.add_argument("--ceiling-episodes", type=int, default=2, help="episodes per worker for the ceiling")
+    p.add_argument("--latency-ms", nargs="*", default=["physics"], help="stand-in policy latencies (ms or physics)")
+    p.add_argument("--modes", nargs="+", default=["blocks", "streamed"], choices=["blocks", "streamed"])
+    args = p.parse_args()
+    print(f"# {args.suite} task {args.task_id}, {args.image_size} px, {args.workers} workers, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
+    rates = rollout_rates(args)
+    profiles = {}
+    with tempfile.TemporaryDirectory(prefix="libero_loop_") as tmp:
+        for mode in args.modes:  # each run between two ceilings of its own: the load of a shared machine drifts
+            before = ceiling(args)
+            p = profile_run(args, mode == "streamed", tmp)
+            after = ceiling(args)
+            p["ceiling"] = (before + after) / 2
+            profiles[f"{mode} (env.pipeline={str(mode == 'streamed').lower()})"] = p
+            print(f"{mode}: {p['wall']:.0f} s; ceiling {before:.1f} before, {after:.1f} after; load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+    print(f"\n# load average {os.getloadavg()[0]:.1f} at end; the ceiling of each column: the mean of the two "
+          f"measured just before and after its run")
+    print_profiles(profiles)
+
+
+if __name__ == "__main__":
+    main()
