@@ -356,7 +356,8 @@ if __name__ == "__main__":
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
                                      desc=f"rollout {iteration}", **flow_kwargs)
             metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+                break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
             steps = flatten_steps(batch, executed=executed_actions(batch.finish_step, batch.num_steps,
@@ -450,7 +451,8 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors;
             #    fsdp: in shards/)
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                   "val/sampled_success_rate", "train/flow_sar_loss",
-                                                   "train/flow_sar_E_pos", "train/flow_sar_E_neg",
-                                                   "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"])
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
+                                                      "val/sampled_success_rate", "train/flow_sar_loss",
+                                                      "train/flow_sar_E_pos", "train/flow_sar_E_neg",
+                                                      "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"]):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

@@ -303,7 +303,8 @@ if __name__ == "__main__":
                                      flow_noise_level=noise, keep_chain=flow, progress=run.is_main,
                                      desc=f"rollout {iteration}")
             metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+                break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
 
@@ -447,10 +448,12 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
-                                                   "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
-                                                   "train/value_loss", "train/explained_variance", "train/pg_clipfrac",
-                                                   "train/ppo_kl", "time/iteration"], last=last)
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
+                                                      "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
+                                                      "train/value_loss", "train/explained_variance",
+                                                      "train/pg_clipfrac", "train/ppo_kl", "time/iteration"],
+                                 last=last):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)
             if run.is_main:
                 save_update_png(run, iteration + 1)
             if last:

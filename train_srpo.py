@@ -238,7 +238,8 @@ if __name__ == "__main__":
                                          desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
                 batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
                 round_metrics: dict = {}
-                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)  # a safe stop point per round
+                if run.count_env_steps(batch, round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                    break
                 env_steps += round_metrics["rollout/env_steps"]
                 task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
                 horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
@@ -254,6 +255,8 @@ if __name__ == "__main__":
                 if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
                                    cfg.rollout.refill):
                     break
+            if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
+                break
             metrics["time/rollout"] = time.perf_counter() - t0
             metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
             metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
@@ -384,7 +387,8 @@ if __name__ == "__main__":
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                   "val/sampled_success_rate", "sampling/kept_fraction",
-                                                   "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
-                                                   "train/ppo_kl", "train/grad_norm", "time/iteration"])
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
+                                                      "val/sampled_success_rate", "sampling/kept_fraction",
+                                                      "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
+                                                      "train/ppo_kl", "train/grad_norm", "time/iteration"]):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)
