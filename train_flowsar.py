@@ -98,7 +98,7 @@ from common.advantages import as_float, check_ndim, check_same_shape, executed_a
 from common.losses import on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
@@ -340,7 +340,8 @@ if __name__ == "__main__":
             ema.register_buffer(n.replace(".", "__"), p.detach().clone())
         run.state.setdefault("ema_updates", 0)  # i of the linear schedule (restored on resume)
         flow_kwargs = dict(flow_steps=cfg.rollout.flow_steps, flow_noise_level=cfg.rollout.flow_noise_level)
-        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema}, eval_kwargs=flow_kwargs,
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema},
+                   evaluation=EvalSettings(**flow_kwargs),
                    banner=f" | {alg.flow_sar_loss_variant}, {alg.flow_sar_energy_type}, "
                           f"{alg.flow_sar_ema_schedule} EMA")
         mb = cfg.train.micro_batch_size

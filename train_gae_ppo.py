@@ -128,7 +128,7 @@ from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla,
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches,
                           minibatches, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, ValueHead
@@ -280,8 +280,8 @@ if __name__ == "__main__":
         actor_params, critic_params, actor_opt, critic_opt, actor_sched = make_optimizers(policy, value_head, cfg.train)
         run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
                    modules={"value_head": value_head} if use_gae else None,
-                   eval_kwargs={"flow_noise_level": cfg.rollout.flow_noise_level} if flow else
-                   {"temperature": cfg.rollout.temperature},
+                   evaluation=EvalSettings(flow_noise_level=cfg.rollout.flow_noise_level) if flow else
+                   EvalSettings(temperature=cfg.rollout.temperature),
                    banner=f" | {'GAE + value head' if use_gae else 'reward-to-go, no value head'} | stops at "
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))

@@ -121,7 +121,7 @@ from common.losses import agg_loss, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           outcomes, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
@@ -356,7 +356,7 @@ if __name__ == "__main__":
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         temp = cfg.rollout.temperature
-        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, evaluation=EvalSettings(temperature=temp),
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}

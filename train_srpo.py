@@ -123,7 +123,7 @@ from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla,
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
                           optimizer_step, outcomes, rollout_metrics, sample_prompts, sharded_update)
 from envs import max_steps
@@ -214,7 +214,7 @@ if __name__ == "__main__":
                                                  cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
-                   eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
+                   evaluation=EvalSettings(temperature=cfg.rollout.temperature), banner=f" | reward {cfg.reward.mode}")
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size

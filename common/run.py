@@ -44,7 +44,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -63,6 +63,17 @@ from common.run_folder import (check_writable, create_run_dir, default_run_prefi
 from models.saved import PolicyLoadError
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+
+
+@dataclass
+class EvalSettings:
+    """How the run's evaluations sample actions (`Run.attach(..., evaluation=...)`; passed on to
+    common.evaluation.evaluate_policy): the script's rollout settings, so that sampled evaluation episodes are drawn as
+    the training ones. The defaults are evaluate_policy's."""
+
+    temperature: float = 1.0  # token policies: the sampled episodes' temperature (greedy ones take the argmax)
+    flow_steps: Optional[int] = None  # flow policies: denoising steps per action chunk (None: the policy's own)
+    flow_noise_level: float = 0.0  # flow policies: the sampled episodes' noise level
 
 
 @dataclass
@@ -155,7 +166,7 @@ class Run:
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
         self.envs = None
-        self.eval_kwargs: Dict[str, Any] = {}
+        self.evaluation = EvalSettings()  # how evaluations sample (Run.attach)
         self._tracked: Optional[Dict[str, Any]] = None
         self._saved_iteration = 0  # the newest checkpoint of this run
         self._last_done: Optional[Dict[str, Any]] = None  # the last completed iteration: its RNG states and run state
@@ -210,14 +221,15 @@ class Run:
         return self.envs
 
     def attach(self, policy, optimizers: Dict[str, torch.optim.Optimizer], schedulers: Optional[Dict[str, Any]] = None,
-               modules: Optional[Dict[str, torch.nn.Module]] = None, eval_kwargs: Optional[Dict[str, Any]] = None,
+               modules: Optional[Dict[str, torch.nn.Module]] = None, evaluation: Optional[EvalSettings] = None,
                banner: str = "") -> None:
         """Track what checkpoints hold; on resume restore it (and every random stream of `self.rngs`) from the
-        checkpoint. Then write config.yaml (new runs only), open the logger and print the banner."""
+        checkpoint. `evaluation`: how evaluations sample (default EvalSettings()). Then write config.yaml (new runs
+        only), open the logger and print the banner."""
         self._tracked = dict(policy=policy, optimizers=optimizers, schedulers=schedulers or {}, modules=modules or {})
         if self.envs is None:
             self.make_envs()
-        self.eval_kwargs = eval_kwargs or {}
+        self.evaluation = evaluation if evaluation is not None else EvalSettings()
         if self.resume_path is not None:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
                 self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
@@ -263,7 +275,7 @@ class Run:
                                      self.schedule.eval_trials, pairs=pairs,
                                      samples_per_trial=self.schedule.samples_per_trial,
                                      rank=self.rank, world=self.world, gather=self.gather, progress=self.is_main,
-                                     desc=f"eval {iteration}", **self.eval_kwargs)
+                                     desc=f"eval {iteration}", **asdict(self.evaluation))
         metrics["time/eval"] = time.perf_counter() - t0
         return metrics
 
@@ -568,4 +580,4 @@ def start_run(cfg: Any, script: str, schedule: Optional[Schedule] = None) -> Run
         raise SystemExit(f"error: {e}") from None
 
 
-__all__ = ["Run", "Schedule", "start_run", "INTERRUPTED", "resume_command", "run_summary"]
+__all__ = ["Run", "Schedule", "EvalSettings", "start_run", "INTERRUPTED", "resume_command", "run_summary"]
