@@ -154,13 +154,18 @@ class Sharding:
 
 
 def sharding(policy: torch.nn.Module) -> Sharding:
-    """The `Sharding` that shard_policy put on the sharded `policy`."""
+    """The `Sharding` that shard_policy put on the sharded `policy` (a policy sharded otherwise gets the defaults:
+    only a mini-batch's last backward reduce-scatters)."""
+    if getattr(policy, SHARDING, None) is None:
+        setattr(policy, SHARDING, Sharding(reduce_every=False))
     return getattr(policy, SHARDING)
 
 
 def gather_weights(policy: torch.nn.Module) -> None:
     """The rollout mode: every module's weights gathered from the current shards and kept through forwards, which
-    are then no collectives. Collective: every process calls it the same times."""
+    are then no collectives. Collective: every process calls it the same times. ddp: nothing."""
+    if not is_sharded(policy):
+        return
     sharding(policy).updating = False
     modules = fsdp_modules(policy)
     for m in modules:
