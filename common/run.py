@@ -20,9 +20,9 @@ iteration, so that one is saved as it stands, with the random states taken at it
 the end of an iteration (it is saved). Both safe points return True then (the same answer on every process) and
 the script leaves its loop: `run.stopped` says so to code after the loop, and the `with` block exits 130 with the
 command that continues the run. Nothing is raised to stop, and no hook watches the optimizers: `count_env_steps` is
-called before the iteration's first optimizer step (its contract). With one process a
-second Ctrl-C stops at once (the last checkpoint is kept). Resume continues the same run: every random stream is
-restored per process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
+called before the iteration's first optimizer step (its contract). With one process a second Ctrl-C stops at once
+(KeyboardInterrupt; the last checkpoint is kept). Resume continues the same run: every random stream is restored per
+process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
 uninterrupted one (bitwise on one CPU thread). A failed checkpoint write ends the run in one line; the run ends with a
 one-line summary (`run_summary`).
 
