@@ -108,7 +108,7 @@ from common.advantages import as_float, check_ndim, check_same_shape, executed_a
 from common.losses import on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
@@ -331,7 +331,8 @@ if __name__ == "__main__":
             ema.register_buffer(n.replace(".", "__"), p.detach().clone())
         run.state.setdefault("ema_updates", 0)  # i of the linear schedule (restored on resume)
         flow_kwargs = dict(flow_steps=cfg.rollout.flow_steps, flow_noise_level=cfg.rollout.flow_noise_level)
-        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema}, eval_kwargs=flow_kwargs,
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema},
+                   evaluation=EvalSettings(**flow_kwargs),
                    banner=f" | {alg.flow_sar_loss_variant}, {alg.flow_sar_energy_type}, "
                           f"{alg.flow_sar_ema_schedule} EMA")
         mb = cfg.train.micro_batch_size
@@ -347,7 +348,8 @@ if __name__ == "__main__":
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
                                      desc=f"rollout {iteration}", **flow_kwargs)
             metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+                break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
             steps = flatten_steps(batch, executed=executed_actions(batch.finish_step, batch.num_steps,
@@ -442,7 +444,8 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors;
             #    fsdp: in shards/)
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                   "val/sampled_success_rate", "train/flow_sar_loss",
-                                                   "train/flow_sar_E_pos", "train/flow_sar_E_neg",
-                                                   "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"])
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
+                                                      "val/sampled_success_rate", "train/flow_sar_loss",
+                                                      "train/flow_sar_E_pos", "train/flow_sar_E_neg",
+                                                      "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"]):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

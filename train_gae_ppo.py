@@ -138,7 +138,7 @@ from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla,
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches,
                           minibatches, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, ValueHead
@@ -285,8 +285,8 @@ if __name__ == "__main__":
         actor_params, critic_params, actor_opt, critic_opt, actor_sched = make_optimizers(policy, value_head, cfg.train)
         run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
                    modules={"value_head": value_head} if use_gae else None,
-                   eval_kwargs={"flow_noise_level": cfg.rollout.flow_noise_level} if flow else
-                   {"temperature": cfg.rollout.temperature},
+                   evaluation=EvalSettings(flow_noise_level=cfg.rollout.flow_noise_level) if flow else
+                   EvalSettings(temperature=cfg.rollout.temperature),
                    banner=f" | {'GAE + value head' if use_gae else 'reward-to-go, no value head'} | stops at "
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))
@@ -308,7 +308,8 @@ if __name__ == "__main__":
                                      flow_noise_level=noise, keep_chain=flow, progress=run.is_main,
                                      desc=f"rollout {iteration}")
             metrics["time/rollout"] = time.perf_counter() - t0
-            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+                break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
 
@@ -453,10 +454,12 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
-                                                   "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
-                                                   "train/value_loss", "train/explained_variance", "train/pg_clipfrac",
-                                                   "train/ppo_kl", "time/iteration"], last=last)
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
+                                                      "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
+                                                      "train/value_loss", "train/explained_variance",
+                                                      "train/pg_clipfrac", "train/ppo_kl", "time/iteration"],
+                                 last=last):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)
             if run.is_main:
                 save_update_png(run, iteration + 1)
             if last:

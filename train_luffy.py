@@ -129,7 +129,7 @@ from common.losses import agg_loss, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
                           outcomes, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
@@ -363,7 +363,7 @@ if __name__ == "__main__":
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         temp = cfg.rollout.temperature
-        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, eval_kwargs={"temperature": temp},
+        run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, evaluation=EvalSettings(temperature=temp),
                    banner=f" | {cfg.rollout.n - cfg.rollout.n_off} on-policy + {cfg.rollout.n_off} demo per group"
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
@@ -402,8 +402,9 @@ if __name__ == "__main__":
                 demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
                                            demo_actions, reset_options) if n_off else None
                 round_metrics: dict = {}
-                run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
-                                    round_metrics, time.perf_counter() - t0)  # a safe stop point per round
+                if run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
+                                       round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                    break
                 env_steps += round_metrics["rollout/env_steps"]
 
                 # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
@@ -430,6 +431,8 @@ if __name__ == "__main__":
                 if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
                                    cfg.rollout.refill):
                     break
+            if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
+                break
             metrics["time/rollout"] = time.perf_counter() - t0
             metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
             metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
@@ -521,7 +524,8 @@ if __name__ == "__main__":
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
-                                                   "val/success_rate", "val/sampled_success_rate",
-                                                   "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",
-                                                   "train/off_policy_prob", "train/grad_norm", "time/iteration"])
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
+                                                      "val/success_rate", "val/sampled_success_rate",
+                                                      "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",
+                                                      "train/off_policy_prob", "train/grad_norm", "time/iteration"]):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

@@ -340,9 +340,9 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
                 if improved:
                     run.state["best"] = {"success": metrics["val/success_rate"], "step": steps_done}
             try:
-                run.end_iteration(iteration, metrics, ["charts/step", "charts/samples_per_s", "sft/loss",
-                                                       "sft/flow_mse", "sft/token_accuracy", "train/grad_norm",
-                                                       "val/success_rate"])
+                stop = run.end_iteration(iteration, metrics, ["charts/step", "charts/samples_per_s", "sft/loss",
+                                                              "sft/flow_mse", "sft/token_accuracy", "train/grad_norm",
+                                                              "val/success_rate"])
             finally:  # the checkpoint just written, also by a stop: its policy as last/ (and best/, which its state
                 # names and a resume exports)
                 if evaluating and run.is_main and run.saved_iteration == iteration + 1:
@@ -351,9 +351,11 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
                         copy_policy(saved, os.path.join(run.run_dir, "last"))
                         if improved:
                             copy_policy(saved, os.path.join(run.run_dir, "best"))
+            if stop:  # Ctrl-C / SIGTERM: every process stops (this block saved)
+                break
 
         best = run.state["best"]
-        if run.is_main and cfg.sft.output_path:
+        if run.is_main and cfg.sft.output_path and not run.stopped:
             with run.uninterrupted():
                 export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "

@@ -133,7 +133,7 @@ from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla,
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
-from common.run import start_run
+from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
                           optimizer_step, outcomes, rollout_metrics, sample_prompts, sharded_update)
 from envs import max_steps
@@ -222,7 +222,7 @@ if __name__ == "__main__":
                                                  cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
-                   eval_kwargs={"temperature": cfg.rollout.temperature}, banner=f" | reward {cfg.reward.mode}")
+                   evaluation=EvalSettings(temperature=cfg.rollout.temperature), banner=f" | reward {cfg.reward.mode}")
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
@@ -246,7 +246,8 @@ if __name__ == "__main__":
                                          desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
                 batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
                 round_metrics: dict = {}
-                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)  # a safe stop point per round
+                if run.count_env_steps(batch, round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                    break
                 env_steps += round_metrics["rollout/env_steps"]
                 task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
                 horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
@@ -262,6 +263,8 @@ if __name__ == "__main__":
                 if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
                                    cfg.rollout.refill):
                     break
+            if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
+                break
             metrics["time/rollout"] = time.perf_counter() - t0
             metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
             metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
@@ -393,7 +396,8 @@ if __name__ == "__main__":
 
             # 7. end of iteration: evaluation when due, logging, checkpoint
             metrics["time/iteration"] = time.perf_counter() - t_iter
-            run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
-                                                   "val/sampled_success_rate", "sampling/kept_fraction",
-                                                   "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
-                                                   "train/ppo_kl", "train/grad_norm", "time/iteration"])
+            if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
+                                                      "val/sampled_success_rate", "sampling/kept_fraction",
+                                                      "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
+                                                      "train/ppo_kl", "train/grad_norm", "time/iteration"]):
+                break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

@@ -715,7 +715,7 @@ def one_line_refusal(code: int, stderr: str, *needles: str) -> None:
 
 def _refresh_manifest(path: str) -> None:
     """What whoever hands over a run folder can do after altering a file: rewrite the sha256 manifest."""
-    from common.checkpoint import MANIFEST, SIGNATURE, _sha256
+    from common.checkpoint import MANIFEST, SIGNATURE, file_sha256
 
     files = {}
     for dirpath, _, names in os.walk(path):
@@ -723,7 +723,7 @@ def _refresh_manifest(path: str) -> None:
             rel = os.path.relpath(os.path.join(dirpath, name), path)
             if rel not in (MANIFEST, SIGNATURE):
                 full = os.path.join(path, rel)
-                files[rel] = {"size": os.path.getsize(full), "sha256": _sha256(full)}
+                files[rel] = {"size": os.path.getsize(full), "sha256": file_sha256(full)}
     with open(os.path.join(path, MANIFEST), "w") as f:
         json.dump({"iteration": 1, "files": files}, f)
 

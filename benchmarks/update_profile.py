@@ -27,7 +27,7 @@ from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts, flatten_steps  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 from models import TokenPolicy, TokenPolicyConfig  # noqa: E402
-from models.vla_backbone import _to_pixels  # noqa: E402
+from models.vla_backbone import to_pixels  # noqa: E402
 
 
 def run_script(args) -> None:
@@ -82,7 +82,7 @@ def profile_pieces(args) -> None:
     def vision():
         enc = policy.core.encoder
         with torch.no_grad():
-            enc.vision(torch.cat([_to_pixels(part.obs[k], enc.device) for k in ("agentview", "wrist")]))
+            enc.vision(torch.cat([to_pixels(part.obs[k], enc.device) for k in ("agentview", "wrist")]))
 
     no_grad_forward()  # warm-up
     t_old, t_vis = timed(no_grad_forward, 3), timed(vision, 3)

@@ -47,7 +47,8 @@ class CheckpointError(RuntimeError):
     """A checkpoint folder is incomplete or corrupt; the message names the folder and the problem."""
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """The hex SHA-256 of the file at `path` (read in 1 MiB blocks), as a checkpoint's manifest records it."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -94,7 +95,8 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
     return getattr(module, "_orig_mod", module)
 
 
-def _iteration_dirs(run_dir: str) -> List[str]:
+def iteration_dirs(run_dir: str) -> List[str]:
+    """The run's checkpoint folders (<run>/checkpoints/iter_NNNNNN), oldest first, complete or not."""
     root = os.path.join(run_dir, "checkpoints")
     if not os.path.isdir(root):
         return []
@@ -171,7 +173,7 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
         raise CheckpointError(f"could not write checkpoint {final}: {error} (no partial checkpoint was left; earlier "
                               f"checkpoints are intact)")
     if main:  # the newest keep_last up to this one (a corrupt newer leftover a resume skipped holds no slot)
-        older = [d for d in _iteration_dirs(run_dir) if int(os.path.basename(d)[5:]) <= iteration]
+        older = [d for d in iteration_dirs(run_dir) if int(os.path.basename(d)[5:]) <= iteration]
         for old in older[:-keep_last] if keep_last > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
         for name in os.listdir(root):  # leftovers of a crash in the middle of a save
@@ -209,7 +211,7 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
             path = os.path.join(dirpath, name)
             with open(path, "rb+") as f:
                 os.fsync(f.fileno())
-            files[os.path.relpath(path, tmp)] = {"size": os.path.getsize(path), "sha256": _sha256(path)}
+            files[os.path.relpath(path, tmp)] = {"size": os.path.getsize(path), "sha256": file_sha256(path)}
     with open(os.path.join(tmp, MANIFEST), "w") as f:
         json.dump({"iteration": int(iteration), "files": files}, f, indent=1)
         f.flush()
@@ -253,13 +255,13 @@ def verify_checkpoint(path: str, check_hashes: bool = True) -> None:
         if size != info["size"]:
             raise CheckpointError(f"checkpoint {path}: file {rel} is truncated or altered "
                                   f"({size} bytes, manifest says {info['size']})")
-        if check_hashes and _sha256(full) != info["sha256"]:
+        if check_hashes and file_sha256(full) != info["sha256"]:
             raise CheckpointError(f"checkpoint {path}: file {rel} is corrupt (sha256 differs from the manifest)")
 
 
 def latest_checkpoint(run_dir: str, check_hashes: bool = True) -> Optional[str]:
     """Newest checkpoint of `run_dir` that verifies; corrupt ones are skipped with a warning. None when there is none."""
-    for path in reversed(_iteration_dirs(run_dir)):
+    for path in reversed(iteration_dirs(run_dir)):
         try:
             verify_checkpoint(path, check_hashes)
             return path

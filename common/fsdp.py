@@ -41,6 +41,7 @@ import contextlib
 import json
 import os
 import types
+from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import torch
@@ -135,20 +136,37 @@ def shard_policy(run: Any, policy: torch.nn.Module) -> torch.nn.Module:
     policy.set_reshard_after_backward(False, recurse=False)  # the root stays gathered through an update
     policy.reshard()
     every = REDUCE_EVERY_MICRO_BATCH
-    _REDUCE_EVERY[id(policy)] = run.device.type == "cuda" if every is None else every
+    setattr(policy, SHARDING, Sharding(reduce_every=run.device.type == "cuda" if every is None else every))
     return policy
 
 
 # ---- the two modes
 
-_UPDATING: set = set()  # id() of the sharded policies in the update mode (`sharded`)
-_REDUCE_EVERY: Dict[int, bool] = {}  # id(policy): whether every micro-batch's backward reduce-scatters (shard_policy)
+SHARDING = "fsdp_sharding"  # the attribute of a sharded policy that holds its `Sharding` (set by shard_policy)
+
+
+@dataclass
+class Sharding:
+    """What this module keeps about one sharded policy, on the policy itself (`getattr(policy, SHARDING)`)."""
+
+    reduce_every: bool  # every micro-batch's backward reduce-scatters (GPUs); else only the mini-batch's last (CPU)
+    updating: bool = False  # in the update mode (`sharded`); else in the rollout mode (`gather_weights`)
+
+
+def sharding(policy: torch.nn.Module) -> Sharding:
+    """The `Sharding` that shard_policy put on the sharded `policy` (a policy sharded otherwise gets the defaults:
+    only a mini-batch's last backward reduce-scatters)."""
+    if getattr(policy, SHARDING, None) is None:
+        setattr(policy, SHARDING, Sharding(reduce_every=False))
+    return getattr(policy, SHARDING)
 
 
 def gather_weights(policy: torch.nn.Module) -> None:
     """The rollout mode: every module's weights gathered from the current shards and kept through forwards, which
-    are then no collectives. Collective: every process calls it the same times."""
-    _UPDATING.discard(id(policy))
+    are then no collectives. Collective: every process calls it the same times. ddp: nothing."""
+    if not is_sharded(policy):
+        return
+    sharding(policy).updating = False
     modules = fsdp_modules(policy)
     for m in modules:
         m.reshard()
@@ -173,7 +191,7 @@ def sharded(policy: torch.nn.Module) -> Iterator[None]:
     for m in fsdp_modules(policy)[:-1]:
         m.set_reshard_after_forward(RESHARD_AFTER_FORWARD, recurse=False)
     policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`_after_step`)
-    _UPDATING.add(id(policy))
+    sharding(policy).updating = True
     yield
     gather_weights(policy)
 
@@ -184,13 +202,13 @@ def sync_gradients(policy: torch.nn.Module, last: bool) -> None:
     CPU only the last, the earlier ones accumulating full size and unreduced, as ddp's (REDUCE_EVERY_MICRO_BATCH,
     set before shard_policy, decides instead when not None). ddp: nothing."""
     if is_sharded(policy):
-        policy.set_requires_gradient_sync(last or _REDUCE_EVERY.get(id(policy), False))
+        policy.set_requires_gradient_sync(last or sharding(policy).reduce_every)
 
 
 def _after_step(policy: torch.nn.Module) -> None:
     """After an optimizer step moved the shards: in the update the root's gathered weights from its new shards (the
     layers gather theirs in their next forward); else every module's."""
-    if id(policy) in _UPDATING:
+    if sharding(policy).updating:
         policy.reshard()
         policy.unshard()
     else:

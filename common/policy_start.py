@@ -68,7 +68,8 @@ def unfinished_sft_run(output_dir: str, path: str) -> Optional[str]:
 
 def run_auto_sft(cfg: Any, path: str, family: str) -> None:
     """init.mode=auto_sft: train_sft.py in a subprocess (continuing an interrupted one) to write `path`; Ctrl-C and
-    SIGTERM are passed on to it (it saves and says how to resume), then KeyboardInterrupt."""
+    SIGTERM are passed on to it (it saves and says how to resume), then this run exits 130 (INTERRUPTED): it has
+    nothing of its own to save, and running the same command again continues the SFT."""
     cmd = sft_command(cfg, path, family)
     shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
     unfinished = unfinished_sft_run(cfg.log.output_dir, path)
@@ -90,7 +91,7 @@ def run_auto_sft(cfg: Any, path: str, family: str) -> None:
             interrupted = True
             proc.send_signal(signal.SIGINT)
     if interrupted or code == INTERRUPTED:
-        raise KeyboardInterrupt
+        raise SystemExit(INTERRUPTED)
     if code != 0:
         raise ConfigError(f"the SFT run for init.mode=auto_sft failed (its output is above): {shown}")
 

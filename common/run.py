@@ -7,17 +7,22 @@ its algorithm:
         for iteration in run.iterations():
             metrics = run.begin_iteration(iteration)        # row 0: the starting policy evaluated
             batch = collect_rollouts(run.envs, ...)
-            run.count_env_steps(batch, metrics, seconds)    # a safe point (before the update)
+            if run.count_env_steps(batch, metrics, seconds):  # a safe point (before the update): asked to stop
+                break
             ...advantages, update...
-            run.end_iteration(iteration, metrics, console_keys)  # evaluation, metrics row, checkpoint: a safe point
+            if run.end_iteration(iteration, metrics, console_keys):  # evaluation, metrics row, checkpoint: a safe
+                break                                                # point: asked to stop (this iteration saved)
 
 One interrupt protocol, for one process or many, ddp or fsdp, RL or SFT: Ctrl-C or SIGTERM (to the launcher or to
 any one process) only asks to stop; every process stops together at the next safe point, decided by one gather:
 after the rollout, before the iteration's first optimizer step (nothing has changed since the last completed
 iteration, so that one is saved as it stands, with the random states taken at its end: nothing is copied), or at
-the end of an iteration (it is saved). Then the run exits 130 with the command that continues it. With one process a
-second Ctrl-C stops at once (the last checkpoint is kept). Resume continues the same run: every random stream is
-restored per process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
+the end of an iteration (it is saved). Both safe points return True then (the same answer on every process) and
+the script leaves its loop: `run.stopped` says so to code after the loop, and the `with` block exits 130 with the
+command that continues the run. Nothing is raised to stop, and no hook watches the optimizers: `count_env_steps` is
+called before the iteration's first optimizer step (its contract). With one process a second Ctrl-C stops at once
+(KeyboardInterrupt; the last checkpoint is kept). Resume continues the same run: every random stream is restored per
+process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
 uninterrupted one (bitwise on one CPU thread). A failed checkpoint write ends the run in one line; the run ends with a
 one-line summary (`run_summary`).
 
@@ -39,7 +44,7 @@ import random
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
@@ -58,6 +63,17 @@ from common.run_folder import (check_writable, create_run_dir, default_run_prefi
 from models.saved import PolicyLoadError
 
 INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
+
+
+@dataclass
+class EvalSettings:
+    """How the run's evaluations sample actions (`Run.attach(..., evaluation=...)`; passed on to
+    common.evaluation.evaluate_policy): the script's rollout settings, so that sampled evaluation episodes are drawn as
+    the training ones. The defaults are evaluate_policy's."""
+
+    temperature: float = 1.0  # token policies: the sampled episodes' temperature (greedy ones take the argmax)
+    flow_steps: Optional[int] = None  # flow policies: denoising steps per action chunk (None: the policy's own)
+    flow_noise_level: float = 0.0  # flow policies: the sampled episodes' noise level
 
 
 @dataclass
@@ -150,15 +166,14 @@ class Run:
         self.state: Dict[str, Any] = {"env_steps": 0.0}  # saved in every checkpoint, restored on resume
         self.logger: Optional[Logger] = None
         self.envs = None
-        self.eval_kwargs: Dict[str, Any] = {}
+        self.evaluation = EvalSettings()  # how evaluations sample (Run.attach)
         self._tracked: Optional[Dict[str, Any]] = None
         self._saved_iteration = 0  # the newest checkpoint of this run
         self._last_done: Optional[Dict[str, Any]] = None  # the last completed iteration: its RNG states and run state
         self._signals = 0  # Ctrl-C / SIGTERM received
-        self._stopped_together = False  # every process raised KeyboardInterrupt at the same safe point
+        self._stopped = False  # every process agreed to stop at the same safe point (run.stopped)
         self._closing = False  # in __exit__: a signal only counts
         self._saving = False  # a checkpoint is being written: never cut short
-        self._updated = False  # an optimizer step ran in this iteration (the weights moved since its start)
         self._old_handlers: Dict[int, Any] = {}
         self._t_first: Optional[tuple] = None
 
@@ -206,14 +221,15 @@ class Run:
         return self.envs
 
     def attach(self, policy, optimizers: Dict[str, torch.optim.Optimizer], schedulers: Optional[Dict[str, Any]] = None,
-               modules: Optional[Dict[str, torch.nn.Module]] = None, eval_kwargs: Optional[Dict[str, Any]] = None,
+               modules: Optional[Dict[str, torch.nn.Module]] = None, evaluation: Optional[EvalSettings] = None,
                banner: str = "") -> None:
         """Track what checkpoints hold; on resume restore it (and every random stream of `self.rngs`) from the
-        checkpoint. Then write config.yaml (new runs only), open the logger and print the banner."""
+        checkpoint. `evaluation`: how evaluations sample (default EvalSettings()). Then write config.yaml (new runs
+        only), open the logger and print the banner."""
         self._tracked = dict(policy=policy, optimizers=optimizers, schedulers=schedulers or {}, modules=modules or {})
         if self.envs is None:
             self.make_envs()
-        self.eval_kwargs = eval_kwargs or {}
+        self.evaluation = evaluation if evaluation is not None else EvalSettings()
         if self.resume_path is not None:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
                 self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
@@ -229,8 +245,6 @@ class Run:
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
-        for opt in optimizers.values():  # the safe point after the rollout needs to know whether the weights moved
-            opt.register_step_pre_hook(lambda *_: setattr(self, "_updated", True))
         self._last_done = {"iteration": self.start_iteration, "rng": self._rng_states(), "state": copy.deepcopy(
             self.state)}
         if self.is_main:
@@ -261,7 +275,7 @@ class Run:
                                            self.schedule.eval_trials, pairs=pairs,
                                            samples_per_trial=self.schedule.samples_per_trial,
                                            rank=self.rank, world=self.world, gather=self.gather, progress=self.is_main,
-                                           desc=f"eval {iteration}", **self.eval_kwargs)
+                                           desc=f"eval {iteration}", **asdict(self.evaluation))
         metrics["time/eval"] = time.perf_counter() - t0
         for batch in batches.values():  # this process's evaluation episodes: env steps, and the rollout's timings
             for key, value in batch.stats.items():
@@ -282,15 +296,17 @@ class Run:
                                   total=s.iterations), flush=True)
         if self._t_first is None:
             self._t_first = (time.perf_counter(), iteration)  # the ETA counts from the first iteration's start
-        self._updated = False
         return {}
 
-    def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
+    def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> bool:
         """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`. A safe
-        point: when any process was asked to stop and no optimizer step ran yet, every process stops here."""
+        point, called after the rollout and before the iteration's first optimizer step: returns True (on every
+        process) when any process was asked to stop; the last completed iteration is then saved and the script
+        leaves its loop (`if run.count_env_steps(...): break`)."""
         counts, signalled = zip(*self.gather([(batch.stats["rollout/env_steps"], self._signals > 0)]))
-        if any(signalled) and not self._updated:
+        if any(signalled):
             self._stop_before_update()
+            return True
         steps = sum(counts)
         self.state["env_steps"] += steps
         metrics["rollout/env_steps"] = steps
@@ -298,11 +314,12 @@ class Run:
         metrics["charts/SPS"] = steps / max(seconds, 1e-9)
         # this process's rollout timings (common/rollout.py: policy, waits, the workers' physics and resets)
         metrics.update({k: v for k, v in batch.stats.items() if k.startswith("time/") or k == "rollout/envs"})
+        return False
 
     def _stop_before_update(self) -> None:
         """Every process, together, before the iteration's first optimizer step: the weights, optimizer and scheduler
         states and modules are still those of the last completed iteration, so that iteration is saved (unless it
-        is) with the RNG states and run state taken at its end, then KeyboardInterrupt."""
+        is) with the RNG states and run state taken at its end; the run is then stopped."""
         last = self._last_done
         if last is not None and last["iteration"] > self._saved_iteration:
             current, self.state = self.state, last["state"]
@@ -310,8 +327,7 @@ class Run:
                 self.save(last["iteration"], last["rng"])
             finally:
                 self.state = current
-        self._stopped_together = True
-        raise KeyboardInterrupt
+        self._stopped = True
 
     # ---- end of iteration
     def _rng_states(self) -> List[Dict[str, Any]]:
@@ -324,9 +340,10 @@ class Run:
         return self.gather([state])
 
     def end_iteration(self, iteration: int, metrics: Dict[str, float], console_keys: Sequence[str],
-                      last: Optional[bool] = None) -> None:
+                      last: Optional[bool] = None) -> bool:
         """Evaluation when due, one metrics row + console line (with an ETA), checkpoint when due. A safe point:
-        when any process was asked to stop, this iteration is saved and every process stops. `last` (default: the
+        returns True (on every process) when any process was asked to stop, this iteration saved; the script then
+        leaves its loop (`if run.end_iteration(...): break`). `last` (default: the
         schedule's final iteration) forces evaluation and checkpoint, e.g. when a script stops on an env-step
         budget."""
         s, done = self.schedule, iteration + 1
@@ -357,9 +374,10 @@ class Run:
             self.save(done, rng_states)
         self._last_done = {"iteration": done, "rng": rng_states, "state": copy.deepcopy(self.state)}
         if stop:
-            self._stopped_together = True
-            raise KeyboardInterrupt
+            self._stopped = True
+            return True
         self.accelerator.wait_for_everyone()
+        return False
 
     def save(self, iteration: int, rng_states: List[Dict[str, Any]]) -> str:
         """The checkpoint of `iteration` (process 0 writes it; under fsdp every process writes its shards). A signal
@@ -391,6 +409,12 @@ class Run:
             yield
         finally:
             self._saving = saving
+
+    @property
+    def stopped(self) -> bool:
+        """Every process was asked to stop and left its loop at a safe point (the stop's checkpoint is written); the
+        `with` block then exits 130 with the command that continues the run."""
+        return self._stopped
 
     @property
     def saved_iteration(self) -> int:
@@ -430,10 +454,11 @@ class Run:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._closing = True  # a signal from now on only counts: nothing of the teardown is cut short
+        interrupted = exc_type is KeyboardInterrupt or (exc_type is None and self._stopped)  # exits 130
         try:
-            if exc_type is None and self._tracked is not None:
+            if exc_type is None and self._tracked is not None and not self._stopped:
                 self.check_replicas()
-            if exc_type is KeyboardInterrupt and self.is_main:
+            if interrupted and self.is_main:
                 self._report_interrupt()
             if self.logger is not None:
                 self.logger.close()
@@ -444,16 +469,16 @@ class Run:
                     pass
             # a run that ended or stopped together leaves together (a barrier first): the first process to exit
             # would make the launcher end the others, process 0 perhaps still writing the stop's checkpoint
-            close_process_group(exc_type is None or (exc_type is KeyboardInterrupt and self._stopped_together))
+            close_process_group(exc_type is None)
         finally:
             for sig, handler in self._old_handlers.items():
                 # several processes: the process ends now, and the launcher's SIGTERM once another one has ended
                 # must not cut its exit (its error line, exit code 130) short
                 signal.signal(sig, signal.SIG_IGN if self.world > 1 else handler)
         self.release_lock()
-        if exc_type is not None and self.created and self.is_main:  # a start that failed before writing anything
+        if (exc_type is not None or interrupted) and self.created and self.is_main:  # nothing written: removed
             remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
-        if exc_type is KeyboardInterrupt:
+        if interrupted:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, (ConfigError, PolicyLoadError)):  # a bad input: one line
             raise SystemExit(f"error: {' '.join(str(exc).split())}") from None
@@ -562,4 +587,4 @@ def start_run(cfg: Any, script: str, schedule: Optional[Schedule] = None) -> Run
         raise SystemExit(f"error: {e}") from None
 
 
-__all__ = ["Run", "Schedule", "start_run", "INTERRUPTED", "resume_command", "run_summary"]
+__all__ = ["Run", "Schedule", "EvalSettings", "start_run", "INTERRUPTED", "resume_command", "run_summary"]

@@ -61,10 +61,10 @@ def run_order(name: str) -> Tuple[str, int]:
 def _run_of_checkpoint(path: str, given: str) -> str:
     """The run folder of `<run>/checkpoints/iter_XXXXXX`, which must be the run's newest complete checkpoint (a resume
     continues from there; an older or pruned one is refused, naming those that exist)."""
-    from common.checkpoint import _iteration_dirs, latest_checkpoint
+    from common.checkpoint import iteration_dirs, latest_checkpoint
 
     run_dir = os.path.dirname(os.path.dirname(path))
-    existing = [os.path.basename(d) for d in _iteration_dirs(run_dir)]
+    existing = [os.path.basename(d) for d in iteration_dirs(run_dir)]
     if not os.path.isdir(path):
         raise ConfigError(f"--resume {given}: that checkpoint does not exist (pruned?); {run_dir} has "
                           f"{', '.join(existing) or 'no checkpoints'}: resume with --resume {run_dir} (its newest)")

@@ -127,17 +127,19 @@ FAMILIES: Dict[str, Tuple[str, str, type, str]] = {
 }
 
 
-def _family(family: str) -> Tuple[str, str, type, str]:
+def family_entry(family: str) -> Tuple[str, str, type, str]:
+    """FAMILIES' row of `family`: (module, policy class name, config class, action kind); ValueError naming the
+    families for an unknown one."""
     if family not in FAMILIES:
         raise ValueError(f"unknown policy family {family!r}; use one of {sorted(FAMILIES)}")
     return FAMILIES[family]
 
 
 def config_class(family: str) -> type:
-    return _family(family)[2]
+    return family_entry(family)[2]
 
 
 def action_kind(family: str) -> str:
     """'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression' (continuous,
     deterministic, no log-probs: evaluation and SFT only)."""
-    return _family(family)[3]
+    return family_entry(family)[3]

@@ -73,7 +73,7 @@ from models.memory import Model, Stack, trainable, tuned
 from models.pi0_checkpoint import STATS_FILE, Pi0Stats, cast_bf16_weights, is_pi0_folder, load_pi0_folder
 from models.policy import PolicyFamily, read_config_json
 from models.text_tokenizer import ByteTokenizer, load_text_tokenizer
-from models.vla_backbone import STATE_DIM, Obs, _to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
+from models.vla_backbone import STATE_DIM, Obs, to_pixels, autocast, check_obs, merge_lora, reference_context, unwrap
 
 PRESETS = ("tiny", "pi0")
 NOISE_METHODS = ("additive", "flow_sde")
@@ -469,7 +469,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
         if self.stats is not None and self.stats.source == "openpi":  # openpi's uint8 PIL resize, then /255*2-1
             pixels = torch.stack([openpi_pixels(v, self.vision_size, dev) for v in views], dim=1)
         else:
-            pixels = torch.stack([_to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
+            pixels = torch.stack([to_pixels(v, dev) for v in views], dim=1)  # (B, V, 3, H, W) in [-1, 1]
             if self.vision_size != self.cfg.image_size:
                 pixels = F.interpolate(pixels.flatten(0, 1), size=(self.vision_size, self.vision_size),
                                        mode="bilinear", align_corners=False, antialias=True

@@ -765,9 +765,9 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
     def _forward(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
         from models.vla_backbone import autocast
 
-        images, instructions = _check_obs(obs, instructions)
+        images, instructions = check_image_obs(obs, instructions)
         if self.cfg.image_pipeline == "libero":
-            images = np.stack([libero_image(im, rotate=False) for im in _numpy(images)])
+            images = np.stack([libero_image(im, rotate=False) for im in as_numpy(images)])
         with autocast(self.device, self.cfg.bf16):
             return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
 
@@ -778,9 +778,9 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         """-> actions (B, 8, 7) float32 numpy (env units), bin indices (B, 56) long, log-probs (B, 56) under
         softmax(logits / temperature) over the 256 action ids (argmax when `greedy`), [+ hidden (B, D)].
         `generators` (B CPU generators): row i's sample draws from generators[i] instead of the global RNG."""
-        from models.token_policy import _check_temperature, sample_categorical
+        from models.token_policy import check_temperature, sample_categorical
 
-        _check_temperature(temperature)
+        check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         scaled = logits / temperature
         tokens = scaled.argmax(-1) if greedy else sample_categorical(scaled, generators)
@@ -794,9 +794,9 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
                  return_hidden: bool = False):
         """Log-probs and entropies (B, 56) of bin indices `tokens` under softmax(logits / temperature), with
         gradients [+ hidden (B, D)]."""
-        from models.token_policy import _check_temperature
+        from models.token_policy import check_temperature
 
-        _check_temperature(temperature)
+        check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         b = logits.shape[0]
         tokens = torch.as_tensor(tokens, device=logits.device)
@@ -927,11 +927,14 @@ def _load_text_tokenizer(folder: str):
     return Tokenizer.from_file(path)
 
 
-def _numpy(images) -> np.ndarray:
+def as_numpy(images) -> np.ndarray:
+    """A numpy array of `images` (a tensor is copied to the CPU)."""
     return images.cpu().numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
 
 
-def _check_obs(obs, instructions):
+def check_image_obs(obs, instructions):
+    """(the agentview image batch, one instruction per row) of `obs`, the instructions from `obs` when not given;
+    ValueError when either is missing or their lengths differ."""
     if not isinstance(obs, dict) or "agentview" not in obs:
         raise ValueError("obs must be a dict with an 'agentview' image batch")
     if instructions is None:

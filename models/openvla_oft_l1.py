@@ -38,7 +38,7 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OpenVLAOFTL1Config
-from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, _check_obs, _numpy,
+from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, check_image_obs, as_numpy,
                                 libero_image, pixel_values)
 from models.saved import HEAD, PROPRIO, PolicyLoadError, component_files, no_rl_message
 
@@ -185,7 +185,7 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
 
     def normalize_proprio(self, state) -> np.ndarray:
         """(B, 8) env state -> 2 (x - q01) / (q99 - q01 + 1e-8) - 1 where mask, clipped to [-1, 1]."""
-        x = np.asarray(_numpy(state), np.float64)
+        x = np.asarray(as_numpy(state), np.float64)
         if x.ndim != 2 or x.shape[1] != PROPRIO_DIM:
             raise ValueError(f"obs['state'] must be (B, {PROPRIO_DIM}), got {x.shape}")
         scaled = 2.0 * (x - self.proprio_q01) / (self.proprio_q99 - self.proprio_q01 + 1e-8) - 1.0
@@ -194,7 +194,7 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     def normalize_actions(self, actions) -> torch.Tensor:
         """Env actions (..., 7) -> the head's targets: q01/q99-normalised and clipped where mask; gripper from
         LIBERO's -1 open / +1 close to 1 - clip(g, 0, 1) (openvla-oft's libero_dataset_transform)."""
-        a = np.asarray(_numpy(torch.as_tensor(actions).detach()), np.float64).copy()
+        a = np.asarray(as_numpy(torch.as_tensor(actions).detach()), np.float64).copy()
         if a.shape[-1] != ACTION_DIM:
             raise ValueError(f"actions must have shape (..., {ACTION_DIM}), got {a.shape}")
         a[..., -1] = 1.0 - np.clip(a[..., -1], 0.0, 1.0)
@@ -206,14 +206,14 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
         """-> (action-position hidden states (B, 56, D), hidden state at the last prompt position (B, D))."""
         from models.vla_backbone import autocast
 
-        images, instructions = _check_obs(obs, instructions)
+        images, instructions = check_image_obs(obs, instructions)
         views = [images]
         if self.cfg.num_images == 2:
             if "wrist" not in obs:
                 raise ValueError("this checkpoint reads the wrist camera: obs needs a 'wrist' image batch")
             views.append(obs["wrist"])
         if self.cfg.image_pipeline == "libero":
-            views = [np.stack([libero_image(im, rotate=False) for im in _numpy(v)]) for v in views]
+            views = [np.stack([libero_image(im, rotate=False) for im in as_numpy(v)]) for v in views]
         pixels = torch.cat([pixel_values(v, self.device) for v in views], dim=1)
         with autocast(self.device, self.cfg.bf16):
             extra = None

@@ -58,7 +58,7 @@ from typing import Any, Callable, ContextManager, Dict, List, Optional, Protocol
 
 import torch
 
-from models.configs import FAMILIES, _family, action_kind, config_class  # noqa: F401 - re-exported
+from models.configs import FAMILIES, family_entry, action_kind, config_class  # noqa: F401 - re-exported
 from models.saved import PolicyLoadError
 
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_vision", "bf16")  # an RL run's own keys, not the folder's
@@ -205,7 +205,7 @@ class FlowActionPolicy(SavedPolicy, Protocol):
 
 def policy_class(family: str):
     """The policy class of a family (its module is imported here, on first use)."""
-    module, cls, _, _ = _family(family)
+    module, cls, _, _ = family_entry(family)
     return getattr(importlib.import_module(module), cls)
 
 

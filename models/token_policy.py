@@ -143,7 +143,7 @@ class TokenPolicy(nn.Module, PolicyFamily):
         """-> actions (B, chunk, 7) float32 numpy, tokens (B, chunk*7) long, log_probs (B, chunk*7) float
         (log-softmax of logits / temperature, also for greedy), and the pooled hidden (B, D) if `return_hidden`.
         `generators` (B CPU generators): row i's sample draws from generators[i] instead of the global RNG."""
-        _check_temperature(temperature)
+        check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         scaled = logits / temperature
         if greedy:
@@ -160,7 +160,7 @@ class TokenPolicy(nn.Module, PolicyFamily):
                  temperature: float = 1.0, return_hidden: bool = False):
         """Log-probs and entropies (B, chunk*7) of `tokens` under softmax(logits / temperature), with gradients
         (+ pooled hidden (B, D) if `return_hidden`)."""
-        _check_temperature(temperature)
+        check_temperature(temperature)
         logits, hidden = self._forward(obs, instructions)
         tokens = self._check_tokens(tokens, logits.shape[0])
         logp_all = (logits / temperature).log_softmax(-1)
@@ -239,7 +239,8 @@ def sample_categorical(logits: torch.Tensor, generators: Optional[Sequence[torch
     return torch.searchsorted(cdf, u).squeeze(-1).clamp(max=logits.shape[-1] - 1)
 
 
-def _check_temperature(temperature: float) -> None:
+def check_temperature(temperature: float) -> None:
+    """ValueError unless `temperature` > 0 (sampling divides the logits by it)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
 

@@ -130,7 +130,7 @@ class PrefixEncoder(nn.Module):
         agent, wrist, state, instructions = check_obs(obs, instructions, self.image_size, self.use_wrist)
         dev = self.device
         views = [agent, wrist] if self.use_wrist else [agent]
-        pixels = torch.cat([_to_pixels(v, dev) for v in views], dim=0)  # (V*B, 3, H, W) in [-1, 1]
+        pixels = torch.cat([to_pixels(v, dev) for v in views], dim=0)  # (V*B, 3, H, W) in [-1, 1]
         if self.use_siglip:
             interp = self.image_size != self.vision.config.image_size
             feats = self.vision(pixel_values=pixels, interpolate_pos_encoding=interp).last_hidden_state
@@ -201,7 +201,7 @@ def check_obs(obs: Obs, instructions: Optional[Sequence[str]], image_size: int, 
     return agent, obs.get("wrist"), state, instructions
 
 
-def _to_pixels(images: Union[np.ndarray, torch.Tensor], device: torch.device) -> torch.Tensor:
+def to_pixels(images: Union[np.ndarray, torch.Tensor], device: torch.device) -> torch.Tensor:
     """uint8 (B, H, W, 3) -> float (B, 3, H, W) in [-1, 1] (SigLIP's mean 0.5 / std 0.5 normalisation)."""
     x = torch.as_tensor(images).to(device)
     return x.permute(0, 3, 1, 2).float().div_(127.5).sub_(1.0)

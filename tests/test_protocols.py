@@ -151,7 +151,7 @@ def test_an_rl_run_evaluates_the_pairs_its_protocol_draws(monkeypatch):
         run = SimpleNamespace(cfg=SimpleNamespace(eval=SimpleNamespace(protocol=name), env=EnvConfig(
             suite="libero_spatial", task_ids=list(range(10))), seed=1), envs=None, _tracked={"policy": None},
             schedule=SimpleNamespace(eval_trials=list(range(50)), samples_per_trial=0), rank=0, world=1,
-            gather=None, is_main=False, eval_kwargs={})
+            gather=None, is_main=False, evaluation=common.run.EvalSettings())
         common.run.Run.evaluate(run, 20)
         assert len(seen["pairs"]) == n
         assert seen["pairs"] == protocols.eval_pairs(name, list(range(10)), list(range(50)), 1, 20)

@@ -46,7 +46,7 @@ def rewrite_manifest(path):
             full = os.path.join(dirpath, name)
             rel = os.path.relpath(full, path)
             if rel not in (ckpt.MANIFEST, "MANIFEST.sig"):
-                files[rel] = {"size": os.path.getsize(full), "sha256": ckpt._sha256(full)}
+                files[rel] = {"size": os.path.getsize(full), "sha256": ckpt.file_sha256(full)}
     with open(os.path.join(path, ckpt.MANIFEST), "w") as f:
         json.dump({"iteration": 1, "files": files}, f)
 
