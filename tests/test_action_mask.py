@@ -39,10 +39,13 @@ class StubEnv:
                                                                                                 np.uint8),
                     "state": np.zeros((num_envs, 8), np.float32)}
 
-    def reset(self, options):
+    def reset_envs_async(self, env_ids, options):  # the vector envs' per-env reset (envs/tabletop.py)
         self.trials, self.steps, self.ran = list(options["trial_ids"]), np.zeros(self.num_envs, int), {}
-        return {k: v.copy() for k, v in self.obs.items()}, {"task_description": ["do it"] * self.num_envs,
-                                                           "task_name": ["do_it"] * self.num_envs}
+
+    def reset_envs_wait(self, env_ids):
+        k = len(env_ids)
+        return {key: v[env_ids].copy() for key, v in self.obs.items()}, {
+            "task_description": ["do it"] * k, "task_name": ["do_it"] * k, "reset_s": [0.0] * k, "build_s": [0.0] * k}
 
     def step_chunk_async(self, env_ids, actions, keep_frames=False):
         self.ran = {int(i): len(a) for i, a in zip(env_ids, actions)}
@@ -65,6 +68,7 @@ class StubEnv:
             out["reward"].append(float(success))
         res = {k: np.array(v) for k, v in out.items()}
         res["invalid"] = np.zeros(len(env_ids), bool)
+        res["busy_s"] = np.zeros(len(env_ids))  # the workers' stepping seconds (envs/tabletop.py step_chunk)
         res["obs"] = {k: v[env_ids] for k, v in self.obs.items()}
         return res
 
