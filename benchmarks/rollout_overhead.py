@@ -19,9 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from envs import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts  # noqa: E402
 from envs import make_vector_env  # noqa: E402
+from models.policy import PolicyFamily  # noqa: E402
 
 
-class RandomPolicy:
+class RandomPolicy(PolicyFamily):  # a token family: PolicyFamily.rollout_step calls act
     """Uniform random action chunks: costs almost nothing, so the loop's own work is what remains."""
 
     kind, model_space_samples = "token", False  # the policy interface (models/policy.py)

@@ -32,9 +32,10 @@ sys.path.insert(0, ROOT)
 from common.config import EnvConfig  # noqa: E402
 from common.rollout import collect_rollouts  # noqa: E402
 from envs import make_vector_env  # noqa: E402
+from models.policy import PolicyFamily  # noqa: E402
 
 
-class SleepPolicy:
+class SleepPolicy(PolicyFamily):  # a token family: PolicyFamily.rollout_step calls act
     """Random small arm motions, gripper open (no episode ends early), after sleeping `latency` seconds."""
 
     kind, model_space_samples = "token", False  # the policy interface (models/policy.py)

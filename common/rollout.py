@@ -211,8 +211,6 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
-    is_token = policy.kind != "flow"  # token and regression families act; flow families sample
-    keep_x0 = policy.model_space_samples  # a pi0 checkpoint's protocol: keep the model-space sample
     chunk = policy.action_chunk
     total = len(prompts)
     pipeline = bool(getattr(vec_env, "pipeline", False)) if pipeline is None else bool(pipeline)
@@ -235,35 +233,16 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         nonlocal t_policy
         gens = None if generators is None else [generators[r] for r in rows_e]
         t0 = time.perf_counter()
-        if is_token:
-            out = policy.act(sub, sub_instr, temperature=temperature, greedy=greedy, return_hidden=keep_hidden,
-                             generators=gens)
-            act, tokens, logp = out[:3]
-            tokens, logp = tokens.cpu().numpy(), logp.float().cpu().numpy()
-        else:
-            sample = policy.sample(sub, sub_instr, num_steps=flow_steps, noise_level=flow_noise_level,
-                                   generators=gens)
-            act, noise = sample.actions, sample.noise.float().cpu().numpy()
+        act, record = policy.rollout_step(sub, sub_instr, temperature=temperature, greedy=greedy, generators=gens,
+                                          flow_steps=flow_steps, flow_noise_level=flow_noise_level,
+                                          keep_hidden=keep_hidden, keep_chain=keep_chain)  # the family's record
         act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
         t_policy += time.perf_counter() - t0
         call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act}
         step_of[rows_e] += 1
         if keep_obs:
             call.update(sub)
-        if keep_hidden:  # the value head's input: act's pooled hidden state, or the flow sample's prefix features
-            call["hidden"] = (out[3] if is_token else sample.hidden).float().cpu().numpy()
-        if is_token:
-            call.update(tokens=tokens, old_log_probs=logp)
-        else:
-            call["noise"] = noise
-            if keep_x0:
-                call["x0"] = sample.x0.float().cpu().numpy()
-            if keep_chain:
-                if sample.sde_step is None:
-                    raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
-                call.update(sde_step=sample.sde_step.cpu().numpy(), x_t=sample.x_t.float().cpu().numpy(),
-                            x_next=sample.x_next.float().cpu().numpy(),
-                            old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
+        call["record"] = record
         calls.append(call)
         return call
 
@@ -520,23 +499,15 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         for key in OBS_KEYS:
             first = calls[0][key]
             batch.obs[key] = gather(key, first.shape[1:], first.dtype)
-    if is_token:
-        width = calls[0]["tokens"].shape[1] if calls else chunk * ACTION_DIM  # 0: a regression family (no tokens)
-        batch.tokens = gather("tokens", (width,), np.int64)
-        batch.old_log_probs = gather("old_log_probs", (width,), np.float32)
-    else:  # (chunk, 7), or a pi0 checkpoint's model space (horizon, 32) with its sample x0 in extras["x0"]
-        shape = calls[0]["noise"].shape[1:] if calls else (chunk, ACTION_DIM)
-        batch.noise = gather("noise", shape, np.float32)
-        if keep_x0:
-            batch.extras["x0"] = gather("x0", shape, np.float32)
-        if keep_chain and calls:
-            chain_shape = calls[0]["x_t"].shape[1:]
-            batch.extras["sde_step"] = gather("sde_step", (), np.int64)
-            batch.extras["x_t"] = gather("x_t", chain_shape, np.float32)
-            batch.extras["x_next"] = gather("x_next", chain_shape, np.float32)
-            batch.old_log_probs = gather("old_log_probs", (1,), np.float32)
-    if keep_hidden and calls:
-        batch.extras["hidden"] = gather("hidden", calls[0]["hidden"].shape[1:], np.float32)
+    for key, first in (calls[0]["record"].items() if calls else ()):  # the family's record of every call:
+        # tokens, old_log_probs and noise are RolloutBatch fields, anything else (hidden, x0, a flow-SDE chain) extras
+        per_step = scatter_calls([{"rows": c["rows"], "t": c["t"], key: c["record"][key]} for c in calls], key,
+                                 (total, T) + first.shape[1:],
+                                 np.int64 if np.issubdtype(first.dtype, np.integer) else np.float32)
+        if key in ("tokens", "old_log_probs", "noise"):
+            setattr(batch, key, per_step)
+        else:
+            batch.extras[key] = per_step
     return batch
 
 

@@ -557,6 +557,29 @@ class FlowPolicy(nn.Module, PolicyFamily):
         return out.logits[..., :self.model_dim].float()
 
     @torch.no_grad()
+    def rollout_step(self, obs, instructions, *, temperature: float = 1.0, greedy: bool = False, generators=None,
+                     flow_steps: Optional[int] = None, flow_noise_level: float = 0.0, keep_hidden: bool = False,
+                     keep_chain: bool = False):
+        """A flow family's rollout call (models/policy.py PolicyFamily.rollout_step): `sample` at `flow_noise_level`
+        (temperature and greedy do not apply: evaluation passes noise level 0, the deterministic ODE); the record
+        holds the initial noise, with `model_space_samples` the model-space sample x0, with `keep_hidden` the
+        prefix's pooled features and with `keep_chain` the flow-SDE step's chain (sde_step, x_t, x_next) and its
+        log-density as old_log_probs (B, 1)."""
+        sample = self.sample(obs, instructions, num_steps=flow_steps, noise_level=flow_noise_level,
+                             generators=generators)
+        record = {"noise": sample.noise.float().cpu().numpy()}
+        if self.model_space_samples:
+            record["x0"] = sample.x0.float().cpu().numpy()
+        if keep_hidden:
+            record["hidden"] = sample.hidden.float().cpu().numpy()
+        if keep_chain:
+            if sample.sde_step is None:
+                raise ValueError("keep_chain needs flow-SDE samples (noise_method flow_sde, noise level > 0)")
+            record.update(sde_step=sample.sde_step.cpu().numpy(), x_t=sample.x_t.float().cpu().numpy(),
+                          x_next=sample.x_next.float().cpu().numpy(),
+                          old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
+        return sample.actions, record
+
     def sample(self, obs: Obs, instructions: Optional[Sequence[str]] = None, num_steps: Optional[int] = None,
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
                reuse_prefix: bool = True, generators: Optional[Sequence[torch.Generator]] = None) -> FlowSample:

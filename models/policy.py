@@ -16,6 +16,8 @@ Every family:
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
   start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
+  rollout_step(obs, instructions, ...) -> actions, record   one rollout call and what the update needs of it per row
+                       (tokens / old_log_probs / noise, other keys kept as extras); the default is a token family's
   memory_model(policy_cfg, folder) -> models.memory.Model or None   what the memory plan reads (common/memory_plan.py):
                        the network on the meta device and its activation stacks; None (the default): no plan
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
@@ -107,6 +109,22 @@ class PolicyFamily:
     def resolve_for_suite(cls, policy_cfg: Any, suite: str) -> Any:
         """The policy config with its suite-dependent defaults filled in (none by default)."""
         return policy_cfg
+
+    def rollout_step(self, obs: Dict, instructions: Sequence[str], *, temperature: float = 1.0, greedy: bool = False,
+                     generators: Optional[Sequence[torch.Generator]] = None, flow_steps: Optional[int] = None,
+                     flow_noise_level: float = 0.0, keep_hidden: bool = False, keep_chain: bool = False
+                     ) -> Tuple[Any, Dict[str, Any]]:
+        """One policy call of a rollout (common/rollout.py): the actions (B, chunk, 7) to execute and this family's
+        record of the call, per row: what its RL update needs again (`RolloutBatch` stores `tokens`, `old_log_probs`
+        and `noise` under those names, every other key in `extras`). The default is a token family's (a regression
+        family's tokens and log-probs are (B, 0)): `act`'s tokens, their log-probs and, with `keep_hidden`, the
+        pooled hidden state; a flow family overrides it (models/flow_policy.py)."""
+        out = self.act(obs, instructions, temperature=temperature, greedy=greedy, return_hidden=keep_hidden,
+                       generators=generators)
+        record = {"tokens": out[1].cpu().numpy(), "old_log_probs": out[2].float().cpu().numpy()}
+        if keep_hidden:
+            record["hidden"] = out[3].float().cpu().numpy()
+        return out[0], record
 
     @classmethod
     def memory_model(cls, policy_cfg: Any, folder: Optional[str]) -> Any:

@@ -8,6 +8,7 @@ import torch
 
 from common.advantages import compute_advantage, executed_actions, make_action_mask, make_response_mask
 from common.rollout import collect_rollouts
+from models.policy import PolicyFamily
 from train_flowsar import compute_flow_sar_loss
 
 
@@ -74,7 +75,7 @@ class StubEnv:
 
 
 def test_rollout_success_at_env_step_5_with_chunks_of_4_masks_the_tokens_of_actions_6_to_8():
-    class Policy:
+    class Policy(PolicyFamily):  # a token family: PolicyFamily.rollout_step calls act
         action_chunk = 4
         kind, model_space_samples = "token", False  # the policy interface (models/policy.py)
 

@@ -7,9 +7,10 @@ from envs import EnvConfig
 from common.rollout import collect_rollouts, flatten_steps, make_prompts
 from envs import make_vector_env
 from models import TokenPolicy, TokenPolicyConfig
+from models.policy import PolicyFamily
 
 
-class ExpertPolicy:
+class ExpertPolicy(PolicyFamily):  # a token family: PolicyFamily.rollout_step calls act
     """The scripted expert behind the policy API (chunk of 1, so it reacts every step); for testing rollouts."""
 
     action_chunk = 1

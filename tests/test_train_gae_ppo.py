@@ -14,6 +14,7 @@ from common.config import load_config
 from common.rollout import collect_rollouts
 from envs import EnvConfig, make_vector_env
 from models import TokenPolicy, TokenPolicyConfig, ValueHead, ValueHeadConfig
+from models.policy import PolicyFamily
 from tests.scripts import read_metrics, run_script
 from train_gae_ppo import (Config, check_config, chunk_mean, explained_variance, gae_advantages, make_optimizers,
                            per_action, record_values, TrainConfig)
@@ -71,7 +72,7 @@ def test_explained_variance_hand_values():
     assert np.isnan(explained_variance(np.array([1.0, 2.0]), np.array([5.0, 5.0])))
 
 
-class ExpertWithHidden:
+class ExpertWithHidden(PolicyFamily):  # a token family: PolicyFamily.rollout_step calls act
     """The scripted expert behind the token-policy API (chunk 1), whose 'hidden state' is the observation's 8-D
     robot state, so a recorded value can be traced to the observation it was computed from."""
 
