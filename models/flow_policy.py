@@ -556,7 +556,6 @@ class FlowPolicy(nn.Module, PolicyFamily):
                             attention_mask=prefix.attention_mask, past_key_values=_fresh_cache(prefix.past_key_values))
         return out.logits[..., :self.model_dim].float()
 
-    @torch.no_grad()
     def rollout_step(self, obs, instructions, *, temperature: float = 1.0, greedy: bool = False, generators=None,
                      flow_steps: Optional[int] = None, flow_noise_level: float = 0.0, keep_hidden: bool = False,
                      keep_chain: bool = False):
@@ -580,6 +579,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
                           old_log_probs=sample.log_prob.float().cpu().numpy()[:, None])
         return sample.actions, record
 
+    @torch.no_grad()
     def sample(self, obs: Obs, instructions: Optional[Sequence[str]] = None, num_steps: Optional[int] = None,
                noise_level: float = 0.0, noise: Optional[torch.Tensor] = None, prefix: Optional[Prefix] = None,
                reuse_prefix: bool = True, generators: Optional[Sequence[torch.Generator]] = None) -> FlowSample:
