@@ -246,6 +246,17 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
         calls.append(call)
         return call
 
+    def end_episode(e: int, res: Dict[str, Any], j: int, env_obs: Dict[str, np.ndarray], i: int) -> None:
+        """Episode `e` ended in row j of a chunk's result `res`, on env i (its last observation in env_obs[key][i])."""
+        complete[e] = bool(res["success"][j])
+        truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
+        invalid[e] = bool(res["invalid"][j])
+        if keep_obs:
+            for key in OBS_KEYS:
+                if key not in last_obs:
+                    last_obs[key] = np.zeros((total,) + env_obs[key].shape[1:], env_obs[key].dtype)
+                last_obs[key][e] = env_obs[key][i]
+
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, unit="ep")
 
     def stream_episodes() -> float:
@@ -295,14 +306,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                         row_frames[e].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
                     if not ended[j]:
                         continue
-                    complete[e] = bool(res["success"][j])
-                    truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
-                    invalid[e] = bool(res["invalid"][j])
-                    if keep_obs:
-                        for key in OBS_KEYS:
-                            if key not in last_obs:
-                                last_obs[key] = np.zeros((total,) + slot_obs[key].shape[1:], slot_obs[key].dtype)
-                            last_obs[key][e] = slot_obs[key][i]
+                    end_episode(e, res, j, slot_obs, i)
                     slot_row[i] = -1
                     bar.update(1)
             else:  # resets
@@ -455,14 +459,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                         continue
                     running[i] = False
                     e = ep[i]
-                    complete[e] = bool(res["success"][j])
-                    truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
-                    invalid[e] = bool(res["invalid"][j])
-                    if keep_obs:
-                        for key in OBS_KEYS:
-                            if key not in last_obs:
-                                last_obs[key] = np.zeros((total,) + obs[key].shape[1:], obs[key].dtype)
-                            last_obs[key][e] = obs[key][i]
+                    end_episode(e, res, j, obs, i)
 
             # The policy acts for all running envs, then they step their chunks (in parallel workers), waited for.
             while running.any():

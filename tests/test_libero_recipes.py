@@ -3,14 +3,10 @@ the overrides make the policy, images, envs, episodes and batch counts small and
 (mini-batch unit, loss aggregation, refill, ratio / GAE unit, Adam betas, weight decay, epochs), so the update the
 config ships is the one that runs. Each run asserts its env steps, its optimizer steps per update (hand-computed from
 episodes, steps and mini-batch sizes), its refill rounds and finite losses. One parametrized test, short episodes."""
-import json
 import math
 import os
-import subprocess
-import sys
 import time
 
-import numpy as np
 import pytest
 import yaml
 
@@ -42,27 +38,9 @@ def pi0_folder(tmp_path):
 def luffy_demos(tmp_path):
     """Two HDF5 demos of libero_spatial task 0 from LIBERO's own starts (12 open-gripper no-ops: replayed, they fail
     and are dropped, as tests/test_train_luffy.py's): the demos argument."""
-    import h5py
+    from tests.test_train_luffy import write_noop_libero_demos
 
-    name = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
-    path = tmp_path / f"{name}_demo.hdf5"
-    script = ("import sys, numpy as np; from envs import libero; libero.import_libero(); "
-              "np.save(sys.argv[1], libero._init_states('libero_spatial', 0)[[3, 5]])")
-    subprocess.run([sys.executable, "-c", script, str(tmp_path / "starts.npy")], cwd=ROOT,
-                   env=dict(os.environ, PYTHONPATH=ROOT), check=True)
-    starts = np.load(tmp_path / "starts.npy")
-    with h5py.File(path, "w") as f:
-        data = f.create_group("data")
-        data.attrs["problem_info"] = json.dumps({"language_instruction": "pick up the black bowl and place it"})
-        data.attrs["bddl_file_name"] = f"/x/libero_spatial/{name}.bddl"
-        for i, start in enumerate(starts):
-            g = data.create_group(f"demo_{i}")
-            g.attrs["task_id"] = 0
-            g.create_dataset("actions", data=np.tile([0, 0, 0, 0, 0, 0, -1.0], (12, 1)))
-            g.create_dataset("states", data=np.stack([start] * 12))
-            for key, shape in (("agentview_rgb", (12, 8, 8, 3)), ("eye_in_hand_rgb", (12, 8, 8, 3)),
-                               ("ee_pos", (12, 3)), ("ee_ori", (12, 3)), ("gripper_states", (12, 2))):
-                g.create_dataset(f"obs/{key}", data=np.zeros(shape, np.uint8 if "rgb" in key else np.float64))
+    path = write_noop_libero_demos(tmp_path)
     return [f"demos.paths=[{path}]"]
 
 

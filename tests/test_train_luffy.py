@@ -199,11 +199,9 @@ def test_two_processes(tmp_path):
     assert row["demos/success_rate"] == 1.0 and row["train/demo_advantage_mean"] == pytest.approx(0.75)
 
 
-@pytest.mark.real_libero
-def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
-    """configs/luffy_libero.yaml on the real simulator (tiny policy, 32 px, 2 workers): prompts from an HDF5 file
-    written here, the env reset to each demo's first state; the demo (12 no-op steps) does not solve the task, so it is
-    replayed, found failing, dropped and counted."""
+def write_noop_libero_demos(tmp_path):
+    """An HDF5 file of two demos of libero_spatial task 0 in LIBERO's layout, from LIBERO's own starts 3 and 5: 12
+    open-gripper no-ops each (replayed, they do not solve the task); its path."""
     import h5py
 
     name = "pick_up_the_black_bowl_between_the_plate_and_the_ramekin_and_place_it_on_the_plate"
@@ -225,6 +223,15 @@ def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
             for key, shape in (("agentview_rgb", (12, 8, 8, 3)), ("eye_in_hand_rgb", (12, 8, 8, 3)),
                                ("ee_pos", (12, 3)), ("ee_ori", (12, 3)), ("gripper_states", (12, 2))):
                 g.create_dataset(f"obs/{key}", data=np.zeros(shape, np.uint8 if "rgb" in key else np.float64))
+    return path
+
+
+@pytest.mark.real_libero
+def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
+    """configs/luffy_libero.yaml on the real simulator (tiny policy, 32 px, 2 workers): prompts from an HDF5 file
+    written here, the env reset to each demo's first state; the demo (12 no-op steps) does not solve the task, so it is
+    replayed, found failing, dropped and counted."""
+    path = write_noop_libero_demos(tmp_path)
     out = run(["--config", "configs/luffy_libero.yaml", "--task-id", "0", f"demos.paths=[{path}]", "env.image_size=32",
                "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.n=3",
                "rollout.prompts_per_iteration=1", "train.iterations=1", "eval.every=0", "init.mode=checkpoint",
