@@ -214,7 +214,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     args.max_attempts = args.max_attempts or 3 * max(args.record, 1)
 
     from envs import EnvConfig
-    from envs.libero import _benchmark, check_config, import_libero, task_descriptions
+    from envs.libero import libero_benchmark, check_config, import_libero, task_descriptions
 
     try:
         check_config(EnvConfig(suite=args.suite, task_ids=args.task_ids or [0], image_size=args.image_size))
@@ -225,7 +225,7 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     from envs.libero_expert import unhandled_reason
 
-    bench = _benchmark(args.suite)
+    bench = libero_benchmark(args.suite)
     descriptions = list(task_descriptions(args.suite))
     reasons = [unhandled_reason(robosuite_parse_problem(bench.get_task_bddl_file_path(t)))
                for t in range(len(descriptions))]

@@ -131,7 +131,8 @@ def import_libero(render_backend: Optional[str] = None) -> Any:
 
 
 @functools.lru_cache(maxsize=None)
-def _benchmark(suite: str) -> Any:
+def libero_benchmark(suite: str) -> Any:
+    """LIBERO's benchmark object of a suite (its tasks, BDDL files and initial states), made once per process."""
     from libero.libero import benchmark
 
     with contextlib.redirect_stdout(io.StringIO()):  # silence "[info] using task orders ..."
@@ -141,7 +142,7 @@ def _benchmark(suite: str) -> Any:
 @functools.lru_cache(maxsize=None)
 def _init_states(suite: str, task_id: int) -> np.ndarray:
     """LIBERO's initial states of a task (an NPZ file in the package), (50, state dim) float64."""
-    return np.asarray(_benchmark(suite).get_task_init_states(task_id))
+    return np.asarray(libero_benchmark(suite).get_task_init_states(task_id))
 
 
 @functools.lru_cache(maxsize=None)
@@ -149,7 +150,7 @@ def task_descriptions(suite: str) -> Tuple[str, ...]:
     """The instruction of each task: LIBERO's (its task name, as LIBERO-trained VLAs saw it), except in LIBERO-PRO's
     `_lan` and `_task` suites, whose reworded or replaced instruction exists only as the BDDL file's (:language ...)
     (the task name there is still the original task's)."""
-    bench = _benchmark(suite)
+    bench = libero_benchmark(suite)
     if suite not in PRO_SUITES or not suite.endswith(("_lan", "_task")):
         return tuple(t.language for t in bench.tasks)
     descriptions = []
@@ -164,7 +165,7 @@ def suite_tasks(cfg: EnvConfig) -> List[Dict[str, object]]:
     """One dict per task id: name, description (the instruction) and max_steps (after cfg.max_steps)."""
     check_config(cfg)
     import_libero(cfg.render_backend)
-    bench = _benchmark(cfg.suite)
+    bench = libero_benchmark(cfg.suite)
     max_steps = cfg.max_steps or SUITE_MAX_STEPS[cfg.suite]
     return [{"name": t.name, "description": d, "max_steps": max_steps}
             for t, d in zip(bench.tasks, task_descriptions(cfg.suite))]
@@ -210,7 +211,7 @@ class LiberoEnv(gym.Env):
         check_config(cfg)
         self.cfg, self.env_index, self.render_mode, self.cameras = cfg, env_index, render_mode, cameras
         import_libero(cfg.render_backend)
-        bench = _benchmark(cfg.suite)
+        bench = libero_benchmark(cfg.suite)
         self.num_tasks = bench.get_num_tasks()
         self.task_names: List[str] = [t.name for t in bench.tasks]
         self.task_descriptions: List[str] = list(task_descriptions(cfg.suite))
@@ -237,7 +238,7 @@ class LiberoEnv(gym.Env):
         from libero.libero.envs import OffScreenRenderEnv
 
         size = self.cfg.image_size
-        self.raw_env = OffScreenRenderEnv(bddl_file_name=_benchmark(self.cfg.suite).get_task_bddl_file_path(task_id),
+        self.raw_env = OffScreenRenderEnv(bddl_file_name=libero_benchmark(self.cfg.suite).get_task_bddl_file_path(task_id),
                                           camera_heights=size, camera_widths=size, hard_reset=False, ignore_done=True)
         if self.cfg.fast_render:
             self._fast_render()

@@ -454,12 +454,12 @@ def _fixtures(raw_env) -> dict:
 
 def _reference_env(suite: str, task: int):
     """LIBERO's OffScreenRenderEnv built as the references build it (hard resets, 64 px cameras)."""
-    from envs.libero import _benchmark, import_libero
+    from envs.libero import libero_benchmark, import_libero
 
     import_libero("egl")
     from libero.libero.envs import OffScreenRenderEnv
 
-    return OffScreenRenderEnv(bddl_file_name=_benchmark(suite).get_task_bddl_file_path(task), camera_heights=64,
+    return OffScreenRenderEnv(bddl_file_name=libero_benchmark(suite).get_task_bddl_file_path(task), camera_heights=64,
                               camera_widths=64)
 
 
