@@ -18,6 +18,7 @@ group and joins its threads (releasing the GIL) while the interpreter is whole.
 from __future__ import annotations
 
 import os
+import time
 from typing import List
 
 import torch
@@ -70,12 +71,17 @@ def close_process_group(together: bool) -> None:
     connections (fsdp's weight gather after the last step). Under train.strategy=fsdp the sharded policy still holds
     the group until the process ends (FSDP's mesh), so its threads outlive this call."""
     if torch.distributed.is_initialized():
-        if together and torch.distributed.get_world_size() > 1:
+        several = torch.distributed.get_world_size() > 1
+        if together and several:
             try:
                 torch.distributed.barrier()
             except RuntimeError:  # a process is gone already (killed): nothing left to wait for
                 pass
         torch.distributed.destroy_process_group()
+        if several:  # threads that outlive the group (fsdp's mesh) drop the last collective's tensors now, while the
+            # interpreter can still give them the GIL (module docstring): seen as 1 abort in 4-8 fsdp runs on a
+            # loaded 2-core machine without this wait
+            time.sleep(0.5)
 
 
 def launch_command(world: int) -> str:
