@@ -29,10 +29,11 @@ def test_shipped_config_loads(name):
     assert cfg.env.suite in ("tabletop", "libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 
 
-def _leaves(data, prefix=""):
+def leaves(data, prefix=""):
+    """(dotted key, value) of every leaf of a YAML mapping."""
     for key, value in data.items():
         if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{key}.")
+            yield from leaves(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
 
@@ -53,7 +54,7 @@ def test_defaults_live_in_the_script_and_yaml_files_repeat_or_change_them(name):
         data = yaml.safe_load(f)
     defaults = _flatten(_with_policy_family(module.Config(), [data]))
     loaded = _flatten(load_config(module.Config, os.path.join(ROOT, "configs", name)))
-    for key, _ in _leaves(data):
+    for key, _ in leaves(data):
         if name == f"{algo}.yaml":
             assert loaded[key] == defaults[key], f"configs/{name}: {key}={loaded[key]!r} but train_{algo}.py's " \
                                                  f"default is {defaults[key]!r}: change the default, not the YAML"

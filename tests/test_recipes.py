@@ -10,6 +10,8 @@ import re
 import pytest
 import yaml
 
+from tests.test_configs_shipped import leaves
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "docs", "recipes.md")
 SCRIPTS = ("srpo", "gae_ppo", "flowsar", "luffy")
@@ -39,14 +41,6 @@ def tables():
             key = re.fullmatch(r"`([\w.]+)`", cells[0])
             out[current].append((key.group(1) if key else None, cells[1], cells[3], cells[4]))
     return out
-
-
-def leaves(data, prefix=""):
-    for key, value in data.items():
-        if isinstance(value, dict):
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def effective(name):
