@@ -7,6 +7,8 @@ step times and peak memory, and each training script's first iterations on CUDA.
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
     python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
     python benchmarks/gpu_check.py --part srpo_7b --variants "" "train.strategy=fsdp"  # SRPO from a random 7B folder
+    python benchmarks/gpu_check.py --part fsdp_lora          # OpenVLA-OFT 7B through common/fsdp.py, 1 process, LoRA
+    python benchmarks/gpu_check.py --part fsdp_full_offload  # the same, full fine-tuning with train.fsdp_offload
 
 Random weights: no checkpoint is needed (or downloadable here); the OpenVLA-OFT folder is the published config.json
 with the tiny fixture's statistics and tokenizer. Results are written up in docs/gpu.md.
@@ -14,6 +16,7 @@ with the tiny fixture's statistics and tokenizer. Results are written up in docs
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -190,6 +193,49 @@ def part_oft7b_offload():
     dist.destroy_process_group()
 
 
+def part_fsdp(offload, micro=4):
+    """OpenVLA-OFT 7B trained through common/fsdp.py on one GPU (train.strategy=fsdp, one process): LoRA r=32, or
+    (`offload`) full fine-tuning with train.fsdp_offload (fp32 shards + AdamW on the host). Every line also gives the
+    peak host RSS."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+
+    from common import fsdp
+    from common.train import adamw_with_warmup, optimizer_step
+    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
+
+    def emit_rss(**row):
+        row["host_peak_rss_gib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 2)
+        emit(**row)
+
+    lora, name = not offload, "full_offload" if offload else "lora"
+    cfg = OpenVLAOFTConfig(init_path=oft_folder(), lora_rank=32 if lora else 0, bf16_weights=lora,
+                           gradient_checkpointing=True)
+    t0 = time.perf_counter()
+    with torch.device("cpu" if not lora else "cuda"):  # full FT: fp32 weights built on the host, sharded to it
+        policy = OpenVLAOFTPolicy(cfg, _load_weights=False)
+    run = SimpleNamespace(accelerator=Accelerator(), device=torch.device("cuda"), world=1,
+                          cfg=SimpleNamespace(train=SimpleNamespace(strategy="fsdp", fsdp_offload=not lora)))
+    policy = fsdp.shard_policy(run, policy)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    opt, sched = adamw_with_warmup(params, lr=1e-6, weight_decay=0.0, warmup_steps=1)
+    fsdp.register(policy, [opt])
+    torch.cuda.synchronize()
+    emit_rss(part=f"fsdp_{name}_build", seconds=round(time.perf_counter() - t0, 1),
+             params=sum(p.numel() for p in policy.parameters()), trainable=sum(p.numel() for p in params),
+             gpu_allocated_gib=round(torch.cuda.memory_allocated() / 2 ** 30, 2))
+
+    def step():
+        optimizer_step(run, params, opt, sched, max_norm=1.0)
+        opt.zero_grad(set_to_none=True)
+
+    with fsdp.sharded(policy):  # the update mode: layers gathered one by one in forward and backward
+        for i, fwd_bwd, stepped in timed_updates(policy, micro, step):
+            emit_rss(part=f"fsdp_{name}_update", step=i, micro_batch=micro, fwd_bwd_s=round(fwd_bwd, 2),
+                     step_s=round(stepped, 2), gpu_peak_gib=round(torch.cuda.max_memory_allocated() / 2 ** 30, 2))
+
+
 def part_pi0_expert():
     from models.flow_policy import FlowPolicy, FlowPolicyConfig
 
@@ -320,16 +366,22 @@ def part_scripts():
 
 
 PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
-         "srpo_7b": part_srpo_7b,
+         "srpo_7b": part_srpo_7b, "fsdp_lora": part_fsdp, "fsdp_full_offload": part_fsdp,
          "pi0_expert": part_pi0_expert, "scripts": part_scripts}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=sorted(PARTS), required=True)
     ap.add_argument("--variants", nargs="*", default=[""], help="srpo_7b: one run per string of overrides")
+    ap.add_argument("--micro", type=int, default=4, help="fsdp_*: micro-batch of each update")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("benchmarks/gpu_check.py needs a CUDA GPU")
     emit(part="device", name=torch.cuda.get_device_name(), torch=torch.__version__,
          total_gib=gib(torch.cuda.get_device_properties(0).total_memory))
-    PARTS[args.part](*([args.variants] if args.part == "srpo_7b" else []))
+    if args.part == "srpo_7b":
+        part_srpo_7b(args.variants)
+    elif args.part.startswith("fsdp_"):
+        part_fsdp(offload=args.part == "fsdp_full_offload", micro=args.micro)
+    else:
+        PARTS[args.part]()

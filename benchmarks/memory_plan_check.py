@@ -129,7 +129,7 @@ def cases() -> List[Case]:
         Case("OpenVLA-OFT 7B full FT, fp32 + autocast, checkpointing, micro 2 (bare step)", 111.9,
              "gpu.md: full fine-tuning on one GPU", lambda: bare(oft(0, False, True), 2)),
         Case("  same, micro 8", 112.0, "same", lambda: bare(oft(0, False, True), 8)),
-        Case("OpenVLA-OFT 7B LoRA r=32, fsdp on 1 process, micro 4 (fsdp_gpu.py --part lora)", 30.3,
+        Case("OpenVLA-OFT 7B LoRA r=32, fsdp on 1 process, micro 4 (gpu_check --part fsdp_lora)", 30.3,
              "gpu.md: train.strategy=fsdp, one process", lambda: bare(oft(32, True, True), 4, strategy="fsdp")),
         Case("train_srpo.py, 7B LoRA r=32, ddp, micro 4 of 8 (gpu_check --part srpo_7b)", 16.6,
              "gpu.md: one SRPO iteration, ddp", lambda: srpo_7b()),
