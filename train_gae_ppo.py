@@ -133,7 +133,7 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_gae, executed_actions, make_action_mask
+from common.advantages import compute_gae, executed_actions, make_action_mask, masked_mean
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
@@ -402,9 +402,10 @@ if __name__ == "__main__":
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
                         if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
                             log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)
-                        mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
+                        executed = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
+                        mask = executed
                         if alg.loss_agg_mode == "traj-token-mean":  # tokens weighted 1 / (episode's tokens x episodes)
-                            mask = mask * part.tensor("traj_weight", device)[:, None]
+                            mask = executed * part.tensor("traj_weight", device)[:, None]
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
@@ -425,11 +426,14 @@ if __name__ == "__main__":
                         loss.backward()  # weight: this micro-batch's share of the mini-batch's policy loss
                         if not weight:
                             continue  # padding: no statistics
-                        for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                        # logged: the mini-batch's loss (traj-token-mean: this partial sum x the micro-batches)
+                        # and the executed tokens' mean entropy, comparable across loss_agg_modes
+                        partial = micro.count if alg.loss_agg_mode == "traj-token-mean" else 1
+                        for k, v in (("pg_loss", pg_loss * partial), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
                                      ("pg_clipfrac_lower", pg_clipfrac_lower)):
                             stats[k].append(v.detach())  # read once after the update: no host sync here
                         if entropy is not None:
-                            stats["entropy"].append(entropy_loss.detach())
+                            stats["entropy"].append(masked_mean(entropy.detach(), executed))
                         if use_gae:
                             stats["value_loss"].append(vf_loss.detach())
                             stats["value_clipfrac"].append(vf_clipfrac.detach())

@@ -365,9 +365,10 @@ if __name__ == "__main__":
                             if not cfg.algorithm.entropy_coeff:
                                 entropy = entropy.detach()  # logged only: no backward through it (its gradient is 0)
                             old_log_prob = log_prob.detach() if on_policy else part.tensor("old_log_probs", device)
-                            mask, adv = part.tensor("mask", device), part.tensor("advantages", device)
-                            if agg == "traj-token-mean":  # each token weighted by 1 / (its episode's tokens x episodes)
-                                mask = mask * part.tensor("traj_weight", device)[:, None]
+                            executed, adv = part.tensor("mask", device), part.tensor("advantages", device)
+                            mask = executed  # traj-token-mean: each token weighted by 1 / (its episode's tokens x
+                            if agg == "traj-token-mean":  # episodes), so each micro-batch's loss is its partial sum
+                                mask = executed * part.tensor("traj_weight", device)[:, None]
                             pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                                 old_log_prob, log_prob, adv, mask, clip_ratio_low=cfg.algorithm.clip_ratio_low,
                                 clip_ratio_high=cfg.algorithm.clip_ratio_high, clip_ratio_c=cfg.algorithm.clip_ratio_c,
@@ -382,8 +383,12 @@ if __name__ == "__main__":
                             (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's loss
                             if not weight:
                                 continue  # padding: no statistics
-                            for k, v in (("pg_loss", pg_loss), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
-                                         ("pg_clipfrac_lower", pg_clipfrac_lower), ("entropy", entropy_loss)):
+                            # logged: the mini-batch's loss (traj-token-mean: this partial sum x the micro-batches)
+                            # and the executed tokens' mean entropy, comparable across loss_agg_modes
+                            for k, v in (("pg_loss", pg_loss * (micro.count if agg == "traj-token-mean" else 1)),
+                                         ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                                         ("pg_clipfrac_lower", pg_clipfrac_lower),
+                                         ("entropy", masked_mean(entropy.detach(), executed))):
                                 stats[k].append(v.detach())  # read once after the update: no host sync here
                             if cfg.algorithm.use_kl_loss:
                                 stats["kl_loss"].append(kl_loss.detach())

@@ -132,6 +132,26 @@ def test_refill_to_the_cap_then_trajectory_mini_batches(tmp_path):
     assert row["train/skipped_update"] == 0.0 and row["train/lr"] == pytest.approx(1e-4 * 5 / 1000)
 
 
+def test_logged_entropy_and_loss_mean_the_same_under_every_loss_agg_mode(tmp_path):
+    """One mini-batch of all 16 episodes (one optimizer step, on-policy: ratio 1, so pg_loss = -agg(advantages)) in
+    micro-batches of 3 steps: train/entropy is the executed tokens' mean entropy, the same forwards under token-mean
+    and traj-token-mean; under traj-token-mean pg_loss = -(mean over episodes of each one's constant advantage) = 0,
+    since GRPO's advantages sum to 0 over each group's episodes (under token-mean, long failures weigh more: != 0)."""
+    common = ["--task-id", "0", "train.iterations=1", "eval.every=0", "algorithm.filter_accuracy=false",
+              "reward.encoder.kind=pixels", "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=16",
+              "train.ppo_micro_batch_size=3", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
+              "rollout.prompts_per_iteration=4"]
+    rows = {}
+    for mode in ("token-mean", "traj-token-mean"):
+        run([*common, f"algorithm.loss_agg_mode={mode}"], tmp_path / mode)
+        (rows[mode],) = read_metrics(only_run(tmp_path / mode)[1])
+    token, traj = rows["token-mean"], rows["traj-token-mean"]
+    assert token["train/optimizer_steps"] == traj["train/optimizer_steps"] == 1
+    assert token["reward/mean"] == traj["reward/mean"] and token["train/advantage_abs_mean"] > 0.1
+    assert traj["train/entropy"] == pytest.approx(token["train/entropy"], rel=1e-6) and token["train/entropy"] > 0.01
+    assert abs(traj["train/pg_loss"]) < 1e-6 < abs(token["train/pg_loss"])
+
+
 @pytest.mark.slow
 def test_refill_is_deterministic_and_resumes_exactly(tmp_path):
     """From a start that sometimes succeeds, refill rounds depend on the outcomes: two iterations straight, and one
