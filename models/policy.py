@@ -16,6 +16,7 @@ Every family:
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
   start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
+  cls.fresh(policy_cfg, demo_actions) -> policy   SFT's start from nothing (default: the demo actions' statistics)
   rollout_step(obs, instructions, ...) -> actions, record   one rollout call and what the update needs of it per row
                        (tokens / old_log_probs / noise, other keys kept as extras); the default is a token family's
   memory_model(policy_cfg, folder) -> models.memory.Model or None   what the memory plan reads (common/memory_plan.py):
@@ -125,6 +126,15 @@ class PolicyFamily:
         if keep_hidden:
             record["hidden"] = out[3].float().cpu().numpy()
         return out[0], record
+
+    @classmethod
+    def fresh(cls, policy_cfg: Any, demo_actions: Any) -> Any:
+        """SFT's start from nothing (train_sft.py, `policy.<family>` section `policy_cfg`): an untrained policy whose
+        action statistics come from the demos' actions (N, 7) (the default: an ActionTokenizer of policy_cfg.n_bins
+        fitted on them, given to the constructor). Never asked of a published family (train_sft.py refuses it)."""
+        from models.action_tokenizer import ActionTokenizer
+
+        return cls(policy_cfg, ActionTokenizer.fit(demo_actions, n_bins=policy_cfg.n_bins))
 
     @classmethod
     def memory_model(cls, policy_cfg: Any, folder: Optional[str]) -> Any:
