@@ -219,16 +219,15 @@ class ToyFlowPolicy(nn.Module, PolicyFamily):
             record["hidden"] = hidden.numpy()
         return self.action_tokenizer.unnormalize(x), record
 
-    def transition_log_prob(self, obs, instructions, sde_step, x_t, x_next, noise_level, num_steps=None,
-                            return_hidden=False, executed=None):
+    def ppo_log_prob(self, obs, instructions, record, *, temperature=1.0, noise_level=0.0, executed=None):
+        """The rollout's SDE step's log-density (B, 1) over the executed actions, no entropy, the hidden features."""
         hidden = self.hidden(obs)
-        x_t, x_next = (torch.as_tensor(x, dtype=torch.float32, device=self.device) for x in (x_t, x_next))
-        mean, std = self.step(x_t, hidden, num_steps or self.cfg.num_steps, noise_level)
-        terms = torch.distributions.Normal(mean, std).log_prob(x_next)
+        mean, std = self.step(record("x_t", self.device), hidden, self.cfg.num_steps, noise_level)
+        terms = torch.distributions.Normal(mean, std).log_prob(record("x_next", self.device))
         if executed is not None:  # only the actions the env ran
             ran = torch.arange(self.action_chunk)[None, :] < torch.as_tensor(executed).reshape(-1, 1)
             terms = terms * ran[:, :, None].to(terms)
-        return (terms.sum((1, 2)), hidden) if return_hidden else terms.sum((1, 2))
+        return terms.sum((1, 2))[:, None], None, hidden
 
     def sft_loss(self, obs, instructions, actions):
         a = self.action_tokenizer.normalize(actions).to(self.device)
