@@ -345,6 +345,28 @@ def test_a_fifth_family_owns_its_memory_plan(tmp_path, monkeypatch, capsys):
     assert not os.path.exists(os.path.join(ROOT, "toy_family.py"))
 
 
+def test_train_sft_takes_a_new_familys_own_section(tmp_path, monkeypatch):
+    """train_sft.py's `policy` holds a section per family: policy.type=toy adds the toy's (its config class's keys and
+    defaults) beside token and flow; a start from a folder (policy.init_path) takes that folder's config, no section."""
+    import importlib
+
+    import train_sft
+    from common.config import ConfigError, load_config
+
+    _write_toy(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    toy = importlib.import_module("toy_family")
+    monkeypatch.setitem(FAMILIES, "toy", ("toy_family", "ToyPolicy", toy.ToyConfig, "token"))
+    cfg = load_config(train_sft.Config, None, ["policy.type=toy", "policy.toy.n_bins=32"])
+    assert cfg.policy.toy == toy.ToyConfig(n_bins=32) and cfg.policy.token.hidden_size == 256
+    assert [type(s).__name__ for s in train_sft.family_sections(cfg.policy)] == \
+        ["TokenPolicyConfig", "FlowPolicyConfig", "ToyConfig"]
+    cfg = load_config(train_sft.Config, None, ["policy.type=toy", "policy.init_path=somewhere"])
+    assert not hasattr(cfg.policy, "toy")
+    with pytest.raises(ConfigError, match="unknown key 'policy.toy'"):
+        load_config(train_sft.Config, None, ["policy.toy.n_bins=32"])  # policy.type=token: no toy section
+
+
 def test_every_family_tells_its_kind_and_recognises_only_its_own_folders(tmp_path):
     """The table's kind is the class's; each family's `detect` is exclusive on the shipped fixtures."""
     for family, (_, _, _, kind) in FAMILIES.items():
