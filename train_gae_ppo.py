@@ -285,8 +285,8 @@ if __name__ == "__main__":
         actor_params, critic_params, actor_opt, critic_opt, actor_sched = make_optimizers(policy, value_head, cfg.train)
         run.attach(policy, {"actor": actor_opt, **({"critic": critic_opt} if use_gae else {})}, {"actor": actor_sched},
                    modules={"value_head": value_head} if use_gae else None,
-                   evaluation=EvalSettings(flow_noise_level=cfg.rollout.flow_noise_level) if flow else
-                   EvalSettings(temperature=cfg.rollout.temperature),
+                   evaluation=EvalSettings(temperature=cfg.rollout.temperature,  # (each family reads its own)
+                                           flow_noise_level=cfg.rollout.flow_noise_level),
                    banner=f" | {'GAE + value head' if use_gae else 'reward-to-go, no value head'} | stops at "
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))
@@ -305,8 +305,8 @@ if __name__ == "__main__":
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, temperature=temp, keep_hidden=use_gae,
-                                     flow_noise_level=noise, keep_chain=flow, progress=run.is_main,
-                                     desc=f"rollout {iteration}")
+                                     flow_noise_level=noise, keep_chain=True, progress=run.is_main,
+                                     desc=f"rollout {iteration}")  # keep_chain: what a flow update recomputes
             metrics["time/rollout"] = time.perf_counter() - t0
             if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
                 break
@@ -361,9 +361,9 @@ if __name__ == "__main__":
                 with torch.no_grad():
                     for s in range(0, len(partial), mb):
                         part = steps.take(partial[s:s + mb])
-                        steps.data["old_log_probs"][partial[s:s + mb], 0] = policy.transition_log_prob(
-                            part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
-                            part.tensor("x_next", device), noise, executed=part.tensor("executed")).cpu().numpy()
+                        steps.data["old_log_probs"][partial[s:s + mb], 0] = policy.ppo_log_prob(
+                            part.obs, part.instructions, part.tensor, noise_level=noise,
+                            executed=part.tensor("executed"))[0][:, 0].cpu().numpy()
             if use_gae:
                 gathered = run.gather(list(zip(steps.data["values"].tolist(), steps.data["returns"].tolist())))
                 pred, true = np.array(gathered, dtype=np.float64).reshape(-1, 2).T
@@ -390,15 +390,11 @@ if __name__ == "__main__":
                         critic_opt.zero_grad(set_to_none=True)
                     micro = micro_batches(steps, mb_inds, mb, pad, alg.loss_agg_mode)
                     for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
-                        if flow:  # the flow-SDE step's density (B, 1); its std is fixed: no entropy
-                            log_prob, hidden = policy.transition_log_prob(
-                                part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t", device),
-                                part.tensor("x_next", device), noise, return_hidden=True,
-                                executed=part.tensor("executed"))
-                            log_prob, entropy = log_prob[:, None], None
-                        else:
-                            log_prob, entropy, hidden = policy.log_prob(part.obs, part.instructions,
-                                                                        part.tensor("tokens"), temp, return_hidden=True)
+                        # the family's log-probs of the rollout's actions (tokens: each token's at the temperature,
+                        # with entropies; flow: the flow-SDE step's density (B, 1), no entropy: its std is fixed)
+                        log_prob, entropy, hidden = policy.ppo_log_prob(part.obs, part.instructions, part.tensor,
+                                                                        temperature=temp, noise_level=noise,
+                                                                        executed=part.tensor("executed"))
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
                         if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
                             log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)

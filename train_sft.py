@@ -1,6 +1,8 @@
 """Supervised warm start (SFT) of a VLA policy on expert demonstrations: the embedded suite's scripted expert, or
-LIBERO HDF5 demos (`sft.demo_paths`). Token policy: cross-entropy on action tokens (the action tokenizer is fitted on
-the demo actions first); flow policy: flow-matching loss (`policy.type: token|flow`).
+LIBERO HDF5 demos (`sft.demo_paths`). The loss is the policy family's own (its `sft_loss`: a token policy's
+cross-entropy on action tokens, a flow policy's flow-matching loss), and so is its fresh start (its `fresh`: the
+action statistics fitted on the demo actions first) from the section `policy.<policy.type>` (token, flow, or any
+family in models/configs.py FAMILIES that starts fresh).
 
     python train_sft.py --task-id 0                        # weak baseline -> checkpoints/sft_tabletop_task0/
     python train_sft.py --config configs/sft.yaml --task-id 0 sft.num_demos=50 sft.steps=1500   # strong recipe
@@ -26,8 +28,8 @@ from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
 
 @dataclass
 class PolicySection:
-    type: str = "token"  # fresh policy: token (cross-entropy on action bins) | flow (flow matching); openvla_oft
-                         # starts from its published folder (policy.init_path)
+    type: str = "token"  # fresh policy: token (cross-entropy on action bins) | flow (flow matching) | another family
+                         # (its section policy.<type>); openvla_oft starts from its published folder (policy.init_path)
     init_path: Optional[str] = None  # start from a saved or published policy folder (its own family is used)
     token: TokenPolicyConfig = field(default_factory=lambda: TokenPolicyConfig(hidden_size=256))  # 256-wide tiny LM
     flow: FlowPolicyConfig = field(default_factory=lambda: FlowPolicyConfig(hidden_size=128, num_heads=4,
@@ -96,10 +98,8 @@ def check_config(cfg: Config) -> None:
                           f"sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
     if sft.num_demos < 1 and not sft.demo_paths:
         raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
-    if cfg.policy.type not in ("token", "flow") and not cfg.policy.init_path:
-        hint = (" starts from its published checkpoint: set policy.init_path=<the folder>"
-                if cfg.policy.type in FAMILIES else ": use token or flow (or policy.init_path=<a saved policy>)")
-        raise ConfigError(f"policy.type={cfg.policy.type!r}{hint}")
+    if cfg.policy.type not in FAMILIES and not cfg.policy.init_path:
+        raise ConfigError(f"policy.type={cfg.policy.type!r}: use token or flow (or policy.init_path=<a saved policy>)")
     if cfg.train.strategy != "ddp" or cfg.train.fsdp_offload:  # (common.fsdp loads torch: not for the default)
         from common.fsdp import check_strategy
 
@@ -110,6 +110,12 @@ def check_config(cfg: Config) -> None:
     if cfg.env.image_size % 16:
         raise ConfigError(f"env.image_size={cfg.env.image_size}: the policies cut images into 16 px patches; use a "
                           f"multiple of 16 (64, 128, 224, 256)")
+    if not cfg.policy.init_path and cfg.policy.type not in ("token", "flow"):  # the family's module tells (it loads
+        from models.policy import policy_class  # torch: only for a family other than the two defaults)
+
+        if policy_class(cfg.policy.type).published:
+            raise ConfigError(f"policy.type={cfg.policy.type!r} starts from its published checkpoint: set "
+                              f"policy.init_path=<the folder>")
 
 
 def parse(argv: Optional[List[str]] = None) -> Config:
@@ -133,7 +139,6 @@ from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
 from common.run_folder import replace_folder, sibling_lock
 from common.train import adamw, optimizer_step
-from models.action_tokenizer import ActionTokenizer
 from models.policy import policy_class
 from models.saved import TRAIN_CONFIG
 
@@ -177,9 +182,14 @@ def build_policy(cfg: Config, demo_actions: np.ndarray) -> torch.nn.Module:
     """A fresh policy (action statistics fitted on the demos) or the one at `policy.init_path`."""
     if cfg.policy.init_path:
         return load_saved_policy(cfg.policy.init_path).train()
-    family_cfg = getattr(cfg.policy, cfg.policy.type)  # the section of that family (check_config: token or flow)
-    tokenizer = ActionTokenizer.fit(demo_actions, n_bins=family_cfg.n_bins)
-    return policy_class(cfg.policy.type)(family_cfg, tokenizer)
+    family_cfg = getattr(cfg.policy, cfg.policy.type)  # the section of that family (common/config.py adds it)
+    return policy_class(cfg.policy.type).fresh(family_cfg, demo_actions)
+
+
+def family_sections(policy: PolicySection) -> List[Any]:
+    """The family sections of `policy` (policy.token, policy.flow and the one common/config.py added for another
+    policy.type)."""
+    return [getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name in FAMILIES]
 
 
 def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None) -> None:
@@ -263,7 +273,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
         if cfg.sft.batch_size % run.world:
             raise ConfigError(f"sft.batch_size={cfg.sft.batch_size} is the batch of each step, split over the "
                               f"{run.world} processes: make it a multiple of {run.world}")
-        for section in (cfg.policy.token, cfg.policy.flow):  # the policy sees what the env renders and executes
+        for section in family_sections(cfg.policy):  # the policy sees what the env renders and executes
             section.image_size, section.action_chunk = cfg.env.image_size, cfg.env.action_chunk
 
         # demos -> (observation, instruction, action chunk) samples

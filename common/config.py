@@ -11,7 +11,7 @@ import inspect
 import os
 import re
 import sys
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar, get_type_hints
 
 import yaml
@@ -181,22 +181,40 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
 def _with_policy_family(default: Any, sources: Sequence[Dict[str, Any]]) -> Any:
     """A script whose `policy` section is a policy family's config (a dataclass with a `type` field, annotated `Any`
     in the script's Config) takes the family that `policy.type` names (the YAML, then the command line; the last
-    wins): its keys are that family's config class's keys (models/configs.py FAMILIES)."""
+    wins): its keys are that family's config class's keys (models/configs.py FAMILIES). A `policy` section that holds
+    one section per family instead (train_sft.py's `policy.token`, `policy.flow`) gets one for the family that
+    `policy.type` names when it has none and starts fresh (`policy.<family>.*`, that family's config class's keys)."""
     policy = getattr(default, "policy", None)
-    if not is_dataclass(policy) or "type" not in {f.name for f in fields(policy)} or \
-            get_type_hints(type(default)).get("policy") is not Any:
+    if not is_dataclass(policy) or "type" not in {f.name for f in fields(policy)}:
         return default
-    family = policy.type
+    family, folder = policy.type, getattr(policy, "init_path", None)
     for source in sources:
         section = source.get("policy") if isinstance(source, dict) else None
         if isinstance(section, dict) and "type" in section:
             family = section["type"]
+        if isinstance(section, dict) and "init_path" in section:
+            folder = section["init_path"]
+    if get_type_hints(type(default)).get("policy") is not Any:  # a section per family (none for a start from a
+        # folder, `policy.init_path`: the folder's own family and config are used)
+        if family in FAMILIES and not folder and family not in {f.name for f in fields(policy)} and \
+                any(f.name in FAMILIES for f in fields(policy)):
+            default.policy = _with_section(policy, family)
+        return default
     if family == policy.type:
         return default
     if family not in FAMILIES:
         raise ConfigError(f"policy.type={family!r}: unknown policy family; use one of {', '.join(sorted(FAMILIES))}")
     default.policy = config_class(family)()
     return default
+
+
+def _with_section(policy: Any, family: str) -> Any:
+    """`policy` (a section per family) with a section `family` of its config class's defaults added: an instance of a
+    dataclass that extends `policy`'s with that one field."""
+    section = config_class(family)
+    cls = make_dataclass(type(policy).__name__, [(family, section, field(default_factory=section))],
+                         bases=(type(policy),))
+    return cls(**{f.name: getattr(policy, f.name) for f in fields(policy)})
 
 
 def _in_interval(value: float, interval: str) -> bool:
@@ -320,8 +338,9 @@ def field_comments(cls: type) -> Dict[str, str]:
     right below it continue it)."""
     try:
         lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):
-        return {}
+    except (OSError, TypeError):  # a class made at run time (`_with_section`): its base's comments
+        base = cls.__bases__[0] if cls.__bases__ else object
+        return field_comments(base) if is_dataclass(base) else {}
     out: Dict[str, str] = {}
     name = None
     for line in lines[1:]:

@@ -659,6 +659,16 @@ class FlowPolicy(nn.Module, PolicyFamily):
         log_prob = terms.sum((1, 2))
         return (log_prob, prefix.hidden) if return_hidden else log_prob
 
+    def ppo_log_prob(self, obs, instructions, record, *, temperature: float = 1.0, noise_level: float = 0.0,
+                     executed: Optional[torch.Tensor] = None):
+        """A flow family's PPO log-prob (models/policy.py PolicyFamily.ppo_log_prob): the rollout's flow-SDE step's
+        log-density over the executed actions (`transition_log_prob`) as (B, 1); its std is fixed by the schedule, so
+        no entropy (None); temperature does not apply."""
+        log_prob, hidden = self.transition_log_prob(obs, instructions, record("sde_step"), record("x_t"),
+                                                    record("x_next"), noise_level, return_hidden=True,
+                                                    executed=executed)
+        return log_prob[:, None], None, hidden
+
     def env_actions(self, x0: torch.Tensor, raw_state: Optional[torch.Tensor] = None) -> np.ndarray:
         """Model-space sample (B, horizon, D) -> the env actions to execute (B, action_chunk, 7) float32: with the
         checkpoint's statistics un-normalised, made absolute (relative dims + raw state), first 7 dims, first

@@ -16,8 +16,11 @@ Every family:
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
   start_from(folder, policy_cfg, env_cfg, device, say) -> policy   the RL start from a folder of this family
+  cls.fresh(policy_cfg, demo_actions) -> policy   SFT's start from nothing (default: the demo actions' statistics)
   rollout_step(obs, instructions, ...) -> actions, record   one rollout call and what the update needs of it per row
                        (tokens / old_log_probs / noise, other keys kept as extras); the default is a token family's
+  ppo_log_prob(obs, instructions, record, temperature, noise_level, executed) -> log-probs (B, A), entropies or None,
+                       hidden: PPO's log-probs of a rollout's actions with grads (default: a token family's `log_prob`)
   memory_model(policy_cfg, folder) -> models.memory.Model or None   what the memory plan reads (common/memory_plan.py):
                        the network on the meta device and its activation stacks; None (the default): no plan
   save(path) / cls.load(path, lora_rank=None, device="cpu")   a folder with config.json; `load` takes any folder
@@ -46,6 +49,7 @@ GAE-PPO:
   transition_log_prob(obs, instructions, sde_step, x_t, x_next, noise_level, num_steps, return_hidden) -> (B,)
       with grads: log N(x_next; mean, std^2) under flow_sde_step at that step, summed over the executed part (the
       first action_chunk steps x 7 env dims: what the env ran; RLinf's chunk-level log-prob) [, hidden]
+  ppo_log_prob(...) -> that step's transition_log_prob as (B, 1), no entropy (its std is fixed), hidden
   hidden(obs, instructions) -> (B, hidden_size) value-head input: PaliGemma's output mean-pooled over the valid
       image and prompt tokens; hidden_size
   model_space_samples  True when the rollout keeps the model-space sample x0 (a pi0 checkpoint's protocol)
@@ -125,6 +129,25 @@ class PolicyFamily:
         if keep_hidden:
             record["hidden"] = out[3].float().cpu().numpy()
         return out[0], record
+
+    def ppo_log_prob(self, obs: Dict, instructions: Sequence[str], record: Callable[..., torch.Tensor], *,
+                     temperature: float = 1.0, noise_level: float = 0.0, executed: Optional[torch.Tensor] = None
+                     ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]:
+        """PPO's log-probs of the actions a rollout took, under the current weights and with gradients
+        (train_gae_ppo.py): (log-probs (B, A), their entropies (B, A) or None when they have no gradient, hidden
+        (B, hidden_size)). `record(key)` reads these rows' rollout record (`rollout_step`'s keys) as a tensor,
+        `executed` (B,) how many of each chunk's actions the env ran. The default is a token family's: `log_prob` of
+        the recorded tokens at `temperature` (A = chunk x 7, one per action token); a flow family overrides it."""
+        return self.log_prob(obs, instructions, record("tokens"), temperature, return_hidden=True)
+
+    @classmethod
+    def fresh(cls, policy_cfg: Any, demo_actions: Any) -> Any:
+        """SFT's start from nothing (train_sft.py, `policy.<family>` section `policy_cfg`): an untrained policy whose
+        action statistics come from the demos' actions (N, 7) (the default: an ActionTokenizer of policy_cfg.n_bins
+        fitted on them, given to the constructor). Never asked of a published family (train_sft.py refuses it)."""
+        from models.action_tokenizer import ActionTokenizer
+
+        return cls(policy_cfg, ActionTokenizer.fit(demo_actions, n_bins=policy_cfg.n_bins))
 
     @classmethod
     def memory_model(cls, policy_cfg: Any, folder: Optional[str]) -> Any:
