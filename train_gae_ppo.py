@@ -398,10 +398,10 @@ if __name__ == "__main__":
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
                         if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
                             log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)
-                        executed = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's one)
-                        mask = executed
+                        token_mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's)
+                        mask = token_mask
                         if alg.loss_agg_mode == "traj-token-mean":  # tokens weighted 1 / (episode's tokens x episodes)
-                            mask = executed * part.tensor("traj_weight", device)[:, None]
+                            mask = token_mask * part.tensor("traj_weight", device)[:, None]
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
@@ -429,7 +429,7 @@ if __name__ == "__main__":
                                      ("pg_clipfrac_lower", pg_clipfrac_lower)):
                             stats[k].append(v.detach())  # read once after the update: no host sync here
                         if entropy is not None:
-                            stats["entropy"].append(masked_mean(entropy.detach(), executed))
+                            stats["entropy"].append(masked_mean(entropy.detach(), token_mask))
                         if use_gae:
                             stats["value_loss"].append(vf_loss.detach())
                             stats["value_clipfrac"].append(vf_clipfrac.detach())
