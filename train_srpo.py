@@ -61,9 +61,12 @@ class AlgorithmConfig:
     clip_ratio_high: float = ranged(0.28, "[0, inf)")
     clip_ratio_c: float = ranged(  # dual clip for negative advantages
         3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
-    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm
-                                       # | traj-token-mean (each episode's token mean, then the mean over the
-                                       # mini-batch's episodes: siiRL's embodied actor)
+    loss_agg_mode: str = "traj-token-mean"  # each episode's token mean, then the mean over the mini-batch's
+                                            # episodes (siiRL's embodied actor) | token-mean | seq-mean-token-sum |
+                                            # seq-mean-token-mean | seq-mean-token-sum-norm. With token-mean a long
+                                            # failure outweighs a short success, so the update pushes executed
+                                            # tokens down more than up and the policy spreads (docs/results.md
+                                            # "Does the embedded default hold what it learns?")
     entropy_coeff: float = ranged(0.0, "[0, inf)")
     use_kl_loss: bool = False  # KL to the policy RL started from (LoRA adapters off); needs policy.lora_rank > 0
     kl_loss_coef: float = ranged(0.01, "[0, inf)")
@@ -83,11 +86,12 @@ class TrainConfig:
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
     ppo_epochs: int = ranged(1, "[1, 1000]")
-    mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
-                                   # whole episodes (siiRL, SimpleVLA-RL)
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps (observation
-                                                           # + its chunk of action tokens), or episodes
-                                                           # with train.mini_batch_unit=trajectory
+    mini_batch_unit: str = "trajectory"  # trajectory: mini-batches of whole episodes (siiRL, SimpleVLA-RL) | step:
+                                         # of policy steps shuffled across episodes (traj-token-mean then weighs
+                                         # the episodes of each mini-batch alike, not of the whole batch)
+    ppo_mini_batch_size: int = ranged(8, "[1, 1048576]")  # per optimizer step: episodes (64 per iteration: ~6-8
+                                                          # steps after the filter), or policy steps (observation
+                                                          # + its chunk of action tokens) with mini_batch_unit=step
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                           # accumulation inside a mini-batch)
     grad_clip: float = ranged(1.0, "(0, inf)")

@@ -169,7 +169,9 @@ def test_step_mini_batches_are_a_multiple_of_the_micro_batch():
     """Mini-batches of policy steps split into whole micro-batches (trajectory mini-batches count episodes: no
     multiple to check); each size >= 1 is its range's check."""
     import train_srpo
-    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48"])
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48",
+                                                                   "train.mini_batch_unit=step",
+                                                                   "train.ppo_mini_batch_size=64"])
     with pytest.raises(ConfigError, match=r"^train.ppo_epochs=1, train.ppo_mini_batch_size=64, "
                                           r"train.ppo_micro_batch_size=48: the mini-batch must be a multiple of the "
                                           r"micro-batch$"):

@@ -242,7 +242,8 @@ def test_new_update_keys_have_defaults_help_and_ranges():
     for module in (train_srpo, train_gae_ppo, train_luffy, train_flowsar):
         cfg = module.Config()
         t = cfg.train
-        assert (t.adam_beta1, t.adam_beta2, t.weight_decay, t.mini_batch_unit) == (0.9, 0.999, 0.0, "step")
+        unit = "trajectory" if module is train_srpo else "step"  # SRPO's embedded update: siiRL's (issue 56)
+        assert (t.adam_beta1, t.adam_beta2, t.weight_decay, t.mini_batch_unit) == (0.9, 0.999, 0.0, unit)
         help_ = field_comments(type(t))
         assert all(help_[k] for k in ("adam_beta1", "adam_beta2", "weight_decay", "mini_batch_unit"))
     for module in (train_srpo, train_luffy):

@@ -1,0 +1,110 @@
+"""Does the embedded SRPO default hold what it learns? `train_srpo.py --task-id N --seed S` with its defaults on each
+tabletop task (each from its own auto_sft start), then one row per task: practice success over the first and the last
+10 iterations, held-out greedy at the start, its best and the mean of the last three evaluations, held-out sampled
+success (start -> mean of the last three), token entropy over the first and the last 10 iterations, env steps, wall.
+A task passes when practice success does not fall (last 10 >= first 10) and the mean of the last three held-out
+greedy evaluations is within 0.1 of the run's best. Results: docs/results.md#does-the-embedded-default-hold-what-it-learns.
+
+    python benchmarks/tabletop_default.py --tasks 0 1 2 3 4 5 6 7 8 9 --jobs 2     # ~2 h on 2 cores
+    python benchmarks/tabletop_default.py --tasks 5 --set algorithm.loss_agg_mode=token-mean --out runs/td_token_mean
+
+Runs go to <out>/t<task>_s<seed> (one thread each, `--jobs` at a time); a finished run (its done.json) is read
+again instead of rerun, an unfinished one is started again. `--set` passes overrides to every run (a variant).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WINDOW = 10  # iterations at each end for practice success and entropy
+
+
+def read_rows(folder: str) -> List[dict]:
+    (run,) = os.listdir(os.path.join(folder, "runs"))
+    with open(os.path.join(folder, "runs", run, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def series(rows: Sequence[dict], key: str) -> List[float]:
+    return [float(r[key]) for r in rows if key in r and r[key] is not None and not math.isnan(float(r[key]))]
+
+
+def measures(rows: Sequence[dict]) -> Dict[str, float]:
+    """A run's row of the table, from its metrics.jsonl rows (iteration 0 is the evaluation before any update)."""
+    train = [r for r in rows if r.get("iteration", 0) > 0 and "rollout/success_rate" in r]
+    practice, entropy = series(train, "rollout/success_rate"), series(train, "train/entropy")
+    greedy, sampled = series(rows, "val/success_rate"), series(rows, "val/sampled_success_rate")
+    m = {"practice_first": np.mean(practice[:WINDOW]), "practice_last": np.mean(practice[-WINDOW:]),
+         "greedy_start": greedy[0], "greedy_best": max(greedy), "greedy_last3": np.mean(greedy[-3:]),
+         "entropy_first": np.mean(entropy[:WINDOW]), "entropy_last": np.mean(entropy[-WINDOW:]),
+         "env_steps": max(series(rows, "charts/env_steps") or [0.0])}
+    if sampled:
+        m.update(sampled_start=sampled[0], sampled_last3=np.mean(sampled[-3:]))
+    m["holds"] = float(m["practice_last"] >= m["practice_first"] and m["greedy_best"] - m["greedy_last3"] <= 0.1)
+    return {k: float(v) for k, v in m.items()}
+
+
+def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
+    folder = os.path.join(out, f"t{task}_s{seed}")
+    done = os.path.join(folder, "done.json")
+    if not os.path.exists(done):
+        shutil.rmtree(folder, ignore_errors=True)  # an unfinished run: start it again
+        os.makedirs(folder)
+        t0 = time.time()
+        cmd = [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", str(task), "--seed", str(seed),
+               "--no-wandb", f"log.output_dir={folder}/runs", f"log.plots_dir={folder}/plots", *overrides]
+        with open(os.path.join(folder, "log.txt"), "w") as log:
+            rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                 env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
+        if rc != 0:
+            raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt")
+        with open(done, "w") as f:
+            json.dump({"minutes": (time.time() - t0) / 60, "overrides": list(overrides)}, f)
+    with open(done) as f:
+        minutes = json.load(f)["minutes"]
+    m = dict(measures(read_rows(folder)), minutes=minutes)
+    print(f"task {task} seed {seed}: {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True)
+    return m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tasks", nargs="+", type=int, default=list(range(10)))
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run (a variant)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "runs", "tabletop_default"))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(lambda t: one(t, args.seed, args.set, args.out), args.tasks))
+    print(f"\ntrain_srpo.py defaults{' + ' + ' '.join(args.set) if args.set else ''}, seed {args.seed}")
+    print("| task | practice first 10 -> last 10 | held-out greedy start / best / last 3 | held-out sampled start -> "
+          "last 3 | token entropy first 10 -> last 10 | env steps | minutes | holds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for task, m in zip(args.tasks, rows):
+        sampled = f"{m['sampled_start']:.2f} -> {m['sampled_last3']:.2f}" if "sampled_start" in m else ""
+        print(f"| {task} | {m['practice_first']:.2f} -> {m['practice_last']:.2f} | {m['greedy_start']:.2f} / "
+              f"{m['greedy_best']:.2f} / {m['greedy_last3']:.2f} | {sampled} | {m['entropy_first']:.2f} -> "
+              f"{m['entropy_last']:.2f} | {m['env_steps'] / 1e3:.0f} k | {m['minutes']:.1f} | "
+              f"{'yes' if m['holds'] else 'no'} |")
+    mean = {k: np.mean([m[k] for m in rows]) for k in rows[0]}
+    print(f"| mean | {mean['practice_first']:.2f} -> {mean['practice_last']:.2f} | {mean['greedy_start']:.2f} / "
+          f"{mean['greedy_best']:.2f} / {mean['greedy_last3']:.2f} | | {mean['entropy_first']:.2f} -> "
+          f"{mean['entropy_last']:.2f} | {mean['env_steps'] / 1e3:.0f} k | {mean['minutes']:.1f} | "
+          f"{int(sum(m['holds'] for m in rows))} of {len(rows)} |")
+
+
+if __name__ == "__main__":
+    main()
