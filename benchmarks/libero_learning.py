@@ -354,11 +354,12 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
         ax.plot(grid, np.mean([np.interp(grid, x, y) for x, y in curves], axis=0), color=color, linewidth=2.5,
                 label=f"{arm}: mean of {len(seeds)} seeds (in-run evaluations); end on the held-out set")
     ax.set_xlabel("env steps")
-    ax.set_ylabel(f"held-out greedy success (lines: in-run, 10 init states; markers: {start['heldout_set']['states']})")
+    ax.set_ylabel("held-out greedy success")
     ax.set_ylim(-0.05, 1.05)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    ax.set_title(title, fontsize=8)
+    ax.set_title(f"{title}\nlines: in-run evaluations (10 init states); markers: the final policies on the "
+                 f"{start['heldout_set']['states']}-state held-out set, 95% interval", fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
