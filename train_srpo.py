@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Union
 
-from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
-                           parse_cli, ranged)
+from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
+                           exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
 from models.configs import EncoderConfig, TokenPolicyConfig
 
@@ -47,6 +47,9 @@ class RewardConfig:
     sigmoid_steepness: float = ranged(10.0, "(0, inf)")
     sigmoid_offset: float = 0.5
     max_failure_reward: float = ranged(0.6, "[0, 1]")
+    shuffle: bool = False  # control arm (no signal): each kept group's scores permuted at random among its episodes
+                           # before the advantages, so the update moves the policy as far (the same advantages, group
+                           # by group) but toward no outcome (seeded; resumes exactly)
 
 
 @dataclass
@@ -76,6 +79,8 @@ class AlgorithmConfig:
 @dataclass
 class TrainConfig:
     iterations: int = ranged(120, "[1, inf)")  # held-out success plateaus by ~100 on tabletop (docs/results.md)
+    total_timesteps: Optional[int] = ranged(None, "[1, inf)")  # --timesteps: also stop at the end of the iteration
+                                                                # that reaches this many env steps (all processes)
     lr: float = ranged(1e-4, "[0, inf)")  # siiRL: 5e-6 for a 7B model (configs/srpo_libero.yaml);
                                           # the tiny policy needs a larger step
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps (verl's
@@ -122,7 +127,10 @@ class Config:
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/srpo.yaml", __doc__, script="srpo")
+    cfg = parse_cli(Config, "configs/srpo.yaml", __doc__, script="srpo",
+                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+                        "--timesteps": dict(type=int, key="train.total_timesteps",
+                                            help="stop after this many env steps (or train.iterations, if first)")})
 
 import numpy as np
 import torch
@@ -196,6 +204,17 @@ def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embedding
     return rewards
 
 
+def shuffle_within_groups(scores: np.ndarray, group_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """reward.shuffle, the control arm: a copy of `scores` with each group's scores permuted among its episodes by
+    `rng`. Each group keeps its scores, so GRPO's group mean and std, and the advantages as a set, are those of the
+    true scores; only which episode gets which is random."""
+    out = np.array(scores, dtype=np.float64, copy=True)
+    for g in dict.fromkeys(np.asarray(group_ids).tolist()):  # groups in order of first appearance: seeded, stable
+        rows = np.flatnonzero(group_ids == g)
+        out[rows] = out[rows[rng.permutation(len(rows))]]
+    return out
+
+
 def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
@@ -225,14 +244,20 @@ if __name__ == "__main__":
         optimizer, scheduler = adamw_with_warmup(params, cfg.train.lr, cfg.train.weight_decay,
                                                  cfg.train.lr_warmup_steps, adam_betas(cfg.train))
         encoder = make_trajectory_encoder(cfg.reward.encoder, str(device)) if cfg.reward.mode == "srpo" else None
+        if cfg.reward.shuffle:  # the control arm's permutations: its own stream, saved and restored with checkpoints
+            shuffle_rng = run.rngs["shuffle"] = np.random.default_rng([cfg.seed, run.rank, 1])
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler},
-                   evaluation=EvalSettings(temperature=cfg.rollout.temperature), banner=f" | reward {cfg.reward.mode}")
+                   evaluation=EvalSettings(temperature=cfg.rollout.temperature), banner=f" | reward {cfg.reward.mode}"
+                   + (" shuffled within groups (control)" if cfg.reward.shuffle else "")
+                   + (f" | stops at {cfg.train.total_timesteps:,} env steps" if cfg.train.total_timesteps else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
-        P, agg = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode
+        P, agg, budget = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode, cfg.train.total_timesteps
 
         for iteration in run.iterations():
+            if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
+                break
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
@@ -309,6 +334,8 @@ if __name__ == "__main__":
                 metrics["reward/mean"] = float(scores_all.mean())
                 metrics["reward/failure_mean"] = float(failures.mean()) if failures.size else math.nan
                 metrics["reward/failure_max"] = float(failures.max()) if failures.size else math.nan
+            if cfg.reward.shuffle:  # control arm: each group's scores permuted among its episodes (logged: the true)
+                scores = shuffle_within_groups(scores, batch.group_ids, shuffle_rng)
 
             # 4. advantages: GRPO over each group, broadcast to the tokens of the actions the env executed (finish_step
             #    x 7: a chunk cut by success or max_steps keeps only its executed actions); then the valid policy
@@ -403,10 +430,13 @@ if __name__ == "__main__":
             metrics.update(mean_stats(stats))
             metrics["train/optimizer_steps"] = float(len(stats["grad_norm"]))  # this update's policy optimizer steps
 
-            # 7. end of iteration: evaluation when due, logging, checkpoint
+            # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
+            last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "sampling/kept_fraction",
                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",
-                                                      "train/ppo_kl", "train/grad_norm", "time/iteration"]):
+                                                      "train/ppo_kl", "train/grad_norm", "time/iteration"], last=last):
                 break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)
+            if last:
+                break

@@ -15,10 +15,30 @@ the end a table per arm and seed and its mean over seeds: held-out greedy / samp
 the mean of the last three evaluations, practice success over the first and last three iterations, env steps and wall
 time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task>_<arms><setting>.png).
 
+--arms (issue 56) replaces step 3's RL with the CPU-scale recipe's arms (docs/recipes.md, "CPU scale"), all from the
+one SFT start: grpo (configs/srpo_libero_grpo_cpu.yaml), srpo (configs/srpo_libero_cpu.yaml) and control (the grpo
+config with reward.shuffle=true: each kept group's scores permuted among its episodes, so the update moves the policy
+as far but toward no outcome), each seed until --env-steps (train.total_timesteps; a run stops at the end of the
+iteration that reaches it), resumed when stopped and extended when the budget grows. Then the SFT start and every
+run's final policy on one held-out set (`evaluate.py --heldout-set N --paired`: official trials 40..49, never practised
+nor evaluated in-run, plus states drawn from the suite's placements; greedy and sampled at the recipe's temperature;
+saved once in <out>/heldout/), and a table: the SFT start's token accuracy, loss and held-out success above it; per arm
+and seed start -> end with end - start and its paired bootstrap 95% interval over the states (common/heldout.py),
+practice success over the first and last three iterations, env steps, iterations and wall time; per arm the pooled
+lift: the per-state differences pooled over the seeds (each state's end success averaged over the arm's seeds minus its
+start success), bootstrapped over the states, so its interval covers the choice of states and not the choice of seeds
+(the per-seed rows and "k of n seeds > 0" show that); SRPO - GRPO and each arm - control likewise on the seed means. A
+PNG of held-out greedy success against env steps (in-run curves per seed, the arm mean, each final policy on the set,
+the SFT start's interval), and with --data-out every policy's per-episode outcomes as compact JSON plus the table.
+--sft-only stops after the SFT start's held-out evaluation (check the start before days of runs).
+
     python benchmarks/libero_learning.py --seeds 1 2    # libero_object 0, in runs/libero_learning/libero_object_t0
     python benchmarks/libero_learning.py --reward srpo binary --seeds 1 2             # SRPO and plain GRPO
     python benchmarks/libero_learning.py --reward binary --lr 2e-5 --prompts 2 --temperature 0.5 --iterations 20 --pro
     python benchmarks/libero_learning.py --suite libero_spatial --reward binary --lr 2e-5 --prompts 2 --temperature 0.5
+    python benchmarks/libero_learning.py --suite libero_spatial --demos 100 --sft-steps 5000 --sft-only --out D
+    python benchmarks/libero_learning.py --suite libero_spatial --demos 100 --sft-steps 5000 --arms grpo --seeds 1 2 3 \\
+        --env-steps 300000 --out D    # then srpo, control; then all three with --data-out docs/data/libero_learning
 
 On this 2-core CPU one SRPO iteration (8 episodes of <= --max-steps steps at 64 px, two simulator workers) takes
 a few minutes and one evaluation (10 trials x (1 greedy + --samples sampled)) about as long; recording 30 demos
@@ -33,6 +53,8 @@ import os
 import subprocess
 import sys
 from typing import Dict, List
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -180,6 +202,243 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
         json.dump({n: {s: t[s]["success"] for s in t} for n, t in tables.items()}, f, indent=1)
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# --arms: the CPU-scale recipe's arms at an equal env-step budget, judged on one paired held-out set
+# ------------------------------------------------------------------------------------------------------------------
+ARMS = {"grpo": ("configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
+        "srpo": ("configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
+        "control": ("configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"])}  # GRPO's update, no signal
+ITERATION_CAP = 1000  # train.iterations of an --arms run: the env-step budget stops it first (an iteration is >= 32
+                      # episodes, so 1000 of them are > 3 M env steps)
+COMPARISONS = (("grpo", "srpo"), ("control", "grpo"), ("control", "srpo"))  # (a, b): b - a, when both arms ran
+
+
+def recipe_temperature(config: str) -> float:
+    """The rollout temperature a recipe config gives (its runs' sampled episodes; the held-out sampled ones too)."""
+    import yaml
+
+    with open(os.path.join(ROOT, config)) as f:
+        return float(yaml.safe_load(f)["rollout"]["temperature"])
+
+
+def budget_reached(runs: str, budget: int):
+    """The run folder under `runs` whose metrics reach the env-step budget (or the iteration cap), else None."""
+    for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
+        if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
+            rows = rows_of(run_dir)
+            if rows and (max(r.get("charts/env_steps", 0.0) for r in rows) >= budget
+                         or max(r["iteration"] for r in rows) >= ITERATION_CAP):
+                return run_dir
+    return None
+
+
+def sft_header(out: str) -> Dict:
+    """The SFT start's last logged token accuracy and loss (nats per action token) from its run's metrics."""
+    rows = [r for path in sorted(glob.glob(os.path.join(out, "sft_run", "*", "metrics.jsonl")))
+            for r in rows_of(os.path.dirname(path)) if "sft/token_accuracy" in r]
+    return {"token_accuracy": rows[-1]["sft/token_accuracy"] if rows else None,
+            "loss": rows[-1].get("sft/loss") if rows else None}
+
+
+def arm_lift(start: Dict, ends: Dict[int, Dict], mode: str) -> Dict:
+    """End minus start of one arm on one held-out set, `mode` (greedy or sampled): per seed the paired bootstrap of
+    its per-state successes against the start's (heldout.paired_bootstrap), and pooled over the seeds: the per-state
+    differences pooled, i.e. each state's end success averaged over the seeds minus its start success, bootstrapped
+    over the states (the mean of that is the mean over seeds of end - start). The pooled interval covers the choice of
+    states (and through them the episodes' noise), not the choice of seeds: the per-seed rows and `seeds_above_0`
+    show the seeds' spread."""
+    from common import heldout
+
+    a = heldout.per_state(start, mode)
+    per_seed = {seed: heldout.paired_bootstrap(a, heldout.per_state(o, mode)) for seed, o in ends.items()}
+    pooled = heldout.paired_bootstrap(a, np.mean([heldout.per_state(o, mode) for o in ends.values()], axis=0))
+    return {"per_seed": per_seed, "pooled": pooled, "seeds": len(ends),
+            "seeds_above_0": sum(r["diff"] > 0 for r in per_seed.values())}
+
+
+def arm_difference(ends_a: Dict[int, Dict], ends_b: Dict[int, Dict], mode: str) -> Dict:
+    """Arm b minus arm a at the end, on the same held-out states: each state's success averaged over each arm's seeds,
+    the difference bootstrapped over the states (heldout.paired_bootstrap)."""
+    from common import heldout
+
+    mean_over_seeds = [np.mean([heldout.per_state(o, mode) for o in ends.values()], axis=0)
+                       for ends in (ends_a, ends_b)]
+    return heldout.paired_bootstrap(*mean_over_seeds)
+
+
+def wall(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 7200 else f"{seconds / 60:.0f} min"
+
+
+def fmt_pair(r: Dict) -> str:
+    return f"{r['mean_a']:.2f} -> {r['mean_b']:.2f}, {r['diff']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+
+
+def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> Dict:
+    """The --arms table (markdown lines) and its numbers. `start`: the SFT start's outcomes on the held-out set;
+    `arms`: arm -> seed -> {"outcomes": the run's final policy's outcomes on the same set, "summary": summary(rows)};
+    `header`: the SFT start's token accuracy and loss (sft_header) and its demos and steps."""
+    modes = [m for m in ("greedy", "sampled") if m in start["episodes"]]
+    n = start["heldout_set"]["states"]
+    acc, loss = header.get("token_accuracy"), header.get("loss")
+    lines = [f"SFT start ({header.get('demos')} demos, {header.get('sft_steps')} steps): token accuracy "
+             + (f"{acc:.2f}" if acc is not None else "?") + ", " + (f"{loss:.2f} nats/token" if loss is not None else
+                                                                    "loss ?") + "; held-out "
+             + ", ".join(f"{m} {start['success'][m]:.2f} [{start['interval'][m][0]:.2f}, {start['interval'][m][1]:.2f}]"
+                         for m in modes)
+             + f" over {n} states ({start['heldout_set']['name']})", "",
+             "| arm | seed | " + " | ".join(f"held-out {m}: start -> end, end - start [95% CI]" for m in modes)
+             + " | practice, first 3 -> last 3 iterations | env steps | iterations | wall |",
+             "|---|---|" + "---|" * len(modes) + "---|---|---|---|"]
+    out: Dict = {"heldout_set": start["heldout_set"], "start": {m: start["success"][m] for m in modes},
+                 "sft": header, "arms": {}, "differences": {}}
+    for arm, seeds in arms.items():
+        ends = {seed: r["outcomes"] for seed, r in seeds.items()}
+        lifts = {m: arm_lift(start, ends, m) for m in modes}
+        out["arms"][arm] = {"lift": lifts, "summaries": {s: r["summary"] for s, r in seeds.items()}}
+        for seed, r in seeds.items():
+            s = r["summary"]
+            lines.append(f"| {arm} | {seed} | " + " | ".join(fmt_pair(lifts[m]["per_seed"][seed]) for m in modes)
+                         + f" | {s['practice_first']:.2f} -> {s['practice_last']:.2f} | {s['total_env_steps']:,} | "
+                         f"{s['eval_iterations'][-1]} | {wall(s['wall_s'])} |")
+        summaries = [r["summary"] for r in seeds.values()]
+        lines.append(f"| {arm} | **pooled, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}** | "
+                     + " | ".join(f"**{fmt_pair(lifts[m]['pooled'])}**, {lifts[m]['seeds_above_0']} of "
+                                  f"{len(seeds)} seeds > 0" for m in modes)
+                     + f" | {mean([x['practice_first'] for x in summaries]):.2f} -> "
+                     f"{mean([x['practice_last'] for x in summaries]):.2f} | "
+                     f"{mean([x['total_env_steps'] for x in summaries]):,.0f} | | "
+                     f"{wall(mean([x['wall_s'] for x in summaries]))} |")
+    for a, b in COMPARISONS:
+        if a in arms and b in arms:
+            diff = {m: arm_difference({s: r["outcomes"] for s, r in arms[a].items()},
+                                      {s: r["outcomes"] for s, r in arms[b].items()}, m) for m in modes}
+            out["differences"][f"{b} - {a}"] = diff
+            steps = [mean([r["summary"]["total_env_steps"] for r in arms[x].values()]) for x in (a, b)]
+            lines.append("")
+            lines.append(f"{b} - {a} at the end (each state's success averaged over each arm's seeds; env steps "
+                         f"{steps[1]:,.0f} vs {steps[0]:,.0f}): "
+                         + "; ".join(f"{m} {diff[m]['diff']:+.2f} [{diff[m]['low']:+.2f}, {diff[m]['high']:+.2f}]"
+                                     for m in modes))
+    out["lines"] = lines
+    return out
+
+
+def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: str) -> None:
+    """Held-out greedy success against env steps: each seed's in-run evaluations (thin), the arm's mean over seeds
+    (thick, interpolated on the env steps all its seeds reached), each final policy on the held-out set (marker with
+    its bootstrap interval), the SFT start's held-out interval (grey band); the control arm in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    low, high = start["interval"]["greedy"]
+    ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
+                                               f"[{low:.2f}, {high:.2f}]")
+    colors = {"grpo": "C0", "srpo": "C1", "control": "0.45"}
+    for i, (arm, seeds) in enumerate(arms.items()):
+        color = colors.get(arm, f"C{i + 2}")
+        curves = []
+        for seed, r in seeds.items():
+            s = r["summary"]
+            ax.plot(s["env_steps"], s["greedy"], color=color, alpha=0.35, linewidth=1)
+            curves.append((s["env_steps"], s["greedy"]))
+            o = r["outcomes"]
+            lo, hi = o["interval"]["greedy"]
+            y = o["success"]["greedy"]
+            ax.errorbar([s["total_env_steps"]], [y], yerr=[[y - lo], [hi - y]], color=color, marker="o", capsize=3)
+        reach = min(x[-1] for x, _ in curves)
+        grid = np.linspace(0.0, reach, 41)
+        ax.plot(grid, np.mean([np.interp(grid, x, y) for x, y in curves], axis=0), color=color, linewidth=2.5,
+                label=f"{arm}: mean of {len(seeds)} seeds (in-run evaluations); end on the held-out set")
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("held-out greedy success")
+    ax.set_ylim(-0.05, 1.05)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax.set_title(f"{title}\nlines: in-run evaluations (10 init states); markers: the final policies on the "
+                 f"{start['heldout_set']['states']}-state held-out set, 95% interval", fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"curves: {path}")
+
+
+def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, temperature: float, paired=None
+                 ) -> Dict:
+    """`evaluate.py --heldout-set N` of one policy (greedy and sampled at the recipe's temperature, official trials
+    40..49 plus drawn states, the set generated once into `set_file`); skipped when its outcomes.json is there and of the same
+    training iteration. With `paired` (the start's outcomes.json) it also writes paired.json."""
+    from common import heldout
+    from evaluate import checkpoint_iteration
+
+    found = os.path.join(folder, "outcomes.json")
+    if os.path.isfile(found) and heldout.read_outcomes(found).get("iteration") == checkpoint_iteration(checkpoint):
+        return heldout.read_outcomes(found)
+    os.makedirs(folder, exist_ok=True)
+    run([py, "evaluate.py", "--checkpoint", checkpoint, "--heldout-set", str(args.heldout_set), "--heldout-seed",
+         str(args.heldout_seed), "--heldout-file", set_file,
+         "--trial-start", "40", "--trials", "10", "--sampled", "--temperature", f"{temperature:g}", "--num-envs", "2",
+         "--gifs", "0", "--out-dir", folder] + (["--paired", paired] if paired else []),
+        folder.rstrip("/") + ".log")
+    return heldout.read_outcomes(found)
+
+
+def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
+    """--arms: each arm x seed from the SFT start at the CPU-scale recipe up to --env-steps (resumed when stopped,
+    extended when the budget grows), the SFT start and every final policy on one held-out set, the table, the PNG and
+    (--data-out) the outcome files."""
+    temperature = recipe_temperature(ARMS["grpo"][0])
+    heldout_dir = os.path.join(out, "heldout", f"n{args.heldout_set}_seed{args.heldout_seed}")
+    set_file = os.path.join(heldout_dir, "heldout_set.json")  # generated by the first evaluation, read by the others
+    start = heldout_eval(py, sft, os.path.join(heldout_dir, "sft"), set_file, args, temperature)
+    header = {**sft_header(out), "demos": args.demos, "sft_steps": args.sft_steps}
+    arms: Dict[str, Dict[int, Dict]] = {}
+    for arm in ([] if args.sft_only else args.arms):
+        config, extra = ARMS[arm]
+        arms[arm] = {}
+        for seed in args.seeds:
+            runs = os.path.join(out, f"cpu_{arm}_s{seed}")
+            limits = [f"train.total_timesteps={args.env_steps}", f"train.iterations={ITERATION_CAP}"]
+            run_dir = budget_reached(runs, args.env_steps)
+            stopped = resumable(runs) if run_dir is None else None
+            if stopped is not None:  # continue it (the budget may grow)
+                run([py, "train_srpo.py", "--resume", stopped, *limits, "--no-wandb"],
+                    os.path.join(out, f"cpu_{arm}_s{seed}_resumed.log"))
+                run_dir = budget_reached(runs, args.env_steps)
+            if run_dir is None:
+                run([py, "train_srpo.py", "--config", config, "--task-id", str(args.task_id), "--seed", str(seed),
+                     *env, "env.num_envs=2", f"init.path={sft}", *extra, *limits, f"log.output_dir={runs}",
+                     f"log.plots_dir={out}/plots"], os.path.join(out, f"cpu_{arm}_s{seed}.log"))
+                run_dir = budget_reached(runs, args.env_steps)
+            end = heldout_eval(py, run_dir, os.path.join(heldout_dir, f"{arm}_s{seed}"), set_file, args, temperature,
+                               paired=os.path.join(heldout_dir, "sft", "outcomes.json"))
+            arms[arm][seed] = {"outcomes": end, "summary": summary(rows_of(run_dir)), "run_dir": run_dir}
+    table = arms_table(start, arms, header)
+    title = (f"{args.suite} task {args.task_id}: SFT ({args.demos} demos, {args.sft_steps} steps) -> CPU-scale recipe "
+             f"to {args.env_steps:,} env steps; held-out set of {args.heldout_set} states")
+    print("\n" + title + "\n" + "\n".join(table["lines"]))
+    with open(os.path.join(out, f"results_arms_n{args.heldout_set}.json"), "w") as f:
+        json.dump({k: v for k, v in table.items() if k != "lines"}, f, indent=1, default=str)
+    if arms:
+        plot_arms(arms, start, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
+                                                                 f"{'_'.join(arms)}_n{args.heldout_set}.png"))
+    if args.data_out:  # the per-episode outcomes behind every row, compact, and the table's numbers
+        data = os.path.join(args.data_out, f"{args.suite}_t{args.task_id}")
+        os.makedirs(data, exist_ok=True)
+        files = {"sft": start, **{f"{arm}_s{seed}": r["outcomes"] for arm, seeds in arms.items()
+                                  for seed, r in seeds.items()}}
+        for name, outcomes in files.items():
+            with open(os.path.join(data, f"{name}_outcomes.json"), "w") as f:
+                json.dump(outcomes, f, separators=(",", ":"))
+        with open(os.path.join(data, "table.md"), "w") as f:
+            f.write(title + "\n\n" + "\n".join(table["lines"]) + "\n")
+        print(f"outcomes: {data} ({len(files)} files and table.md)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", default="libero_object")
@@ -203,7 +462,24 @@ def main() -> None:
     p.add_argument("--pro-trials", type=int, default=10, help="held-out init states per LIBERO-PRO suite (from 40)")
     p.add_argument("--out", default=None, help="one task's chain (demos, SFT, runs, plots); default "
                                                 "runs/libero_learning/<suite>_t<task id>")
+    p.add_argument("--arms", nargs="+", default=None, choices=list(ARMS),
+                   help="instead of --reward: the CPU-scale recipe's arms (grpo: configs/srpo_libero_grpo_cpu.yaml, "
+                        "srpo: configs/srpo_libero_cpu.yaml, control: grpo with reward.shuffle=true) per seed up to "
+                        "--env-steps, then the SFT start and each final policy on one --heldout-set, paired")
+    p.add_argument("--env-steps", type=int, default=300_000, help="--arms: env-step budget of every run "
+                                                                 "(train.total_timesteps)")
+    p.add_argument("--heldout-set", type=int, default=100, metavar="N",
+                   help="--arms: held-out states (official trials 40..49 plus drawn ones) of the paired evaluation")
+    p.add_argument("--heldout-seed", type=int, default=0, help="--arms: the seed the held-out states are drawn with")
+    p.add_argument("--data-out", default=None, help="--arms: copy every policy's per-episode outcomes (compact "
+                                                    "JSON) and the table to <data-out>/<suite>_t<task id>/")
+    p.add_argument("--sft-only", action="store_true", help="make (or reuse) the demos and the SFT start, evaluate "
+                                                           "it on the --heldout-set and stop (no RL)")
     args = p.parse_args()
+    for flag, value in (("--env-steps", args.env_steps), ("--heldout-set", args.heldout_set),
+                        ("--demos", args.demos), ("--sft-steps", args.sft_steps)):
+        if value < 1:
+            p.error(f"{flag} {value}: must be >= 1")
     # one folder per RL setting beside the shared demos and SFT start: the defaults keep the first runs' names
     setting = "".join(f"_{k}{v:g}" for k, v, d in (("lr", args.lr, 1e-4), ("p", args.prompts, 1),
                                                    ("t", args.temperature, 1.0)) if v != d)
@@ -214,7 +490,16 @@ def main() -> None:
         sys.exit(f"error: {out}/sft was trained on {trained_on[0]} task {trained_on[1]}, not {args.suite} task "
                  f"{args.task_id}: give this task its own --out")
     py = sys.executable
-
+    sft = os.path.join(out, "sft")
+    settings = {"demos": args.demos, "sft_steps": args.sft_steps, "image_size": args.image_size}
+    made = os.path.join(out, "sft_settings.json")  # what the SFT start was made with (folders from before: absent)
+    if os.path.isdir(sft) and os.path.isfile(made):
+        with open(made) as f:
+            was = json.load(f)
+        differ = [k for k in settings if was.get(k) != settings[k]]
+        if differ:
+            sys.exit(f"error: {out}/sft was made with {', '.join(f'{k} {was.get(k)}' for k in differ)}, not "
+                     f"{', '.join(f'{k} {settings[k]}' for k in differ)}: give this SFT start its own --out")
     demo_dir = os.path.join(out, "demos")
     files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     if not files:
@@ -223,7 +508,6 @@ def main() -> None:
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     env = [f"env.suite={args.suite}", f"env.image_size={args.image_size}", "env.fast_render=true",
            f"env.max_steps={args.max_steps}", "env.pipeline=true", "--no-wandb"]  # pipeline: streamed episodes
-    sft = os.path.join(out, "sft")
     if not os.path.isdir(sft):
         run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
              "env.num_envs=2", f"sft.demo_paths=[{files[0]}]", f"sft.num_demos={args.demos}",
@@ -231,6 +515,10 @@ def main() -> None:
              "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
              f"sft.output_path={sft}", "seed=0", f"log.output_dir={out}/sft_run", f"log.plots_dir={out}/plots"],
             os.path.join(out, "sft.log"))
+        with open(made, "w") as f:
+            json.dump(settings, f)
+    if args.arms or args.sft_only:
+        return run_arms(args, out, sft, env, py)
     results: Dict[str, Dict[int, Dict]] = {}
     finals = {"sft": sft}
     for reward in args.reward:

@@ -73,3 +73,113 @@ def test_an_out_folder_holding_another_tasks_sft_start_is_refused_in_one_line(tm
     assert out.returncode != 0
     assert out.stderr.strip() == (f"error: {tmp_path}/sft was trained on libero_object task 0, not libero_spatial "
                                   f"task 0: give this task its own --out")
+
+
+def outcomes(greedy, sampled=None, sha="set-a"):
+    """A hand-made outcomes file (what evaluate.py --heldout-set writes): one greedy episode per state, and
+    `sampled` as lists of episodes per state; success and interval as common/heldout.py's `outcomes` computes them."""
+    from common import heldout
+
+    episodes = {"greedy": [{"state": i, "sample": 0, "success": bool(x)} for i, x in enumerate(greedy)]}
+    if sampled is not None:
+        episodes["sampled"] = [{"state": i, "sample": j, "success": bool(x)} for i, xs in enumerate(sampled)
+                               for j, x in enumerate(xs)]
+    out = {"format": heldout.OUTCOMES_FORMAT, "heldout_set": {"name": "hand", "sha256": sha, "states": len(greedy)},
+           "episodes": episodes, "success": {}, "interval": {}}
+    for mode in episodes:
+        mean, low, high = heldout.bootstrap_interval(heldout.per_state(out, mode))
+        out["success"][mode], out["interval"][mode] = mean, [low, high]
+    return out
+
+
+def test_arm_lift_per_seed_and_pooled_over_seeds_paired_on_the_states():
+    """4 states, start greedy 0 0 1 1 (0.5). Seed 1 ends 1 0 1 1 (+0.25), seed 2 1 1 1 0 (+0.25), seed 3 0 0 1 1 (0):
+    pooled, each state's end averaged over the seeds (2/3, 1/3, 1, 2/3) minus its start: +2/3, +1/3, 0, -1/3, mean
+    +1/6 = the mean over seeds of end - start; 2 of 3 seeds above 0. Sampled (2 episodes per state): start 0.5 0 1 0.5,
+    every seed 1 0.5 1 0.5: each state's difference 0.5 0.5 0 0, +0.25, and its interval from heldout's bootstrap."""
+    from common import heldout
+
+    ll = load()
+    start = outcomes([0, 0, 1, 1], [[1, 0], [0, 0], [1, 1], [0, 1]])
+    ends = {1: outcomes([1, 0, 1, 1], [[1, 1], [1, 0], [1, 1], [0, 1]]),
+            2: outcomes([1, 1, 1, 0], [[1, 1], [0, 1], [1, 1], [1, 0]]),
+            3: outcomes([0, 0, 1, 1], [[1, 1], [1, 0], [1, 1], [1, 0]])}
+    g = ll.arm_lift(start, ends, "greedy")
+    assert [g["per_seed"][s]["diff"] for s in (1, 2, 3)] == pytest.approx([0.25, 0.25, 0.0])
+    assert g["pooled"]["diff"] == pytest.approx(1 / 6) and g["pooled"]["mean_a"] == 0.5
+    assert g["pooled"]["mean_b"] == pytest.approx(2 / 3) and g["seeds_above_0"] == 2 and g["seeds"] == 3
+    assert g["pooled"] == heldout.paired_bootstrap([0, 0, 1, 1], [2 / 3, 1 / 3, 1, 2 / 3])  # the one bootstrap
+    assert g["pooled"]["low"] < 1 / 6 < g["pooled"]["high"]
+    s = ll.arm_lift(start, ends, "sampled")
+    assert s["pooled"]["diff"] == pytest.approx(0.25) and s["seeds_above_0"] == 3
+    assert s["pooled"] == heldout.paired_bootstrap([0.5, 0, 1, 0.5], [1, 0.5, 1, 0.5])
+    # differences 1 1 0 0: a resample of 4 states is all 0 (or all 1) one time in 16 (> 2.5%): the interval [0, 1];
+    # every state's difference the same: the interval is that difference
+    flat = ll.arm_lift(outcomes([0, 0, 1, 1]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([1, 1, 1, 1])}, "greedy")
+    assert flat["pooled"]["diff"] == 0.5 and flat["pooled"]["low"] == 0.0 and flat["pooled"]["high"] == 1.0
+    same = ll.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1])}, "greedy")
+    assert (same["pooled"]["diff"], same["pooled"]["low"], same["pooled"]["high"]) == (1.0, 1.0, 1.0)
+
+
+def test_arm_difference_is_paired_on_the_states_over_the_seed_means():
+    """SRPO seeds end 1 1 0 0 and 1 0 0 0 (per state 1, 0.5, 0, 0); GRPO seeds 0 1 0 0 and 0 1 0 0 (0, 1, 0, 0):
+    SRPO - GRPO per state +1, -0.5, 0, 0, mean +0.125; ends of another held-out set are refused by pair only."""
+    ll = load()
+    srpo = {1: outcomes([1, 1, 0, 0]), 2: outcomes([1, 0, 0, 0])}
+    grpo = {1: outcomes([0, 1, 0, 0]), 2: outcomes([0, 1, 0, 0])}
+    d = ll.arm_difference(grpo, srpo, "greedy")
+    assert d["diff"] == pytest.approx(0.125) and d["mean_a"] == 0.25 and d["mean_b"] == pytest.approx(0.375)
+    assert d["low"] <= 0.125 <= d["high"] and d["states"] == 4
+
+
+def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
+    """The --arms table on hand data: the SFT header (token accuracy, loss, held-out greedy and sampled with their
+    intervals), a row per arm and seed (start -> end, end - start [interval], practice, env steps, iterations, wall),
+    the pooled row per arm with its seeds above 0, SRPO - GRPO and each arm - control; and the PNG."""
+    ll = load()
+    start = outcomes([0, 0, 1, 1], [[1, 0], [0, 0], [1, 1], [0, 1]])
+    summ = ll.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3]))  # 200 env steps, 2 iterations, 30 s
+    end = {"grpo": ([1, 0, 1, 1], [1, 1, 1, 1]), "srpo": ([1, 1, 1, 1], [1, 1, 1, 1]),
+           "control": ([0, 0, 1, 1], [0, 0, 1, 1])}
+    arms = {arm: {seed: {"outcomes": outcomes(g if seed == 1 else s, [[x, x] for x in (g if seed == 1 else s)]),
+                         "summary": summ} for seed in (1, 2)} for arm, (g, s) in end.items()}
+    t = ll.arms_table(start, arms, {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000})
+    lines = t["lines"]
+    assert lines[0].startswith("SFT start (100 demos, 4000 steps): token accuracy 0.81, 0.64 nats/token; held-out "
+                               "greedy 0.50 [")
+    assert "sampled 0.50 [" in lines[0] and lines[0].endswith("over 4 states (hand)")
+    grpo1 = next(x for x in lines if x.startswith("| grpo | 1 |"))
+    assert grpo1.startswith("| grpo | 1 | 0.50 -> 0.75, +0.25 [") and "| 0.20 -> 0.20 | 200 | 2 | 0 min |" in grpo1
+    pooled = next(x for x in lines if x.startswith("| grpo | **pooled, 2 seeds** |"))
+    # seed 1 ends 0.75, seed 2 1.0: pooled +0.375; both seeds above 0
+    assert "**0.50 -> 0.88, +0.38 [" in pooled and "2 of 2 seeds > 0" in pooled
+    control = next(x for x in lines if x.startswith("| control | **pooled"))
+    assert "**0.50 -> 0.50, +0.00 [+0.00, +0.00]**, 0 of 2 seeds > 0" in control
+    # SRPO ends 1 1 1 1 on both seeds, GRPO's seed mean 1, 0.5, 1, 1: +0.125
+    assert t["differences"]["srpo - grpo"]["greedy"]["diff"] == pytest.approx(0.125)
+    assert any(x.startswith("srpo - grpo at the end") and "greedy +0.12 [" in x for x in lines)
+    assert t["differences"]["grpo - control"]["greedy"]["diff"] == pytest.approx(0.375)
+    assert t["arms"]["grpo"]["lift"]["greedy"]["pooled"]["diff"] == pytest.approx(0.375)
+    png = tmp_path / "arms.png"
+    ll.plot_arms(arms, start, "title", str(png))
+    assert png.stat().st_size > 1000
+
+
+def test_an_sft_start_made_with_other_demos_or_steps_is_refused_in_one_line(tmp_path):
+    """--demos / --sft-steps make a stronger start: a folder whose SFT start was made with others is not reused."""
+    import json
+    import subprocess
+    import sys
+
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "train_config.yaml").write_text("env:\n  suite: libero_spatial\n  task_ids:\n  - 0\n")
+    (sft / "config.json").write_text("{}")
+    (sft / "model.safetensors").write_bytes(b"")
+    (tmp_path / "sft_settings.json").write_text(json.dumps({"demos": 30, "sft_steps": 1500, "image_size": 64}))
+    out = subprocess.run([sys.executable, "benchmarks/libero_learning.py", "--suite", "libero_spatial", "--demos",
+                          "100", "--sft-steps", "5000", "--sft-only", "--out", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0
+    assert out.stderr.strip() == (f"error: {tmp_path}/sft was made with demos 30, sft_steps 1500, not demos 100, "
+                                  f"sft_steps 5000: give this SFT start its own --out")

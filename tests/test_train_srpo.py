@@ -171,6 +171,36 @@ def test_refill_is_deterministic_and_resumes_exactly(tmp_path):
     assert [rows[0].get(k) for k in keys] == [rows[1].get(k) for k in keys]
 
 
+@pytest.mark.slow
+def test_shuffled_scores_resume_exactly_and_the_env_step_budget_stops_the_run(tmp_path):
+    """reward.shuffle: the first iteration's rollouts are the unshuffled run's (the permutations have their own stream),
+    so its success and logged reward mean agree (the permutation itself: the test above); one iteration then --resume to two logs the
+    straight run's second iteration (its generator is saved with the checkpoint). train.total_timesteps=1 stops a
+    10-iteration run after its first iteration, evaluated and saved."""
+    common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
+              "eval.every=0", "reward.encoder.kind=pixels", "rollout.refill=true", "rollout.max_rounds=4",
+              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2",
+              "algorithm.loss_agg_mode=traj-token-mean", "log.checkpoint_every=1"]
+    out = run([*common, "train.iterations=2", "reward.shuffle=true"], tmp_path / "straight")
+    assert "shuffled within groups (control)" in out.stdout
+    run([*common, "train.iterations=1", "reward.shuffle=true"], tmp_path / "resumed")
+    _, run_dir = only_run(tmp_path / "resumed")
+    run([*common, "train.iterations=2", "--resume", run_dir], tmp_path / "resumed")
+    run([*common, "train.iterations=1"], tmp_path / "true")
+    keys = ("sampling/rounds", "rollout/env_steps", "reward/mean", "train/pg_loss", "train/grad_norm")
+    straight, resumed, true = (read_metrics(only_run(tmp_path / name)[1]) for name in ("straight", "resumed", "true"))
+    assert [straight[-1].get(k) for k in keys] == [resumed[-1].get(k) for k in keys] and straight[-1]["iteration"] == 2
+    first = straight[0]
+    assert first["rollout/success_rate"] == true[0]["rollout/success_rate"]
+    assert first["reward/mean"] == true[0]["reward/mean"] and first["rollout/env_steps"] == true[0]["rollout/env_steps"]
+    out = run([*common, "train.iterations=10", "train.total_timesteps=1", "eval.every=5", "eval.trials_per_task=1",
+               "eval.samples_per_trial=0"], tmp_path / "budget")
+    assert "stops at 1 env steps" in out.stdout
+    rows = read_metrics(only_run(tmp_path / "budget")[1])
+    assert [r["iteration"] for r in rows] == [0, 1] and "val/success_rate" in rows[1]  # evaluated at its end
+    assert sorted(os.listdir(os.path.join(only_run(tmp_path / "budget")[1], "checkpoints"))) == ["iter_000001"]
+
+
 def test_group_of_one_is_refused_with_the_reason():
     from common.config import ConfigError, load_config
     from train_srpo import Config, check_config
@@ -240,3 +270,53 @@ def test_lora_with_kl_to_the_adapter_free_reference(tmp_path):
     first, second = read_metrics(run_dir)
     assert 0.0 <= first["train/kl_loss"] < 1e-6 and first["train/grad_norm"] > 0.0
     assert second["train/kl_loss"] > 1e-4
+
+
+def test_reward_shuffle_permutes_scores_within_groups_so_advantages_are_a_permutation_of_the_true_ones():
+    """The control arm (reward.shuffle): group 3 scores [1, 0, 0, 0] (GRPO advantages 1.5, -0.5, -0.5, -0.5: mean 0.25,
+    std 0.5), group 7 [0.2, 1, 1, 0.2] (advantages -+0.866: mean 0.6, std 0.462). After the shuffle each group holds
+    the same scores, so the logged reward mean (0.425) and each group's advantages as a set are unchanged, while
+    which episode gets the success is uniform over the group; the same generator state gives the same permutation
+    (what a resume restores)."""
+    import numpy as np
+    import torch
+
+    from common.advantages import compute_advantage
+    from train_srpo import shuffle_within_groups
+
+    scores = np.array([1.0, 0.0, 0.0, 0.0, 0.2, 1.0, 1.0, 0.2])
+    groups = np.array([3, 3, 3, 3, 7, 7, 7, 7])
+
+    def advantages(x):
+        adv, _ = compute_advantage("grpo", torch.as_tensor(x, dtype=torch.float32), torch.ones(8, 2), groups.tolist())
+        return adv[:, 0].numpy()
+
+    true = advantages(scores)
+    assert true[:4] == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+    assert true[4:] == pytest.approx([-0.866, 0.866, 0.866, -0.866], abs=1e-3)
+    rng = np.random.default_rng([1, 0, 1])
+    where = np.zeros(4)
+    for _ in range(200):
+        state = rng.bit_generator.state
+        shuffled = shuffle_within_groups(scores, groups, rng)
+        again = np.random.default_rng(0)
+        again.bit_generator.state = state  # a resumed run's generator
+        assert (shuffle_within_groups(scores, groups, again) == shuffled).all()
+        assert sorted(shuffled[:4]) == [0, 0, 0, 1] and sorted(shuffled[4:]) == [0.2, 0.2, 1, 1]
+        assert shuffled.mean() == pytest.approx(0.425)
+        assert sorted(advantages(shuffled)) == pytest.approx(sorted(true), abs=1e-6)
+        where += shuffled[:4]
+    assert (scores == [1.0, 0.0, 0.0, 0.0, 0.2, 1.0, 1.0, 0.2]).all()  # the input is not modified
+    assert where.sum() == 200 and where.min() >= 25 and where.max() <= 80  # ~50 each: uniform over the group
+
+
+def test_reward_shuffle_and_env_step_budget_keys_have_defaults_help_and_ranges():
+    from common.config import ConfigError, check_ranges, field_comments, load_config
+    from train_srpo import Config, RewardConfig, TrainConfig
+
+    cfg = load_config(Config, None, [])
+    assert cfg.reward.shuffle is False and cfg.train.total_timesteps is None
+    assert field_comments(RewardConfig)["shuffle"].startswith("control arm")
+    assert "env steps" in field_comments(TrainConfig)["total_timesteps"]
+    with pytest.raises(ConfigError, match="train.total_timesteps"):
+        check_ranges(load_config(Config, None, ["train.total_timesteps=0"]))
