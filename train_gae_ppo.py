@@ -422,10 +422,10 @@ if __name__ == "__main__":
                         loss.backward()  # weight: this micro-batch's share of the mini-batch's policy loss
                         if not weight:
                             continue  # padding: no statistics
-                        # logged: the mini-batch's loss (traj-token-mean: this partial sum x the micro-batches)
-                        # and the executed tokens' mean entropy, comparable across loss_agg_modes
-                        partial = micro.count if alg.loss_agg_mode == "traj-token-mean" else 1
-                        for k, v in (("pg_loss", pg_loss * partial), ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
+                        # logged: the mini-batch's loss (the mean over its micro-batches of loss x weight x their
+                        # count) and the executed tokens' mean entropy, comparable across loss_agg_modes
+                        for k, v in (("pg_loss", pg_loss * weight * micro.count), ("pg_clipfrac", pg_clipfrac),
+                                     ("ppo_kl", ppo_kl),
                                      ("pg_clipfrac_lower", pg_clipfrac_lower)):
                             stats[k].append(v.detach())  # read once after the update: no host sync here
                         if entropy is not None:

@@ -356,6 +356,10 @@ if __name__ == "__main__":
                                       mask=response_mask.view(len(batch), T, A).float())
                 metrics["train/advantage_abs_mean"] = float(masked_mean(steps.tensor("advantages").abs(),
                                                                         steps.tensor("mask")))
+                # the signed token mean: what token-mean's update pushes on net (< 0: executed tokens pushed down
+                # more than up, which spreads the policy; traj-token-mean weighs each episode's mean alike instead)
+                metrics["train/advantage_token_mean"] = float(masked_mean(steps.tensor("advantages"),
+                                                                          steps.tensor("mask")))
 
                 # 5. old log-probs: the rollout's (same weights), or a recompute with train.recompute_old_log_prob;
                 #    with one epoch of one mini-batch the update's own forward, detached (verl's on-policy case).
@@ -414,9 +418,9 @@ if __name__ == "__main__":
                             (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's loss
                             if not weight:
                                 continue  # padding: no statistics
-                            # logged: the mini-batch's loss (traj-token-mean: this partial sum x the micro-batches)
-                            # and the executed tokens' mean entropy, comparable across loss_agg_modes
-                            for k, v in (("pg_loss", pg_loss * (micro.count if agg == "traj-token-mean" else 1)),
+                            # logged: the mini-batch's loss (the mean over its micro-batches of loss x weight x
+                            # their count) and the executed tokens' mean entropy, comparable across loss_agg_modes
+                            for k, v in (("pg_loss", pg_loss * weight * micro.count),
                                          ("pg_clipfrac", pg_clipfrac), ("ppo_kl", ppo_kl),
                                          ("pg_clipfrac_lower", pg_clipfrac_lower),
                                          ("entropy", masked_mean(entropy.detach(), executed))):

@@ -136,7 +136,8 @@ def test_logged_entropy_and_loss_mean_the_same_under_every_loss_agg_mode(tmp_pat
     """One mini-batch of all 16 episodes (one optimizer step, on-policy: ratio 1, so pg_loss = -agg(advantages)) in
     micro-batches of 3 steps: train/entropy is the executed tokens' mean entropy, the same forwards under token-mean
     and traj-token-mean; under traj-token-mean pg_loss = -(mean over episodes of each one's constant advantage) = 0,
-    since GRPO's advantages sum to 0 over each group's episodes (under token-mean, long failures weigh more: != 0)."""
+    since GRPO's advantages sum to 0 over each group's episodes; under token-mean it is minus the executed tokens'
+    mean advantage, != 0 (long failures weigh more)."""
     common = ["--task-id", "0", "train.iterations=1", "eval.every=0", "algorithm.filter_accuracy=false",
               "reward.encoder.kind=pixels", "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=16",
               "train.ppo_micro_batch_size=3", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
@@ -150,6 +151,8 @@ def test_logged_entropy_and_loss_mean_the_same_under_every_loss_agg_mode(tmp_pat
     assert token["reward/mean"] == traj["reward/mean"] and token["train/advantage_abs_mean"] > 0.1
     assert traj["train/entropy"] == pytest.approx(token["train/entropy"], rel=1e-6) and token["train/entropy"] > 0.01
     assert abs(traj["train/pg_loss"]) < 1e-6 < abs(token["train/pg_loss"])
+    # token-mean's on-policy loss is minus the executed tokens' mean advantage (the logged signed mean)
+    assert token["train/pg_loss"] == pytest.approx(-token["train/advantage_token_mean"], rel=1e-5)
 
 
 @pytest.mark.slow
