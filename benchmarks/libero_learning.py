@@ -437,6 +437,9 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
         with open(os.path.join(data, "table.md"), "w") as f:
             f.write(title + "\n\n" + "\n".join(table["lines"]) + "\n")
         print(f"outcomes: {data} ({len(files)} files and table.md)")
+    if args.pro:  # LIBERO-PRO: the SFT start and every final policy, greedy on the task's held-out init states
+        robustness(py, {"sft": sft, **{f"{arm}_s{seed}": r["run_dir"] for arm, seeds in arms.items()
+                                       for seed, r in seeds.items()}}, args, out)
 
 
 def main() -> None:

@@ -183,3 +183,26 @@ def test_an_sft_start_made_with_other_demos_or_steps_is_refused_in_one_line(tmp_
     assert out.returncode != 0
     assert out.stderr.strip() == (f"error: {tmp_path}/sft was made with demos 30, sft_steps 1500, not demos 100, "
                                   f"sft_steps 5000: give this SFT start its own --out")
+
+
+def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(tmp_path, monkeypatch):
+    """--arms ... --pro: LIBERO-PRO (robustness) gets the SFT start and each arm x seed's final run, by name; the runs,
+    evaluations and table are stubbed (what they compute is tested above)."""
+    from types import SimpleNamespace
+
+    m = load()
+    sent = {}
+    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"outcomes": []})
+    monkeypatch.setattr(m, "budget_reached", lambda runs, budget: runs + "/run")
+    monkeypatch.setattr(m, "rows_of", lambda run_dir: [])
+    monkeypatch.setattr(m, "summary", lambda rows: {})
+    monkeypatch.setattr(m, "sft_header", lambda out: {})
+    monkeypatch.setattr(m, "arms_table", lambda start, arms, header: {"lines": []})
+    monkeypatch.setattr(m, "plot_arms", lambda *a: None)
+    monkeypatch.setattr(m, "robustness", lambda py, policies, args, out: sent.update(policies))
+    args = SimpleNamespace(heldout_set=100, heldout_seed=0, demos=100, sft_steps=5000, sft_only=False,
+                           arms=["grpo", "control"], seeds=[1, 2], env_steps=1000, task_id=0, suite="libero_spatial",
+                           data_out=None, pro=True)
+    m.run_arms(args, str(tmp_path), "SFT", [], "python")
+    assert sent == {"sft": "SFT", "grpo_s1": f"{tmp_path}/cpu_grpo_s1/run", "grpo_s2": f"{tmp_path}/cpu_grpo_s2/run",
+                    "control_s1": f"{tmp_path}/cpu_control_s1/run", "control_s2": f"{tmp_path}/cpu_control_s2/run"}
