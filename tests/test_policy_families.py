@@ -46,7 +46,33 @@ class ToyConfig:
     lora_dropout: float = 0.0
 
 
-class ToyPolicy(nn.Module, PolicyFamily):
+class ToyFolder:
+    """A toy policy's folder (state dict, config, action stats) and its lack of LoRA: shared by both toy families."""
+
+    def reference(self):
+        raise ValueError("the toy family has no LoRA")
+
+    def set_lora_rank(self, lora_rank):
+        if lora_rank:
+            raise ValueError("the toy family has no LoRA")
+
+    def save(self, path):
+        os.makedirs(path, exist_ok=True)
+        torch.save(self.state_dict(), os.path.join(path, "model.pt"))
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(dataclasses.asdict(self.cfg), f)
+        open(os.path.join(path, "model.safetensors"), "w").close()  # what a policy folder is recognised by
+        self.action_tokenizer.save(os.path.join(path, "action_stats.json"))
+
+    @classmethod
+    def load(cls, path, lora_rank=None, device="cpu"):
+        with open(os.path.join(path, "config.json")) as f:
+            policy = cls(cls.config_class(**json.load(f)), ActionTokenizer.load(path))
+        policy.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
+        return policy.to(device)
+
+
+class ToyPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyConfig
     kind = "token"
 
@@ -98,28 +124,6 @@ class ToyPolicy(nn.Module, PolicyFamily):
         logp, _ = self.log_prob(obs, instructions, tokens)
         return -logp.mean(), {"sft/loss": float(-logp.mean())}
 
-    def reference(self):
-        raise ValueError("the toy family has no LoRA")
-
-    def set_lora_rank(self, lora_rank):
-        if lora_rank:
-            raise ValueError("the toy family has no LoRA")
-
-    def save(self, path):
-        os.makedirs(path, exist_ok=True)
-        torch.save(self.state_dict(), os.path.join(path, "model.pt"))
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(self.cfg), f)
-        open(os.path.join(path, "model.safetensors"), "w").close()  # what a policy folder is recognised by
-        self.action_tokenizer.save(os.path.join(path, "action_stats.json"))
-
-    @classmethod
-    def load(cls, path, lora_rank=None, device="cpu"):
-        with open(os.path.join(path, "config.json")) as f:
-            policy = cls(ToyConfig(**json.load(f)), ActionTokenizer.load(path))
-        policy.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
-        return policy.to(device)
-
     @classmethod
     def memory_model(cls, policy_cfg, folder):
         """The memory plan's view: the policy on the meta device, one MLP-like stack (3 colour inputs -> the slots'
@@ -137,10 +141,7 @@ TOY_FLOW_MODULE = '''
 `num_steps` Euler steps of the velocity v(x | obs) = x - mu(obs) (mu: a linear function of the agent view's mean
 colour); with noise level s > 0 one random step is an SDE step, Gaussian around the Euler step with std s / sqrt(N).
 Enough of the flow-family interface for SFT (flow matching), GAE-PPO (that step's log-density) and evaluation."""
-import dataclasses
-import json
 import math
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,6 +150,7 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM, ActionTokenizer
 from models.policy import PolicyFamily
+from toy_family import ToyFolder  # the other toy module: its folder format
 
 
 @dataclass
@@ -165,7 +167,7 @@ class ToyFlowConfig:
     lora_dropout: float = 0.0
 
 
-class ToyFlowPolicy(nn.Module, PolicyFamily):
+class ToyFlowPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyFlowConfig
     kind = "flow"
 
@@ -234,28 +236,6 @@ class ToyFlowPolicy(nn.Module, PolicyFamily):
         eps, t = torch.randn_like(a), torch.rand(len(a), 1, 1, device=self.device)
         loss = ((self.velocity((1 - t) * a + t * eps, self.hidden(obs)) - (eps - a)) ** 2).mean()
         return loss, {"sft/flow_mse": float(loss)}
-
-    def reference(self):
-        raise ValueError("the toy family has no LoRA")
-
-    def set_lora_rank(self, lora_rank):
-        if lora_rank:
-            raise ValueError("the toy family has no LoRA")
-
-    def save(self, path):
-        os.makedirs(path, exist_ok=True)
-        torch.save(self.state_dict(), os.path.join(path, "model.pt"))
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump(dataclasses.asdict(self.cfg), f)
-        open(os.path.join(path, "model.safetensors"), "w").close()  # what a policy folder is recognised by
-        self.action_tokenizer.save(os.path.join(path, "action_stats.json"))
-
-    @classmethod
-    def load(cls, path, lora_rank=None, device="cpu"):
-        with open(os.path.join(path, "config.json")) as f:
-            policy = cls(ToyFlowConfig(**json.load(f)), ActionTokenizer.load(path))
-        policy.load_state_dict(torch.load(os.path.join(path, "model.pt"), map_location=device))
-        return policy.to(device)
 
     @classmethod
     def memory_model(cls, policy_cfg, folder):
