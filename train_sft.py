@@ -60,6 +60,9 @@ class SFTConfig:
     eval_every: int = ranged(0, "[0, inf)")  # steps between evaluations (and checkpoints); 0 = once
                                              # at the end, so the exported policy is the last one (> 0
                                              # exports the best, picked on the trials RL evaluates on)
+    checkpoint_every: int = ranged(0, "[0, inf)")  # steps between checkpoints (resume points); 0 = at each
+                                                   # evaluation only. A long SFT with sft.eval_every=0 sets it:
+                                                   # a crash or kill then loses at most this many steps
     eval_trials: int = ranged(20, "[1, 10000]")  # trials per task for evaluation
     eval_trial_start: Optional[int] = ranged(None, "[0, inf)")  # first evaluation trial id; None = the
                                                                 # suite's last `eval_trials` trials
@@ -96,6 +99,12 @@ def check_config(cfg: Config) -> None:
     if sft.eval_every % sft.log_every:
         raise ConfigError(f"sft.eval_every={sft.eval_every}: evaluations happen at the end of a logged block of "
                           f"sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
+    if sft.checkpoint_every % sft.log_every:
+        raise ConfigError(f"sft.checkpoint_every={sft.checkpoint_every}: checkpoints are written at the end of a "
+                          f"logged block of sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
+    if sft.checkpoint_every and sft.eval_every % sft.checkpoint_every:
+        raise ConfigError(f"sft.checkpoint_every={sft.checkpoint_every}: every evaluation (sft.eval_every="
+                          f"{sft.eval_every}) needs a checkpoint: make sft.eval_every a multiple of it")
     if sft.num_demos < 1 and not sft.demo_paths:
         raise ConfigError(f"sft.num_demos={sft.num_demos}: needs at least 1 expert demo per task")
     if cfg.policy.type not in FAMILIES and not cfg.policy.init_path:
@@ -242,11 +251,14 @@ def export_policy(best: str, cfg: Config, run_dir: str) -> None:
 
 
 def schedule(cfg: Config, eval_trials: List[int]) -> Schedule:
-    """The run's Schedule: an iteration is a block of sft.log_every steps (one metrics row and console line); the
-    evaluation and checkpoint every sft.eval_every steps, and after the last (which is also the only one with
-    sft.eval_every=0)."""
+    """The run's Schedule: an iteration is a block of sft.log_every steps (one metrics row and console line); a
+    checkpoint every sft.checkpoint_every steps (0: at each evaluation) and after the last. The evaluations (every
+    sft.eval_every steps, and after the last: the only one with sft.eval_every=0) fall on checkpoints (check_config),
+    so each one's policy can become best/ and last/ (main's loop evaluates; the Schedule's eval_every stays 0)."""
     iterations = math.ceil(cfg.sft.steps / cfg.sft.log_every)
     every = cfg.sft.eval_every // cfg.sft.log_every if cfg.sft.eval_every > 0 else iterations
+    if cfg.sft.checkpoint_every > 0:
+        every = cfg.sft.checkpoint_every // cfg.sft.log_every
     return Schedule(iterations, eval_every=0, checkpoint_every=every, eval_trials=eval_trials, eval_at_start=False,
                     steps_per_iteration=cfg.sft.log_every, total_steps=cfg.sft.steps)
 
@@ -343,7 +355,8 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
             steps_done = s.steps(iteration + 1)
             metrics["charts/step"] = steps_done
             metrics["charts/samples_per_s"] = len(window["train/lr"]) * b / (time.perf_counter() - t0)
-            evaluating = (iteration + 1) % s.checkpoint_every == 0 or iteration + 1 == s.iterations
+            evaluating = iteration + 1 == s.iterations or (cfg.sft.eval_every > 0 and
+                                                            steps_done % cfg.sft.eval_every == 0)
             if evaluating:  # greedy success on the held-out trials: picks the best policy (ties: the later one)
                 metrics.update(run.evaluate(iteration + 1))
                 improved = metrics["val/success_rate"] >= run.state["best"]["success"]

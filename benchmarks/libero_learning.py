@@ -9,8 +9,9 @@ The chain a researcher would run with LIBERO's released demos and a pretrained V
 4. (--pro) LIBERO-PRO: the SFT start and each run's final policy greedy on the task's held-out init states in the
    base suite and each perturbed variant (`evaluate.py --suites robustness`): does RL change robustness?
 Each step is skipped when its output is already there (demos file, SFT folder, a finished RL run, a robustness
-folder), and an RL run that stopped early continues from its newest checkpoint (`train_srpo.py --resume`; one is saved
-every iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At
+folder), an SFT that stopped continues from its newest checkpoint (`train_sft.py --resume`; one every 250 steps), and
+an RL run that stopped early continues from its newest checkpoint (`train_srpo.py --resume`; one is saved every
+iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At
 the end a table per arm and seed and its mean over seeds: held-out greedy / sampled success at the start, the best and
 the mean of the last three evaluations, practice success over the first and last three iterations, env steps and wall
 time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task>_<arms><setting>.png).
@@ -511,10 +512,22 @@ def main() -> None:
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     env = [f"env.suite={args.suite}", f"env.image_size={args.image_size}", "env.fast_render=true",
            f"env.max_steps={args.max_steps}", "env.pipeline=true", "--no-wandb"]  # pipeline: streamed episodes
-    if not os.path.isdir(sft):
+    stopped_sft = None if os.path.isdir(sft) else resumable(os.path.join(out, "sft_run"))
+    if stopped_sft:  # an SFT that was stopped (it checkpoints every 250 steps): continue it if it is this start's
+        from omegaconf import OmegaConf
+
+        was = OmegaConf.load(os.path.join(stopped_sft, "config.yaml")).sft
+        if (was.steps, was.num_demos) != (args.sft_steps, args.demos):
+            sys.exit(f"error: the stopped SFT in {stopped_sft} trains {was.steps} steps on {was.num_demos} demos, not "
+                     f"{args.sft_steps} on {args.demos}: give this SFT start its own --out")
+        run([py, "train_sft.py", "--resume", stopped_sft], os.path.join(out, "sft_resumed.log"))
+        with open(made, "w") as f:
+            json.dump(settings, f)
+    elif not os.path.isdir(sft):
         run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
              "env.num_envs=2", f"sft.demo_paths=[{files[0]}]", f"sft.num_demos={args.demos}",
-             f"sft.steps={args.sft_steps}", "sft.eval_every=0", "sft.eval_trials=1", "sft.log_every=50",
+             f"sft.steps={args.sft_steps}", "sft.eval_every=0", "sft.checkpoint_every=250", "sft.eval_trials=1",
+             "sft.log_every=50",
              "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
              f"sft.output_path={sft}", "seed=0", f"log.output_dir={out}/sft_run", f"log.plots_dir={out}/plots"],
             os.path.join(out, "sft.log"))

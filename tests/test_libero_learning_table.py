@@ -206,3 +206,30 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     m.run_arms(args, str(tmp_path), "SFT", [], "python")
     assert sent == {"sft": "SFT", "grpo_s1": f"{tmp_path}/cpu_grpo_s1/run", "grpo_s2": f"{tmp_path}/cpu_grpo_s2/run",
                     "control_s1": f"{tmp_path}/cpu_control_s1/run", "control_s2": f"{tmp_path}/cpu_control_s2/run"}
+
+
+def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused(tmp_path, monkeypatch):
+    """An SFT start cut short (its run folder in <out>/sft_run holds a checkpoint, no <out>/sft yet) continues with
+    `train_sft.py --resume`; one whose saved config trains other steps or demos is refused in one line."""
+    import sys
+
+    m = load()
+    (tmp_path / "demos" / "libero_spatial").mkdir(parents=True)
+    (tmp_path / "demos" / "libero_spatial" / "x_demo.hdf5").write_bytes(b"")
+    stopped = tmp_path / "sft_run" / "train_sft__libero_spatial__t0__s0"
+    stopped.mkdir(parents=True)
+    (stopped / "config.yaml").write_text("sft:\n  steps: 5000\n  num_demos: 100\n")
+    calls = []
+    monkeypatch.setattr(m, "resumable", lambda runs: str(stopped) if runs == str(tmp_path / "sft_run") else None)
+    monkeypatch.setattr(m, "run", lambda cmd, log: calls.append(cmd))
+    monkeypatch.setattr(m, "run_arms", lambda *a: None)
+    argv = ["libero_learning.py", "--suite", "libero_spatial", "--demos", "100", "--sft-only", "--out", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv + ["--sft-steps", "5000"])
+    m.main()
+    assert calls == [[sys.executable, "train_sft.py", "--resume", str(stopped)]]
+    (tmp_path / "sft_settings.json").unlink()
+    monkeypatch.setattr(sys, "argv", argv + ["--sft-steps", "3000"])
+    with pytest.raises(SystemExit) as e:
+        m.main()
+    assert str(e.value) == (f"error: the stopped SFT in {stopped} trains 5000 steps on 100 demos, not 3000 on 100: "
+                            f"give this SFT start its own --out")

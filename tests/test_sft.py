@@ -70,6 +70,20 @@ def test_outputs_and_resume(tmp_path):
     assert [r["charts/step"] for r in rows] == [2, 4, 6]
 
 
+def test_checkpoint_every_saves_between_evaluations(tmp_path):
+    """sft.checkpoint_every=4 with sft.log_every=2, 8 steps and one evaluation at the end: checkpoints at steps 4 and
+    8 (blocks 2 and 4) and the evaluation only in the last row; the export is the last block's policy."""
+    summary, run_dir = run(tmp_path, *TINY, "sft.num_demos=2", "sft.steps=8", "sft.eval_every=0",
+                           "sft.checkpoint_every=4", "sft.eval_trials=2", "env.max_steps=8", "log.keep_checkpoints=5")
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000002", "iter_000004"]
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+    assert [r["charts/step"] for r in rows] == [2, 4, 6, 8]
+    assert ["val/success_rate" in r for r in rows] == [False, False, False, True] and summary["best_step"] == 8
+    last = load_file(os.path.join(run_dir, "checkpoints", "iter_000004", "policy", "model.safetensors"))
+    exported = load_file(os.path.join(tmp_path, "exported", "model.safetensors"))
+    assert all(torch.equal(exported[k], v) for k, v in last.items())
+
+
 def greedy_success(policy, trials):
     """Greedy rollouts of task 0 on `trials` -> success (N,) bool."""
     vec = envs.make_vector_env(EnvConfig(num_envs=len(trials)), len(trials))
@@ -144,10 +158,14 @@ def test_random_shift_is_an_edge_padded_crop():
     ("sft.batch_size=0", "sft.batch_size=0: must be in [1, 65536]"),
     ("sft.steps=0", "sft.steps=0: must be in [1, inf) (0 steps would export the untrained policy"),
     ("sft.eval_every=15", "sft.eval_every=15: evaluations happen at the end of a logged block of sft.log_every=10"),
+    ("sft.checkpoint_every=15", "sft.checkpoint_every=15: checkpoints are written at the end of a logged block of "
+                                "sft.log_every=10"),
+    ("sft.eval_every=30 sft.checkpoint_every=20", "every evaluation (sft.eval_every=30) needs a checkpoint: make "
+                                                  "sft.eval_every a multiple of it"),
 ])
 def test_bad_values_stop_with_one_line(tmp_path, override, message):
     with pytest.raises(SystemExit) as e:
-        train_sft.main([override, "--no-wandb", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"])
+        train_sft.main([*override.split(), "--no-wandb", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"])
     assert str(e.value).startswith("error: ") and "\n" not in str(e.value) and message in str(e.value), str(e.value)
     assert not os.path.exists(tmp_path / "runs")  # refused before any folder was made
 
