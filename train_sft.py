@@ -99,6 +99,9 @@ def check_config(cfg: Config) -> None:
     if sft.eval_every % sft.log_every:
         raise ConfigError(f"sft.eval_every={sft.eval_every}: evaluations happen at the end of a logged block of "
                           f"sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")
+    if cfg.log.checkpoint_every != LogConfig.checkpoint_every:  # the shared log section's key, RL iterations
+        raise ConfigError(f"log.checkpoint_every={cfg.log.checkpoint_every}: train_sft.py does not use it (it counts "
+                          f"an RL script's iterations): set sft.checkpoint_every=<steps> instead")
     if sft.checkpoint_every % sft.log_every:
         raise ConfigError(f"sft.checkpoint_every={sft.checkpoint_every}: checkpoints are written at the end of a "
                           f"logged block of sft.log_every={sft.log_every} steps: make it a multiple of {sft.log_every}")

@@ -158,6 +158,8 @@ def test_random_shift_is_an_edge_padded_crop():
     ("sft.batch_size=0", "sft.batch_size=0: must be in [1, 65536]"),
     ("sft.steps=0", "sft.steps=0: must be in [1, inf) (0 steps would export the untrained policy"),
     ("sft.eval_every=15", "sft.eval_every=15: evaluations happen at the end of a logged block of sft.log_every=10"),
+    ("log.checkpoint_every=100", "log.checkpoint_every=100: train_sft.py does not use it (it counts an RL script's "
+                                 "iterations): set sft.checkpoint_every=<steps> instead"),
     ("sft.checkpoint_every=15", "sft.checkpoint_every=15: checkpoints are written at the end of a logged block of "
                                 "sft.log_every=10"),
     ("sft.eval_every=30 sft.checkpoint_every=20", "every evaluation (sft.eval_every=30) needs a checkpoint: make "
@@ -165,7 +167,8 @@ def test_random_shift_is_an_edge_padded_crop():
 ])
 def test_bad_values_stop_with_one_line(tmp_path, override, message):
     with pytest.raises(SystemExit) as e:
-        train_sft.main([*override.split(), "--no-wandb", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"])
+        train_sft.main([*override.split(), "--no-wandb", f"log.output_dir={tmp_path}/runs",
+                        f"log.plots_dir={tmp_path}/plots"])
     assert str(e.value).startswith("error: ") and "\n" not in str(e.value) and message in str(e.value), str(e.value)
     assert not os.path.exists(tmp_path / "runs")  # refused before any folder was made
 
