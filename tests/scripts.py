@@ -11,6 +11,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 
 
+def load_benchmark(name: str):
+    """benchmarks/<name>.py as a module (the folder is not a package), for tests of its tables and helpers."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmarks", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_script(script: str, args: Sequence[str], outputs=None, check: bool = True, cwd: str = ROOT,
                launcher: Sequence[str] = (sys.executable,), extra_env: Optional[Dict[str, str]] = None,
                timeout: int = 900) -> subprocess.CompletedProcess:

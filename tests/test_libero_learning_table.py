@@ -1,19 +1,12 @@
 """benchmarks/libero_learning.py's table: start / best / mean of the last three evaluations, env steps and wall time,
 from hand-made metrics rows (what train_srpo.py writes), and its PNG."""
-import importlib.util
-import os
-
 import pytest
 
-from tests.scripts import ROOT
+from tests.scripts import ROOT, load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("libero_learning", os.path.join(ROOT, "benchmarks",
-                                                                                  "libero_learning.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("libero_learning")
 
 
 def rows(greedy, sampled, practice):

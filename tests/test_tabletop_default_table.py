@@ -1,19 +1,12 @@
 """benchmarks/tabletop_default.py's row of a run (from hand-made metrics rows, as train_srpo.py writes them) and the
 held-out check's false-alarm rate (against its closed form)."""
-import importlib.util
-import os
-
 import pytest
 
-from tests.scripts import ROOT
+from tests.scripts import load_benchmark
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("tabletop_default", os.path.join(ROOT, "benchmarks",
-                                                                                   "tabletop_default.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("tabletop_default")
 
 
 def test_a_runs_row_windows_best_last_three_and_both_checks():
