@@ -512,7 +512,8 @@ def main() -> None:
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     env = [f"env.suite={args.suite}", f"env.image_size={args.image_size}", "env.fast_render=true",
            f"env.max_steps={args.max_steps}", "env.pipeline=true", "--no-wandb"]  # pipeline: streamed episodes
-    stopped_sft = None if os.path.isdir(sft) else resumable(os.path.join(out, "sft_run"))
+    making_sft = not os.path.isdir(sft)
+    stopped_sft = resumable(os.path.join(out, "sft_run")) if making_sft else None
     if stopped_sft:  # an SFT that was stopped (it checkpoints every 250 steps): continue it if it is this start's
         from omegaconf import OmegaConf
 
@@ -521,9 +522,7 @@ def main() -> None:
             sys.exit(f"error: the stopped SFT in {stopped_sft} trains {was.steps} steps on {was.num_demos} demos, not "
                      f"{args.sft_steps} on {args.demos}: give this SFT start its own --out")
         run([py, "train_sft.py", "--resume", stopped_sft], os.path.join(out, "sft_resumed.log"))
-        with open(made, "w") as f:
-            json.dump(settings, f)
-    elif not os.path.isdir(sft):
+    elif making_sft:
         run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
              "env.num_envs=2", f"sft.demo_paths=[{files[0]}]", f"sft.num_demos={args.demos}",
              f"sft.steps={args.sft_steps}", "sft.eval_every=0", "sft.checkpoint_every=250", "sft.eval_trials=1",
@@ -531,6 +530,7 @@ def main() -> None:
              "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
              f"sft.output_path={sft}", "seed=0", f"log.output_dir={out}/sft_run", f"log.plots_dir={out}/plots"],
             os.path.join(out, "sft.log"))
+    if making_sft:
         with open(made, "w") as f:
             json.dump(settings, f)
     if args.arms or args.sft_only:
