@@ -10,11 +10,13 @@ Results: docs/results.md#does-the-embedded-default-hold-what-it-learns.
     python benchmarks/tabletop_default.py --tasks 5 --set algorithm.loss_agg_mode=token-mean --out runs/td_token_mean
 
 Runs go to <out>/t<task>_s<seed> (one thread each, `--jobs` at a time); a finished run (its done.json) is read
-again instead of rerun, an unfinished one is started again. `--set` passes overrides to every run (a variant).
+again instead of rerun, an unfinished one continues from its newest checkpoint (one without a checkpoint starts
+again), and a run another job still holds is refused in one line. `--set` passes overrides to every run (a variant).
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
@@ -28,6 +30,7 @@ from typing import Dict, List, Sequence
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 WINDOW = 10  # iterations at each end for practice success and entropy
 
 
@@ -72,22 +75,48 @@ def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, se
     return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
 
 
+def stopped_or_restart(folder: str, task: int, seed: int):
+    """An unfinished run in `folder`: the SRPO run to continue (the newest, when it has a complete checkpoint), else
+    None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock: a live
+    run is never deleted or run twice."""
+    from common.checkpoint import latest_checkpoint
+    from common.run_folder import lock_run_dir
+    from envs.suites import ConfigError
+
+    runs = sorted(glob.glob(os.path.join(folder, "runs", "srpo__*")))
+    for run_dir in runs:
+        try:
+            lock_run_dir(run_dir, f"task {task} seed {seed}").release()
+        except ConfigError as e:
+            raise SystemExit(f"error: {e}") from None
+    keep = runs[-1] if runs and latest_checkpoint(runs[-1]) is not None else None
+    for run_dir in runs:
+        if run_dir != keep:  # older or checkpoint-less runs: read_rows reads the one run left
+            shutil.rmtree(run_dir)
+    return keep
+
+
 def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
     folder = os.path.join(out, f"t{task}_s{seed}")
     done = os.path.join(folder, "done.json")
     if not os.path.exists(done):
-        shutil.rmtree(folder, ignore_errors=True)  # an unfinished run: start it again
-        os.makedirs(folder)
+        os.makedirs(folder, exist_ok=True)
+        stopped = stopped_or_restart(folder, task, seed)
         t0 = time.time()
-        cmd = [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", str(task), "--seed", str(seed),
-               "--no-wandb", f"log.output_dir={folder}/runs", f"log.plots_dir={folder}/plots", *overrides]
-        with open(os.path.join(folder, "log.txt"), "w") as log:
+        cmd = ([sys.executable, os.path.join(ROOT, "train_srpo.py"), "--resume", stopped, "--no-wandb"] if stopped else
+               [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", str(task), "--seed", str(seed),
+                "--no-wandb", f"log.output_dir={folder}/runs", f"log.plots_dir={folder}/plots", *overrides])
+        with open(os.path.join(folder, "log.txt"), "a") as log:
+            log.write(" ".join(cmd) + "\n")
+            log.flush()
             rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
                                  env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
         if rc != 0:
-            raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt")
+            raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt"
+                             + ("; run this again to continue it" if rc == 130 else ""))
         with open(done, "w") as f:
-            json.dump({"minutes": (time.time() - t0) / 60, "overrides": list(overrides)}, f)
+            json.dump({"minutes": (time.time() - t0) / 60, "overrides": list(overrides),
+                       "resumed": bool(stopped)}, f)
     with open(done) as f:
         minutes = json.load(f)["minutes"]
     m = dict(measures(read_rows(folder)), minutes=minutes)

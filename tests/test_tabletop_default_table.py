@@ -37,3 +37,36 @@ def test_false_alarm_against_its_closed_form():
     assert m.false_alarm(0.5, 3, 1) == pytest.approx(0.75, abs=0.01)
     assert m.false_alarm(0.8, 3, 1) == pytest.approx(1 - 0.8 ** 3 - 0.2 ** 3, abs=0.01)
     assert m.false_alarm(1.0, 13, 20) == 0.0
+
+
+def test_an_unfinished_run_continues_from_its_checkpoint_and_a_live_one_is_refused(tmp_path, monkeypatch):
+    """`one()` used to delete an unfinished folder and start again, even under a run that was still going. Now: the
+    newest SRPO run continues when it has a checkpoint (older and checkpoint-less runs are removed), and a run whose
+    lock another job holds stops the benchmark in one line, deleting nothing."""
+    import common.checkpoint
+    from common.run_folder import lock_run_dir
+
+    m = load()
+    runs = tmp_path / "t3_s7" / "runs"
+    old, new = runs / "srpo__tabletop__t3__s7__20261129-010000", runs / "srpo__tabletop__t3__s7__20261129-020000"
+    sft = runs / "train_sft__tabletop__t3__s0__20261129-010001"
+    for d in (old, new, sft):
+        d.mkdir(parents=True)
+    with_checkpoint = {str(new)}
+    monkeypatch.setattr(common.checkpoint, "latest_checkpoint",
+                        lambda run_dir, **_: run_dir + "/checkpoints/iter_000025" if run_dir in with_checkpoint else None)
+
+    live = lock_run_dir(str(new), "a run")  # held through another open file: as another job would hold it
+    try:
+        with pytest.raises(SystemExit, match=r"^error: task 3 seed 7: .*is in use by pid \d+"):
+            m.stopped_or_restart(str(tmp_path / "t3_s7"), 3, 7)
+    finally:
+        live.release()
+    assert old.is_dir() and new.is_dir()
+
+    assert m.stopped_or_restart(str(tmp_path / "t3_s7"), 3, 7) == str(new)
+    assert not old.exists() and new.is_dir() and sft.is_dir()
+
+    with_checkpoint.clear()
+    assert m.stopped_or_restart(str(tmp_path / "t3_s7"), 3, 7) is None
+    assert not new.exists() and sft.is_dir()
