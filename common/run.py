@@ -76,6 +76,17 @@ class EvalSettings:
     flow_noise_level: float = 0.0  # flow policies: the sampled episodes' noise level
 
 
+def eta_seconds(elapsed: float, iterations_done: int, iterations_left: int, steps_done: float = 0,
+                steps_left: Optional[float] = None) -> float:
+    """Time left at this run's pace: by iterations, or by env steps when an env-step budget is set and comes sooner
+    (train.total_timesteps with train.iterations as a cap: 'ETA 28h' at iteration 25 of 1000 when the budget ends it
+    in 50)."""
+    eta = elapsed / iterations_done * max(0, iterations_left)
+    if steps_left is not None and steps_done > 0:
+        eta = min(eta, elapsed / steps_done * max(0.0, steps_left))
+    return eta
+
+
 @dataclass
 class Schedule:
     """When a run evaluates and saves, counted in iterations (the unit of the loop, the metrics rows and the
@@ -90,6 +101,7 @@ class Schedule:
     eval_at_start: bool = True  # row 0: the starting policy evaluated before the first iteration
     steps_per_iteration: int = 1  # > 1: an iteration is that many steps (train_sft.py); messages count steps
     total_steps: Optional[int] = None  # the steps of the whole run (the last iteration may be shorter)
+    env_step_budget: Optional[int] = None  # train.total_timesteps: the run also stops there (the ETA takes the sooner)
 
     @classmethod
     def for_rl(cls, cfg: Any) -> "Schedule":
@@ -99,7 +111,8 @@ class Schedule:
 
         trials = eval_trials(envs.num_trials(cfg.env), cfg.eval.trials_per_task, cfg.eval.trial_start,
                              cfg.rollout.train_trials)
-        return cls(cfg.train.iterations, cfg.eval.every, cfg.log.checkpoint_every, trials, cfg.eval.samples_per_trial)
+        return cls(cfg.train.iterations, cfg.eval.every, cfg.log.checkpoint_every, trials, cfg.eval.samples_per_trial,
+                   env_step_budget=getattr(cfg.train, "total_timesteps", None))
 
     def steps(self, done: int) -> int:
         """Steps done after `done` iterations."""
@@ -295,7 +308,8 @@ class Run:
                 print(format_line(0, metrics, ["val/success_rate", "val/sampled_success_rate", "time/eval"],
                                   total=s.iterations), flush=True)
         if self._t_first is None:
-            self._t_first = (time.perf_counter(), iteration)  # the ETA counts from the first iteration's start
+            # the ETA counts from the first iteration's start
+            self._t_first = (time.perf_counter(), iteration, self.state.get("env_steps", 0))
         return {}
 
     def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> bool:
@@ -367,8 +381,10 @@ class Run:
         if self.is_main:
             eta = None
             if self._t_first is not None and done > self._t_first[1]:
-                per_iteration = (time.perf_counter() - self._t_first[0]) / (done - self._t_first[1])
-                eta = per_iteration * max(0, s.iterations - done)
+                t0, first, steps0 = self._t_first
+                eta = eta_seconds(time.perf_counter() - t0, done - first, s.iterations - done,
+                                  self.state.get("env_steps", 0) - steps0, s.env_step_budget and
+                                  s.env_step_budget - self.state.get("env_steps", 0))
             print(format_line(done, metrics, console_keys, total=s.iterations, eta_s=eta), flush=True)
         if done % s.checkpoint_every == 0 or last or stop:
             self.save(done, rng_states)

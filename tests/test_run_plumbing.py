@@ -662,3 +662,27 @@ def test_a_stop_is_a_return_value_at_both_safe_points():
     assert saved == [(3, [{"python": 0}], {"env_steps": 30.0})] and run.state["env_steps"] == 38.0
     run._stopped, saved[:] = False, []
     assert run.end_iteration(3, {}, []) is True and run.stopped and [s[0] for s in saved] == [4]
+
+
+def test_the_eta_takes_the_env_step_budget_when_it_ends_the_run_sooner():
+    """A real-LIBERO arm runs train.iterations=1000 as a cap and train.total_timesteps=300000 as its end: at iteration
+    25 after 140k env steps in 100 s, the iteration count said 'ETA 28h'. By env steps 160k more take 100/140k*160k
+    = 114.3 s; by iterations 975 more take 3,900 s: the sooner wins. Without a budget, the iteration count; with the
+    budget spent, 0."""
+    from common.run import eta_seconds
+
+    assert eta_seconds(100.0, 25, 975, 140_000, 160_000) == pytest.approx(100 / 140_000 * 160_000)
+    assert eta_seconds(100.0, 25, 975) == pytest.approx(3_900.0)
+    assert eta_seconds(100.0, 25, 5, 140_000, 10_000_000) == pytest.approx(20.0)  # the iteration cap comes first
+    assert eta_seconds(100.0, 25, 975, 140_000, -5) == 0.0
+    assert eta_seconds(100.0, 1, 9, 0, 1_000) == pytest.approx(900.0)  # no env step counted yet: iterations only
+
+
+def test_the_rl_schedule_carries_the_env_step_budget():
+    from common.config import parse_cli
+    from common.run import Schedule
+    from train_srpo import Config
+
+    cfg = parse_cli(Config, "configs/srpo.yaml", argv=["train.total_timesteps=300000", "train.iterations=1000"])
+    assert Schedule.for_rl(cfg).env_step_budget == 300_000
+    assert Schedule.for_rl(parse_cli(Config, "configs/srpo.yaml", argv=[])).env_step_budget is None
