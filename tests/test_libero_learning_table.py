@@ -195,10 +195,13 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     monkeypatch.setattr(m, "robustness", lambda py, policies, args, out: sent.update(policies))
     args = SimpleNamespace(heldout_set=100, heldout_seed=0, demos=100, sft_steps=5000, sft_only=False,
                            arms=["grpo", "control"], seeds=[1, 2], env_steps=1000, task_id=0, suite="libero_spatial",
-                           data_out=None, pro=True)
+                           data_out=None, pro=True, control_seeds=[1, 2])
     m.run_arms(args, str(tmp_path), "SFT", [], "python")
     assert sent == {"sft": "SFT", "grpo_s1": f"{tmp_path}/cpu_grpo_s1/run", "grpo_s2": f"{tmp_path}/cpu_grpo_s2/run",
                     "control_s1": f"{tmp_path}/cpu_control_s1/run", "control_s2": f"{tmp_path}/cpu_control_s2/run"}
+    sent.clear()
+    m.run_arms(SimpleNamespace(**{**vars(args), "control_seeds": None}), str(tmp_path), "SFT", [], "python")
+    assert sorted(sent) == ["control_s1", "grpo_s1", "grpo_s2", "sft"]  # by default one control run: the first seed
 
 
 def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused(tmp_path, monkeypatch):
@@ -226,3 +229,15 @@ def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused
         m.main()
     assert str(e.value) == (f"error: the stopped SFT in {stopped} trains 5000 steps on 100 demos, not 3000 on 100: "
                             f"give this SFT start its own --out")
+
+
+def test_the_arms_run_seed_by_seed_and_the_control_on_one_seed():
+    """A benchmark stopped part-way (runs take ~1 h each) has compared every arm on its first seed, not run one arm on
+    all three; the control runs on the first seed unless --control-seeds names others (seeds outside --seeds go
+    last)."""
+    m = load_benchmark("libero_learning")
+    assert m.arm_order(["grpo", "srpo", "control"], [1, 2, 3], None) == [
+        ("grpo", 1), ("srpo", 1), ("control", 1), ("grpo", 2), ("srpo", 2), ("grpo", 3), ("srpo", 3)]
+    assert m.arm_order(["grpo", "control"], [1, 2], [2, 5]) == [("grpo", 1), ("grpo", 2), ("control", 2),
+                                                                ("control", 5)]
+    assert m.arm_order(["srpo"], [4, 1], [9]) == [("srpo", 4), ("srpo", 1)]
