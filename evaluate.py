@@ -29,9 +29,11 @@ that the checkpoint's training never practised: the official held-out trials abo
 placement distribution by --heldout-seed, saved once (cache/heldout/, copied beside the outcomes); greedy, and sampled
 with --sampled, every episode seeded from --seed; per-episode outcomes.json with a bootstrap 95% interval.
 `--paired OTHER` (a checkpoint, or an earlier outcomes.json) runs OTHER on the same states with the same seeds and
-writes paired.json: --checkpoint minus OTHER with its paired bootstrap 95% interval over the states.
+writes paired.json: --checkpoint minus OTHER with its paired bootstrap 95% interval over the states. Two outcomes
+files (e.g. those committed under docs/data/) give their comparison again without running anything.
 
     python evaluate.py --checkpoint runs/<rl run> --heldout-set 100 --sampled --paired checkpoints/<sft start>
+    python evaluate.py --checkpoint docs/data/.../srpo_s1_outcomes.json --paired docs/data/.../sft_outcomes.json
 """
 from __future__ import annotations
 
@@ -54,7 +56,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Help,
                                 epilog=__doc__[__doc__.index("`--protocol`"):])
-    p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint")
+    p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint; or an "
+                   "outcomes.json with --paired OTHER_outcomes.json: the paired comparison of two saved evaluations, "
+                   "nothing run")
     p.add_argument("--protocol", choices=PROTOCOL_NAMES, default=None,
                    help="LIBERO evaluation protocol (below; default: heldout on tabletop, an RL run's eval.protocol, a "
                         "published checkpoint's paper protocol, else heldout)")
@@ -104,6 +108,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             raise SystemExit(f"error: {flag} {value}: must be >= {low}")
     if args.heldout_set is not None and args.heldout_set < 1:
         raise SystemExit(f"error: --heldout-set {args.heldout_set}: must be >= 1")
+    if args.checkpoint.endswith(".json"):
+        if not (args.paired or "").endswith(".json"):
+            raise SystemExit(f"error: --checkpoint {args.checkpoint} is an outcomes file: compare it with another "
+                             f"(--paired OTHER_outcomes.json), or pass a policy folder to evaluate")
+        return args
     if args.heldout_set is None and (args.paired or args.heldout_file):
         raise SystemExit(f"error: {'--paired' if args.paired else '--heldout-file'} compares policies on a held-out "
                          f"set: add --heldout-set N (e.g. 100)")
@@ -436,6 +445,12 @@ def main(argv: Optional[Sequence[str]] = None, args: Optional[argparse.Namespace
 
 
 def _main(args: argparse.Namespace) -> Dict[str, Any]:
+    if args.checkpoint.endswith(".json"):  # two saved evaluations: their paired comparison, recomputed
+        from common import heldout
+
+        comparison = heldout.pair(heldout.read_outcomes(args.paired), heldout.read_outcomes(args.checkpoint))
+        print(heldout.format_pair(comparison))
+        return {"paired": comparison}
     # the output folder first: a folder that cannot be written is found before the evaluation, not after it
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", os.path.normpath(args.checkpoint).strip("./")) or "checkpoint"
     out_dir = args.out_dir or os.path.join("plots", f"eval__{name}")

@@ -191,6 +191,23 @@ def test_evaluate_pairs_two_tiny_tabletop_policies(tmp_path):
     assert again["outcomes"]["episodes"] == mine["episodes"]
     assert again["paired"]["greedy"] == paired["greedy"] and again["paired"]["sampled"] == paired["sampled"]
 
+    files = evaluate.main(["--checkpoint", str(out / "outcomes.json"), "--paired", str(out / "paired_outcomes.json")])
+    assert files["paired"]["greedy"] == paired["greedy"] and files["paired"]["sampled"] == paired["sampled"]
+
+
+def test_two_committed_outcomes_files_give_their_comparison_again():
+    """docs/results.md's task-3 rows from the outcomes committed under docs/data/ (200 tabletop states, the SFT start
+    and the cosine run's end): the printed difference and interval, with nothing run; one file alone is refused in
+    one line."""
+    data = os.path.join(ROOT, "docs", "data", "tabletop_default", "task3_n200")
+    proc = subprocess.run([sys.executable, "evaluate.py", "--checkpoint", f"{data}/srpo_cosine_s7_outcomes.json",
+                           "--paired", f"{data}/sft_outcomes.json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "greedy   a 0.620  b 0.730  b - a +0.110 [+0.045, +0.175]" in proc.stdout
+    assert "sampled  a 0.485  b 0.680  b - a +0.195 [+0.120, +0.270]" in proc.stdout
+    assert "outcomes file: compare it with another" in bad_input("--checkpoint", f"{data}/sft_outcomes.json")
+
 
 @pytest.mark.real_libero
 def test_real_libero_paired_heldout_evaluation(tmp_path):
