@@ -1,7 +1,8 @@
 """Does the embedded SRPO default hold what it learns? `train_srpo.py --task-id N --seed S` with its defaults on each
 tabletop task (each from its own auto_sft start), then one row per task: practice success over the first and the last
 10 iterations, held-out greedy at the start, its best and the mean of the last three evaluations, held-out sampled
-success (start -> mean of the last three), token entropy over the first and the last 10 iterations, env steps, wall.
+success (start -> mean of the last three), token entropy over the first and the last 10 iterations, env steps, wall;
+then the SFT start and each final policy on --heldout-set (200) held-out states, paired (evaluate.py --paired).
 The two checks of issue 56: practice success does not fall (last 10 >= first 10), and the mean of the last three
 held-out greedy evaluations is within 0.1 of the run's best.
 Results: docs/results.md#does-the-embedded-default-hold-what-it-learns.
@@ -124,6 +125,42 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
     return m
 
 
+def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, float]]:
+    """The SFT start and the run's final policy on `states` held-out states of the task (its never-practised trials
+    30..49 plus states drawn from the suite's placements; greedy, and sampled at the run's temperature, with
+    `evaluate.py --heldout-set --paired`): per decoding the start, the end and end - start with its paired bootstrap
+    95% interval. Far more episodes than the in-run evaluations (20 greedy), so a fall from the start or a lift shows
+    beyond their noise. Kept in <folder>/heldout<states>/ and read again."""
+    import yaml
+
+    (run,) = glob.glob(os.path.join(folder, "runs", "srpo__*"))
+    with open(os.path.join(run, "config.yaml")) as f:
+        start = yaml.safe_load(f)["init"]["path"] or os.path.join("checkpoints", f"sft_tabletop_task{task}")
+    out = os.path.join(folder, f"heldout{states}")
+    flags = ["--heldout-set", str(states), "--trial-start", "30", "--trials", "20", "--sampled", "--gifs", "0",
+             "--heldout-file", os.path.join(out, "heldout_set.json")]
+    steps = (("start", [start], os.path.join(out, "start", "outcomes.json")),
+             ("end", [run, "--paired", os.path.join(out, "start", "outcomes.json")],
+              os.path.join(out, "end", "paired.json")))
+    for name, what, made in steps:
+        if not os.path.isfile(made):
+            os.makedirs(out, exist_ok=True)
+            cmd = [sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", *what, *flags, "--out-dir",
+                   os.path.join(out, name)]
+            with open(os.path.join(out, f"{name}.log"), "w") as log:
+                if subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                   env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")):
+                    raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
+    with open(os.path.join(out, "end", "paired.json")) as f:
+        paired = json.load(f)
+    return {m: {"start": paired[m]["mean_a"], "end": paired[m]["mean_b"], "diff": paired[m]["diff"],
+                "low": paired[m]["low"], "high": paired[m]["high"]} for m in ("greedy", "sampled")}
+
+
+def fmt_pair(r: Dict[str, float]) -> str:
+    return f"{r['start']:.2f} -> {r['end']:.2f}, {r['diff']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tasks", nargs="+", type=int, default=list(range(10)))
@@ -131,10 +168,14 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time (one thread each)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for every run (a variant)")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "tabletop_default"))
+    ap.add_argument("--heldout-set", type=int, default=200, metavar="N",
+                    help="then the SFT start and each final policy on N held-out states, paired (0: skip)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(lambda t: one(t, args.seed, args.set, args.out), args.tasks))
+        ends = list(pool.map(lambda t: end_vs_start(os.path.join(args.out, f"t{t}_s{args.seed}"), t,
+                                                    args.heldout_set), args.tasks)) if args.heldout_set else []
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
     print(f"\ntrain_srpo.py defaults{' + ' + ' '.join(args.set) if args.set else ''}, seed {args.seed}")
     print("| task | practice first 10 -> last 10 | held-out greedy start / best / last 3 | held-out sampled start / "
@@ -160,6 +201,17 @@ def main() -> None:
           + ", ".join(f"{false_alarm(p, evaluations, 20):.2f} at p = {p}" for p in (0.6, 0.7, 0.8, 0.9))
           + f" ({evaluations} greedy evaluations of 20 trials; sampled evaluations have 20 x eval.samples_per_trial"
           f" episodes: {false_alarm(0.7, evaluations, 160):.2f} at p = 0.7 with 160)")
+    if ends:
+        print(f"\nThe SFT start and the final policy on {args.heldout_set} held-out states (trials 30-49 and drawn "
+              f"ones), paired: start -> end, end - start [95% CI]")
+        print("| task | greedy | sampled |\n|---|---|---|")
+        for task, e in zip(args.tasks, ends):
+            print(f"| {task} | {fmt_pair(e['greedy'])} | {fmt_pair(e['sampled'])} |")
+        print("| mean | " + " | ".join(f"{np.mean([e[m]['start'] for e in ends]):.2f} -> "
+                                      f"{np.mean([e[m]['end'] for e in ends]):.2f}, "
+                                      f"{np.mean([e[m]['diff'] for e in ends]):+.2f}; above 0: "
+                                      f"{sum(e[m]['low'] > 0 for e in ends)} of {len(ends)}, below 0: "
+                                      f"{sum(e[m]['high'] < 0 for e in ends)}" for m in ("greedy", "sampled")) + " |")
 
 
 if __name__ == "__main__":

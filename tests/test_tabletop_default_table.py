@@ -1,5 +1,7 @@
 """benchmarks/tabletop_default.py's row of a run (from hand-made metrics rows, as train_srpo.py writes them) and the
 held-out check's false-alarm rate (against its closed form)."""
+import json
+
 import pytest
 
 from tests.scripts import load_benchmark
@@ -70,3 +72,33 @@ def test_an_unfinished_run_continues_from_its_checkpoint_and_a_live_one_is_refus
     with_checkpoint.clear()
     assert m.stopped_or_restart(str(tmp_path / "t3_s7"), 3, 7) is None
     assert not new.exists() and sft.is_dir()
+
+
+def test_the_start_and_the_end_on_a_held_out_set_paired(tmp_path):
+    """end_vs_start runs evaluate.py on the run's SFT start (its config's init.path) and on the run's newest
+    checkpoint, paired on the same states (trials 30-49 and drawn ones), and reads paired.json: here an untrained tiny
+    policy (which never succeeds) against the weak SFT fixture, so end - start is minus the start's success."""
+    import yaml
+
+    from tests.test_evaluate import rl_checkpoint
+    from tests.test_heldout import WEAK
+
+    m = load()
+    folder = tmp_path / "t0_s7"
+    run = rl_checkpoint(tmp_path / "made", train_trials=30, eval_start=30)
+    (folder / "runs").mkdir(parents=True)
+    run = run.rename(folder / "runs" / "srpo__tabletop__t0__s7__20261129-010000")
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    cfg["init"]["path"] = WEAK
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg))
+    e = m.end_vs_start(str(folder), 0, 22)
+    for mode in ("greedy", "sampled"):
+        r = e[mode]
+        assert r["end"] == 0.0 and r["diff"] == pytest.approx(-r["start"]) and r["low"] <= r["diff"] <= r["high"]
+    paired = json.loads((folder / "heldout22" / "end" / "paired.json").read_text())
+    assert paired["a"] == WEAK and paired["heldout_set"]["states"] == 22
+    start = json.loads((folder / "heldout22" / "start" / "outcomes.json").read_text())
+    assert start["checkpoint"] == WEAK and {k: e[k]["start"] for k in e} == start["success"]
+    assert [r["trial_id"] for r in start["episodes"]["greedy"][:21]] == list(range(30, 50)) + [None]
+    (folder / "heldout22" / "end" / "outcomes.json").unlink()  # read again, not run again: paired.json is there
+    assert m.end_vs_start(str(folder), 0, 22) == e
