@@ -448,7 +448,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     if args.checkpoint.endswith(".json"):  # two saved evaluations: their paired comparison, recomputed
         from common import heldout
 
-        comparison = heldout.pair(heldout.read_outcomes(args.paired), heldout.read_outcomes(args.checkpoint))
+        comparison = heldout.pair(heldout.read_outcomes(args.paired),
+                                  heldout.read_outcomes(args.checkpoint, "--checkpoint"))
         print(heldout.format_pair(comparison))
         return {"paired": comparison}
     # the output folder first: a folder that cannot be written is found before the evaluation, not after it

@@ -78,8 +78,8 @@ def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, se
 
 def stopped_or_restart(folder: str, task: int, seed: int):
     """An unfinished run in `folder`: the SRPO run to continue (the newest, when it has a complete checkpoint), else
-    None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock: a live
-    run is never deleted or run twice."""
+    None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock:
+    a live run is never deleted or run twice."""
     from common.checkpoint import latest_checkpoint
     from common.run_folder import lock_run_dir
     from envs.suites import ConfigError
@@ -97,6 +97,12 @@ def stopped_or_restart(folder: str, task: int, seed: int):
     return keep
 
 
+def call(cmd: List[str], log) -> int:
+    """A benchmark step in a subprocess on one thread, its output into the open file `log`; its exit code."""
+    return subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                           env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
+
+
 def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
     folder = os.path.join(out, f"t{task}_s{seed}")
     done = os.path.join(folder, "done.json")
@@ -110,8 +116,7 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
         with open(os.path.join(folder, "log.txt"), "a") as log:
             log.write(" ".join(cmd) + "\n")
             log.flush()
-            rc = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                 env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
+            rc = call(cmd, log)
         if rc != 0:
             raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt"
                              + ("; run this again to continue it" if rc == 130 else ""))
@@ -148,8 +153,7 @@ def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, flo
             cmd = [sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", *what, *flags, "--out-dir",
                    os.path.join(out, name)]
             with open(os.path.join(out, f"{name}.log"), "w") as log:
-                if subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                   env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled")):
+                if call(cmd, log):
                     raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
     with open(os.path.join(out, "end", "paired.json")) as f:
         paired = json.load(f)

@@ -197,14 +197,15 @@ def outcomes(hset: Dict[str, Any], set_path: str, batches: Dict[str, Any], **met
     return out
 
 
-def read_outcomes(path: str) -> Dict[str, Any]:
+def read_outcomes(path: str, flag: str = "--paired") -> Dict[str, Any]:
+    """An outcomes file, checked; errors name the command-line `flag` that gave its path."""
     try:
         with open(path) as f:
             data = json.load(f)
     except (OSError, ValueError) as e:
-        raise ValueError(f"--paired {path}: cannot read it ({e})") from None
+        raise ValueError(f"{flag} {path}: cannot read it ({e})") from None
     if not isinstance(data, dict) or data.get("format") != OUTCOMES_FORMAT:
-        raise ValueError(f"--paired {path} is not an outcomes file ('{OUTCOMES_FORMAT}', written by evaluate.py "
+        raise ValueError(f"{flag} {path} is not an outcomes file ('{OUTCOMES_FORMAT}', written by evaluate.py "
                          f"--heldout-set): pass a checkpoint or an outcomes.json")
     return data
 

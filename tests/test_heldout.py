@@ -207,6 +207,9 @@ def test_two_committed_outcomes_files_give_their_comparison_again():
     assert "greedy   a 0.620  b 0.730  b - a +0.110 [+0.045, +0.175]" in proc.stdout
     assert "sampled  a 0.485  b 0.680  b - a +0.195 [+0.120, +0.270]" in proc.stdout
     assert "outcomes file: compare it with another" in bad_input("--checkpoint", f"{data}/sft_outcomes.json")
+    missing = os.path.join(ROOT, "cache", "no_such_outcomes.json")
+    assert bad_input("--checkpoint", missing, "--paired", f"{data}/sft_outcomes.json").startswith(
+        f"error: --checkpoint {missing}: cannot read it")
 
 
 @pytest.mark.real_libero

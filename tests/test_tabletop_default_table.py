@@ -55,8 +55,8 @@ def test_an_unfinished_run_continues_from_its_checkpoint_and_a_live_one_is_refus
     for d in (old, new, sft):
         d.mkdir(parents=True)
     with_checkpoint = {str(new)}
-    monkeypatch.setattr(common.checkpoint, "latest_checkpoint",
-                        lambda run_dir, **_: run_dir + "/checkpoints/iter_000025" if run_dir in with_checkpoint else None)
+    monkeypatch.setattr(common.checkpoint, "latest_checkpoint", lambda run_dir, **_: (
+        run_dir + "/checkpoints/iter_000025" if run_dir in with_checkpoint else None))
 
     live = lock_run_dir(str(new), "a run")  # held through another open file: as another job would hold it
     try:
