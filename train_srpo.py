@@ -12,6 +12,7 @@ advantages -> old and reference log-probs -> PPO epochs with asymmetric + dual c
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Union
@@ -86,7 +87,9 @@ class TrainConfig:
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps (verl's
                                                    # lr_warmup_steps): Adam's first steps move every weight by
                                                    # about lr, enough to knock a sharp SFT policy off its skill
-    lr_schedule: str = "constant"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup
+    lr_schedule: str = "cosine"  # constant | cosine: lr * (1 + cos(pi * iteration / iterations)) / 2, after warmup;
+                                 # the decay keeps late steps from undoing what early ones found (docs/results.md:
+                                 # the embedded default holds); siiRL's LIBERO recipes are constant
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
@@ -235,8 +238,23 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"train.lr_schedule={cfg.train.lr_schedule!r}: use constant or cosine")
 
 
+def cosine_resume_note(run_dir: str, iterations: int) -> Optional[str]:
+    """A note when a resumed cosine run gets a new length: the decay spans train.iterations, so from here on the
+    step follows the new length's curve (a run extended from 2 to 4 is not the uninterrupted 4-iteration run)."""
+    from omegaconf import OmegaConf
+    planned = OmegaConf.load(os.path.join(run_dir, "config.yaml")).train.iterations
+    if planned == iterations:
+        return None
+    return (f"note: train.lr_schedule=cosine decays over train.iterations: resumed with {iterations} instead of "
+            f"{planned}, the step follows the {iterations}-iteration curve from here on (at iteration {planned} it was "
+            f"going to 0); train.lr_schedule=constant runs continue unchanged")
+
+
 if __name__ == "__main__":
     exit_on_bad_config(check_config, cfg)
+    note = cfg.resume and cfg.train.lr_schedule == "cosine" and cosine_resume_note(cfg.resume, cfg.train.iterations)
+    if note:
+        print(note, flush=True)
     with start_run(cfg, "srpo") as run:
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy

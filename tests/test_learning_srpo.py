@@ -9,19 +9,22 @@ every 10 iterations on trials 30-49, which it never practises on: one greedy and
 
 How the bounds were set: `python benchmarks/learning_seeds.py --tests srpo --seeds 1 2 3` (each seed one thread),
 gains mean +- sd over the three seeds, and what an update that does nothing gives. Re-measured on 2026-11-29 after the
-default update became siiRL's (traj-token-mean over mini-batches of 8 episodes; issue 56): AMD EPYC, AVX2 only, the
-start at 40%, three runs sharing the 2 cores with other work, ~12 min each. The figures with the old update
-(token-mean over 64-step mini-batches, 2026-11-27, start 55%) in brackets:
-- practice success, first -> last 10 iterations (640 episodes each): +0.30 +- 0.07 (0.38, 0.24, 0.27) [+0.27 +- 0.03];
-  a do-nothing update moves it by binomial noise only, sd 0.027. Asserted >= 0.1 (below mean - 2 sd = 0.16, 3.7 sd of
+default step began to decay (train.lr_schedule=cosine, over this run's 60 iterations; issue 56): AMD EPYC with
+AVX-512, the start at 40%, ~5 min per run. The same three seeds with the constant step (the update before, same
+machine: the per-seed values of its AVX2 measurement again) in brackets:
+- practice success, first -> last 10 iterations (640 episodes each): +0.26 +- 0.06 (0.33, 0.23, 0.21) [+0.30 +- 0.07];
+  a do-nothing update moves it by binomial noise only, sd 0.027. Asserted >= 0.1 (below mean - 2 sd = 0.13, 3.7 sd of
   that noise).
-- held-out sampled success, first evaluation -> mean of the last three (160 / 480 episodes): +0.30 +- 0.04 (0.35,
-  0.28, 0.28) [+0.23 +- 0.04]; do-nothing noise sd 0.045. Asserted >= 0.05: a guard that held-out success does not
+- held-out sampled success, first evaluation -> mean of the last three (160 / 480 episodes): +0.25 +- 0.04 (0.30,
+  0.23, 0.23) [+0.30 +- 0.04]; do-nothing noise sd 0.045. Asserted >= 0.05: a guard that held-out success does not
   fall, not a bound a broken update could never pass (the practice bound is that).
-- held-out greedy, same windows (20 episodes per evaluation): +0.41 +- 0.01 (0.42, 0.40, 0.40) [+0.19 +- 0.06, then
-  only printed]; a do-nothing update repeats its greedy evaluations exactly (gain 0). Asserted >= 0.15: well below
-  mean - 2 sd (0.39), since three seeds understate the spread and a start at 55% (another CPU) leaves at most +0.45.
-- the last iteration's PPO KL, 0.001 in every seed: asserted < 0.1 (no collapse).
+- held-out greedy, same windows (20 episodes per evaluation): +0.34 +- 0.01 (0.33, 0.33, 0.35) [+0.41 +- 0.01]; a
+  do-nothing update repeats its greedy evaluations exactly (gain 0). Asserted >= 0.15: well below mean - 2 sd (0.32),
+  since three seeds understate the spread and a start at 55% (another CPU) leaves at most +0.45.
+- the largest PPO KL of any iteration, 0.004-0.006 (constant step: 0.006-0.009): asserted < 0.1 (no collapse). The
+  largest, not the last: the decayed step makes the last iteration's KL ~0 whatever the update does.
+The decay costs this short run some of its gain (its step is half the constant one's by iteration 30); what it buys
+shows over the 120-iteration default: docs/results.md#does-the-embedded-default-hold-what-it-learns.
 """
 import numpy as np
 import pytest
@@ -42,14 +45,15 @@ def args(seed: int, start: str) -> list:
 
 def measures(rows: list) -> dict:
     """Gains from the first held-out evaluation to the mean of the last three (greedy, sampled) and of practice
-    success from the first to the last 10 iterations; the start; the final PPO KL."""
+    success from the first to the last 10 iterations; the start; the largest PPO KL of any iteration."""
     evals = [r for r in rows if "val/success_rate" in r]
     assert [r["iteration"] for r in evals] == [0, 10, 20, 30, 40, 50, 60]  # before learning (row 0), then every 10
     greedy = np.array([r["val/success_rate"] for r in evals])
     sampled = np.array([r["val/sampled_success_rate"] for r in evals])
     practice = np.array([r["rollout/success_rate"] for r in rows[1:]])  # rows 1..: iterations
     return {"start": greedy[0], "greedy": greedy[-3:].mean() - greedy[0], "sampled": sampled[-3:].mean() - sampled[0],
-            "practice": practice[-10:].mean() - practice[:10].mean(), "ppo_kl": rows[-1]["train/ppo_kl"]}
+            "practice": practice[-10:].mean() - practice[:10].mean(),
+            "ppo_kl": max(r["train/ppo_kl"] for r in rows[1:] if "train/ppo_kl" in r)}
 
 
 def test_srpo_raises_held_out_success_from_sft(drq_sft, tmp_path):

@@ -55,7 +55,8 @@ def the_run(folder):
 
 @pytest.mark.parametrize("pipeline", ["false", "true"])  # true: streamed episodes, per-episode generators
 def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path, pipeline):
-    fast = [*FAST, f"env.pipeline={pipeline}"]
+    # a constant step: a cosine step decays over train.iterations, so extending a run changes its later steps
+    fast = [*FAST, f"env.pipeline={pipeline}", "train.lr_schedule=constant"]
     srpo([*fast, "train.iterations=4", f"log.output_dir={tmp_path}/a", f"log.plots_dir={tmp_path}/plots"])
     srpo([*fast, "train.iterations=2", f"log.output_dir={tmp_path}/b", f"log.plots_dir={tmp_path}/plots"])
     a, b = the_run(tmp_path / "a"), the_run(tmp_path / "b")
@@ -63,7 +64,7 @@ def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path, 
         saved = f.read()
     # only the run folder and the new length: every other key comes from b/config.yaml
     out = srpo(["--resume", b, "train.iterations=4"])
-    assert "resumed at iteration 2" in out.stdout
+    assert "resumed at iteration 2" in out.stdout and "note: train.lr_schedule=cosine" not in out.stdout
     with open(os.path.join(b, "config.yaml")) as f:
         assert f.read() == saved  # never overwritten
     assert "n: 4" in saved and "entropy_coeff: 0.01" in saved and "filter_accuracy: false" in saved

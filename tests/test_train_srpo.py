@@ -28,9 +28,9 @@ def only_run(tmp_path):
 
 
 def test_smoke_two_iterations_writes_run_folder_then_resumes(tmp_path):
-    warm = "train.lr_warmup_steps=1000"
-    run(["--task-id", "0", "train.iterations=2", "log.checkpoint_every=1", "algorithm.filter_accuracy=false", warm],
-        tmp_path)
+    warm = "train.lr_warmup_steps=1000"  # and a constant schedule: the warm-up alone sets the lr below
+    run(["--task-id", "0", "train.iterations=2", "train.lr_schedule=constant", "log.checkpoint_every=1",
+         "algorithm.filter_accuracy=false", warm], tmp_path)
     name, run_dir = only_run(tmp_path)
     assert name.startswith("srpo__tabletop__t0__s1__")
     with open(os.path.join(run_dir, "config.yaml")) as f:
@@ -323,3 +323,11 @@ def test_reward_shuffle_and_env_step_budget_keys_have_defaults_help_and_ranges()
     assert "env steps" in field_comments(TrainConfig)["total_timesteps"]
     with pytest.raises(ConfigError, match="train.total_timesteps"):
         check_ranges(load_config(Config, None, ["train.total_timesteps=0"]))
+
+
+def test_a_cosine_run_resumed_with_a_new_length_says_its_step_follows_the_new_curve(tmp_path):
+    from train_srpo import cosine_resume_note
+    (tmp_path / "config.yaml").write_text("train:\n  iterations: 2\n  lr_schedule: cosine\n")
+    assert cosine_resume_note(str(tmp_path), 2) is None  # same length: the same curve, nothing to say
+    note = cosine_resume_note(str(tmp_path), 4)
+    assert note.startswith("note: train.lr_schedule=cosine") and "resumed with 4 instead of 2" in note
