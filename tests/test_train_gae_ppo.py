@@ -348,7 +348,11 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
     assert " x2 | " in out.stdout and "policy and value_head weights identical on all 2 processes" in out.stdout
     exits = dict(line[len("[exit threads] process "):].split(": ") for line in out.stdout.splitlines()
                  if line.startswith("[exit threads]"))
-    assert sorted(exits) == ["0", "1"] and all(len(t.split()) == 1 for t in exits.values()), exits  # the main thread
+    # gloo names its threads (pt_gloo_runloop, gloo_tcp_loop); a thread named after the process ('python') is not
+    # gloo's: the full tier once saw a second one at exit in process 1 on a loaded machine (not ours: the scripts
+    # start no thread; torch starts some lazily), so the check is on gloo's names
+    assert sorted(exits) == ["0", "1"] and all("gloo" not in t for t in exits.values()), exits
+    assert all("python" in t.split() for t in exits.values()), exits  # the main thread was reported
     (name,) = runs_in(tmp_path / "runs")
     rows = read_metrics(str(tmp_path / "runs" / name))
     assert [r["iteration"] for r in rows] == [0, 1, 2]
