@@ -12,7 +12,8 @@ Results: docs/results.md#does-the-embedded-default-hold-what-it-learns.
 
 Runs go to <out>/t<task>_s<seed> (one thread each, `--jobs` at a time); a finished run (its done.json) is read
 again instead of rerun, an unfinished one continues from its newest checkpoint (one without a checkpoint starts
-again), and a run another job still holds is refused in one line. `--set` passes overrides to every run (a variant).
+again), and a run another job still holds is refused in one line. `--set` passes overrides to every run (a variant);
+a folder whose run has another recipe (an older default, another --set) is refused in one line, never read as this one.
 """
 from __future__ import annotations
 
@@ -76,6 +77,46 @@ def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, se
     return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
 
 
+RECIPE = ("env", "rollout", "reward", "algorithm", "train", "eval")  # what a run's folder must share with the command
+# (policy and init: the auto_sft start resolves them; log: the folder itself)
+
+
+def flat(d: dict, prefix: str = "") -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for k, v in d.items():
+        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def recipe_mismatch(run_dir: str, task: int, seed: int, overrides: Sequence[str]) -> List[str]:
+    """The recipe keys (RECIPE) on which the run in `run_dir` (its config.yaml) differs from what `train_srpo.py
+    --task-id task --seed seed *overrides` gives now, as `key=saved (now: value)`: a folder left by an older default
+    (the constant step before cosine) or by another --set."""
+    from omegaconf import OmegaConf
+
+    import train_srpo
+    from common.config import parse_cli
+
+    now = parse_cli(train_srpo.Config, "configs/srpo.yaml",
+                    argv=["--task-id", str(task), "--seed", str(seed), "--no-wandb", *overrides])
+    now = flat({k: v for k, v in OmegaConf.to_container(OmegaConf.structured(now)).items() if k in RECIPE})
+    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(run_dir, "config.yaml")))
+    saved = flat({k: v for k, v in saved.items() if k in RECIPE})
+    return [f"{k}={saved.get(k)} (now: {now.get(k)})" for k in sorted(set(now) | set(saved)) if now.get(k) != saved.get(k)]
+
+
+def refuse_other_recipe(folder: str, task: int, seed: int, overrides: Sequence[str]) -> None:
+    """Exits in one line when a run already in `folder` was made with another recipe than this command's: reading
+    it (done) or continuing it (stopped) would report an old recipe under the current one's name."""
+    for run_dir in sorted(glob.glob(os.path.join(folder, "runs", "srpo__*"))):
+        if not os.path.exists(os.path.join(run_dir, "config.yaml")):  # stopped before it saved anything: restarted
+            continue
+        diff = recipe_mismatch(run_dir, task, seed, overrides)
+        if diff:
+            raise SystemExit(f"error: {run_dir} ran another recipe than this command's: {'; '.join(diff)}: give "
+                             f"another --out (or --set the saved values to read it)")
+
+
 def stopped_or_restart(folder: str, task: int, seed: int):
     """An unfinished run in `folder`: the SRPO run to continue (the newest, when it has a complete checkpoint), else
     None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock:
@@ -106,6 +147,7 @@ def call(cmd: List[str], log) -> int:
 def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
     folder = os.path.join(out, f"t{task}_s{seed}")
     done = os.path.join(folder, "done.json")
+    refuse_other_recipe(folder, task, seed, overrides)
     if not os.path.exists(done):
         os.makedirs(folder, exist_ok=True)
         stopped = stopped_or_restart(folder, task, seed)

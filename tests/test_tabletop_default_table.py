@@ -102,3 +102,31 @@ def test_the_start_and_the_end_on_a_held_out_set_paired(tmp_path):
     assert [r["trial_id"] for r in start["episodes"]["greedy"][:21]] == list(range(30, 50)) + [None]
     (folder / "heldout22" / "end" / "outcomes.json").unlink()  # read again, not run again: paired.json is there
     assert m.end_vs_start(str(folder), 0, 22) == e
+
+
+def test_a_folder_run_with_another_recipe_is_refused_not_read(tmp_path):
+    """A finished folder made under an older default (the constant step, before cosine) was read again and reported
+    as the current default. Now its saved recipe is compared with the command's: another value exits in one line
+    naming the key, both values and the fix; the same command (here with --set of the saved value) reads it; policy
+    and init (which the auto_sft start fills in) and log are not part of the recipe."""
+    from omegaconf import OmegaConf
+
+    import train_srpo
+    from common.config import parse_cli
+
+    m = load()
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["--task-id", "3", "--seed", "7",
+                                                                   "train.lr_schedule=constant"])
+    saved = OmegaConf.to_container(OmegaConf.structured(cfg))
+    saved["policy"]["hidden_size"] += 1
+    saved["log"]["output_dir"] = str(tmp_path / "t3_s7" / "runs")
+    run_dir = tmp_path / "t3_s7" / "runs" / "srpo__tabletop__t3__s7__20261129-010000"
+    run_dir.mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(saved), run_dir / "config.yaml")
+    with pytest.raises(SystemExit) as e:
+        m.refuse_other_recipe(str(tmp_path / "t3_s7"), 3, 7, [])
+    assert str(e.value) == (f"error: {run_dir} ran another recipe than this command's: train.lr_schedule=constant "
+                            f"(now: cosine): give another --out (or --set the saved values to read it)")
+    m.refuse_other_recipe(str(tmp_path / "t3_s7"), 3, 7, ["train.lr_schedule=constant"])  # the same recipe: no exit
+    with pytest.raises(SystemExit, match=r"env.task_ids=\[3\] \(now: \[4\]\)"):
+        m.refuse_other_recipe(str(tmp_path / "t3_s7"), 4, 7, ["train.lr_schedule=constant"])
