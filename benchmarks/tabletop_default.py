@@ -81,28 +81,17 @@ RECIPE = ("env", "rollout", "reward", "algorithm", "train", "eval")  # what a ru
 # (policy and init: the auto_sft start resolves them; log: the folder itself)
 
 
-def flat(d: dict, prefix: str = "") -> Dict[str, object]:
-    out: Dict[str, object] = {}
-    for k, v in d.items():
-        out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def recipe_mismatch(run_dir: str, task: int, seed: int, overrides: Sequence[str]) -> List[str]:
     """The recipe keys (RECIPE) on which the run in `run_dir` (its config.yaml) differs from what `train_srpo.py
     --task-id task --seed seed *overrides` gives now, as `key=saved (now: value)`: a folder left by an older default
     (the constant step before cosine) or by another --set."""
-    from omegaconf import OmegaConf
-
     import train_srpo
-    from common.config import parse_cli
+    from common.config import flatten_config, load_config, parse_cli
 
-    now = parse_cli(train_srpo.Config, "configs/srpo.yaml",
-                    argv=["--task-id", str(task), "--seed", str(seed), "--no-wandb", *overrides])
-    now = flat({k: v for k, v in OmegaConf.to_container(OmegaConf.structured(now)).items() if k in RECIPE})
-    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(run_dir, "config.yaml")))
-    saved = flat({k: v for k, v in saved.items() if k in RECIPE})
-    return [f"{k}={saved.get(k)} (now: {now.get(k)})" for k in sorted(set(now) | set(saved)) if now.get(k) != saved.get(k)]
+    now = flatten_config(parse_cli(train_srpo.Config, "configs/srpo.yaml",
+                                   argv=["--task-id", str(task), "--seed", str(seed), "--no-wandb", *overrides]))
+    saved = flatten_config(load_config(train_srpo.Config, os.path.join(run_dir, "config.yaml")))
+    return [f"{k}={saved[k]} (now: {now[k]})" for k in sorted(now) if k.split(".")[0] in RECIPE and now[k] != saved[k]]
 
 
 def refuse_other_recipe(folder: str, task: int, seed: int, overrides: Sequence[str]) -> None:

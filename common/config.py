@@ -416,13 +416,13 @@ def resolve_config_path(path: Optional[str], default_config: Optional[str]) -> O
     return shipped if os.path.isfile(shipped) else path
 
 
-def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
+def flatten_config(node: Any, prefix: str = "") -> Dict[str, Any]:
     """{dotted key: leaf value} of a dataclass tree."""
     out: Dict[str, Any] = {}
     for f in fields(node):
         value = getattr(node, f.name)
         if is_dataclass(value):
-            out.update(_flatten(value, f"{prefix}{f.name}."))
+            out.update(flatten_config(value, f"{prefix}{f.name}."))
         else:
             out[f"{prefix}{f.name}"] = value
     return out
@@ -430,7 +430,7 @@ def _flatten(node: Any, prefix: str = "") -> Dict[str, Any]:
 
 def check_resume_overrides(saved: Any, resumed: Any, allowed: Sequence[str] = RESUMABLE) -> None:
     """ConfigError naming the first key whose value a resumed run would change but that shapes the run so far."""
-    old, new = _flatten(saved), _flatten(resumed)
+    old, new = flatten_config(saved), flatten_config(resumed)
     for key, value in new.items():
         if value != old.get(key) and not any(key == a or (a.endswith(".") and key.startswith(a)) for a in allowed):
             raise ConfigError(f"--resume: {key} was {old.get(key)!r} in the run and would become {value!r}; a resumed "

@@ -46,14 +46,14 @@ def test_defaults_live_in_the_script_and_yaml_files_repeat_or_change_them(name):
     of the policy family it selects)."""
     import yaml
 
-    from common.config import _flatten, _with_policy_family
+    from common.config import flatten_config, _with_policy_family
 
     algo = next(s for s in SCRIPTS if name == f"{s}.yaml" or name.startswith(f"{s}_"))
     module = importlib.import_module(f"train_{algo}")
     with open(os.path.join(ROOT, "configs", name)) as f:
         data = yaml.safe_load(f)
-    defaults = _flatten(_with_policy_family(module.Config(), [data]))
-    loaded = _flatten(load_config(module.Config, os.path.join(ROOT, "configs", name)))
+    defaults = flatten_config(_with_policy_family(module.Config(), [data]))
+    loaded = flatten_config(load_config(module.Config, os.path.join(ROOT, "configs", name)))
     for key, _ in leaves(data):
         if name == f"{algo}.yaml":
             assert loaded[key] == defaults[key], f"configs/{name}: {key}={loaded[key]!r} but train_{algo}.py's " \

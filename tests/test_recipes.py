@@ -46,12 +46,12 @@ def tables():
 def effective(name):
     """The config's values: its YAML's leaves over the script's defaults for the family it selects (plain YAML, so
     that a key the script does not know yet still reads), and the YAML's own keys."""
-    from common.config import _flatten, _with_policy_family
+    from common.config import flatten_config, _with_policy_family
 
     algo = next(s for s in SCRIPTS if name.startswith(f"{s}_"))
     with open(os.path.join(ROOT, "configs", name)) as f:
         data = yaml.safe_load(f)
-    values = dict(_flatten(_with_policy_family(importlib.import_module(f"train_{algo}").Config(), [data])))
+    values = dict(flatten_config(_with_policy_family(importlib.import_module(f"train_{algo}").Config(), [data])))
     own = dict(leaves(data))
     values.update(own)
     return values, set(own)
