@@ -241,3 +241,23 @@ def test_the_arms_run_seed_by_seed_and_the_control_on_one_seed():
     assert m.arm_order(["grpo", "control"], [1, 2], [2, 5]) == [("grpo", 1), ("grpo", 2), ("control", 2),
                                                                 ("control", 5)]
     assert m.arm_order(["srpo"], [4, 1], [9]) == [("srpo", 4), ("srpo", 1)]
+
+
+def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
+    """docs/results.md's arms rows (libero_spatial task 0, 100 held-out states) from the outcome files committed under
+    docs/data/, through the benchmark's own pooling, nothing run: GRPO pooled over seeds 1 and 2 (+0.225 greedy, both
+    seeds > 0), the control's seed 1 (+0.10, interval reaching below 0) and GRPO - control."""
+    import json
+    import os
+
+    m = load()
+    data = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0")
+    o = {n: json.load(open(os.path.join(data, f"{n}_outcomes.json")))
+         for n in ("sft", "grpo_s1", "grpo_s2", "srpo_s1", "control_s1")}
+    grpo = m.arm_lift(o["sft"], {1: o["grpo_s1"], 2: o["grpo_s2"]}, "greedy")
+    assert (grpo["pooled"]["diff"], grpo["pooled"]["low"], grpo["pooled"]["high"]) == pytest.approx((0.225, 0.135, 0.32))
+    assert grpo["seeds_above_0"] == 2 and grpo["per_seed"][2]["diff"] == pytest.approx(0.26)
+    control = m.arm_lift(o["sft"], {1: o["control_s1"]}, "greedy")["pooled"]
+    assert (control["diff"], control["low"], control["high"]) == pytest.approx((0.10, -0.01, 0.21))
+    signal = m.arm_difference({1: o["control_s1"]}, {1: o["grpo_s1"], 2: o["grpo_s2"]}, "greedy")
+    assert (signal["diff"], signal["low"], signal["high"]) == pytest.approx((0.125, 0.03, 0.215))
