@@ -255,7 +255,8 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     o = {n: json.load(open(os.path.join(data, f"{n}_outcomes.json")))
          for n in ("sft", "grpo_s1", "grpo_s2", "srpo_s1", "control_s1")}
     grpo = m.arm_lift(o["sft"], {1: o["grpo_s1"], 2: o["grpo_s2"]}, "greedy")
-    assert (grpo["pooled"]["diff"], grpo["pooled"]["low"], grpo["pooled"]["high"]) == pytest.approx((0.225, 0.135, 0.32))
+    pooled = grpo["pooled"]
+    assert (pooled["diff"], pooled["low"], pooled["high"]) == pytest.approx((0.225, 0.135, 0.32))
     assert grpo["seeds_above_0"] == 2 and grpo["per_seed"][2]["diff"] == pytest.approx(0.26)
     control = m.arm_lift(o["sft"], {1: o["control_s1"]}, "greedy")["pooled"]
     assert (control["diff"], control["low"], control["high"]) == pytest.approx((0.10, -0.01, 0.21))
