@@ -246,15 +246,17 @@ def arm_lift(start: Dict, ends: Dict[int, Dict], mode: str) -> Dict:
     its per-state successes against the start's (heldout.paired_bootstrap), and pooled over the seeds: the per-state
     differences pooled, i.e. each state's end success averaged over the seeds minus its start success, bootstrapped
     over the states (the mean of that is the mean over seeds of end - start). The pooled interval covers the choice of
-    states (and through them the episodes' noise), not the choice of seeds: the per-seed rows and `seeds_above_0`
-    show the seeds' spread."""
+    states (and through them the episodes' noise), not the choice of seeds; `over_seeds` is the same mean with an
+    interval that resamples the seeds too (heldout.seeds_and_states_bootstrap), and the per-seed rows and
+    `seeds_above_0` show the seeds' spread."""
     from common import heldout
 
     a = heldout.per_state(start, mode)
-    per_seed = {seed: heldout.paired_bootstrap(a, heldout.per_state(o, mode)) for seed, o in ends.items()}
-    pooled = heldout.paired_bootstrap(a, np.mean([heldout.per_state(o, mode) for o in ends.values()], axis=0))
-    return {"per_seed": per_seed, "pooled": pooled, "seeds": len(ends),
-            "seeds_above_0": sum(r["diff"] > 0 for r in per_seed.values())}
+    ends_per_state = np.array([heldout.per_state(o, mode) for o in ends.values()])
+    per_seed = {seed: heldout.paired_bootstrap(a, b) for seed, b in zip(ends, ends_per_state)}
+    pooled = heldout.paired_bootstrap(a, ends_per_state.mean(axis=0))
+    return {"per_seed": per_seed, "pooled": pooled, "over_seeds": heldout.seeds_and_states_bootstrap(a, ends_per_state),
+            "seeds": len(ends), "seeds_above_0": sum(r["diff"] > 0 for r in per_seed.values())}
 
 
 def arm_difference(ends_a: Dict[int, Dict], ends_b: Dict[int, Dict], mode: str) -> Dict:
@@ -305,7 +307,8 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
         summaries = [r["summary"] for r in seeds.values()]
         lines.append(f"| {arm} | **pooled, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}** | "
                      + " | ".join(f"**{fmt_pair(lifts[m]['pooled'])}**, {lifts[m]['seeds_above_0']} of "
-                                  f"{len(seeds)} seeds > 0" for m in modes)
+                                  f"{len(seeds)} seeds > 0; seeds resampled too [{lifts[m]['over_seeds']['low']:+.2f}, "
+                                  f"{lifts[m]['over_seeds']['high']:+.2f}]" for m in modes)
                      + f" | {mean([x['practice_first'] for x in summaries]):.2f} -> "
                      f"{mean([x['practice_last'] for x in summaries]):.2f} | "
                      f"{mean([x['total_env_steps'] for x in summaries]):,.0f} | | "

@@ -254,6 +254,28 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = RE
             "high": high, "level": level, "resamples": resamples, "seed": seed}
 
 
+def seeds_and_states_bootstrap(a: Sequence[float], bs: Sequence[Sequence[float]], resamples: int = RESAMPLES,
+                               seed: int = 0, level: float = LEVEL) -> Dict[str, Any]:
+    """mean over seeds of b_s - a on the same states, with an interval that covers the choice of seeds as well as of
+    states: each resample draws the runs' seeds with replacement and, independently, the states with replacement
+    (paired: the same states for a and every seed), its value the mean of b_{s,i} - a_i over the drawn seeds s and
+    states i. `a`: (states,) the start's per-state success; `bs`: (seeds, states) each seed's end. With few seeds
+    the seed draw is coarse (3 seeds give 10 distinct multisets) and narrows the interval by about sqrt((k-1)/k)."""
+    a, bs = np.asarray(a, dtype=np.float64), np.asarray(bs, dtype=np.float64)
+    if a.ndim != 1 or bs.ndim != 2 or bs.shape[1] != len(a) or len(a) == 0 or len(bs) == 0:
+        raise ValueError(f"seeds_and_states_bootstrap needs a (states,) start and a (seeds, states) end, got shapes "
+                         f"{a.shape} and {bs.shape}")
+    d = bs - a  # (seeds, states)
+    rng = np.random.default_rng(seed)
+    k, n = d.shape
+    means = np.empty(resamples)
+    for r in range(resamples):  # 10k small gathers: ~0.1 s
+        means[r] = d[np.ix_(rng.integers(0, k, k), rng.integers(0, n, n))].mean()
+    q = np.quantile(means, [(1 - level) / 2, (1 + level) / 2])
+    return {"seeds": k, "states": n, "diff": float(d.mean()), "low": float(q[0]), "high": float(q[1]),
+            "level": level, "resamples": resamples, "seed": seed}
+
+
 def pair(a: Dict[str, Any], b: Dict[str, Any]) -> Dict[str, Any]:
     """The paired comparison b - a of two outcomes files on one held-out set, per decoding both have."""
     if a["heldout_set"]["sha256"] != b["heldout_set"]["sha256"]:

@@ -47,6 +47,22 @@ def test_paired_bootstrap_on_hand_data():
         heldout.paired_bootstrap([0, 1], [0, 1, 1])
 
 
+def test_seeds_and_states_bootstrap_covers_the_choice_of_seeds():
+    # two seeds from a start 0 0 0 0: one ends 1 1 1 1 (+1 on every state), the other 0 0 0 0 (0). Resampling the
+    # states alone sees +0.5 on every state (interval [0.5, 0.5]); resampling the seeds too draws seed 1 twice, once or
+    # never with probability 1/4, 1/2, 1/4: the interval [0, 1]
+    a, ends = [0, 0, 0, 0], [[1, 1, 1, 1], [0, 0, 0, 0]]
+    p = heldout.paired_bootstrap(a, np.mean(ends, axis=0))
+    assert (p["diff"], p["low"], p["high"]) == (0.5, 0.5, 0.5)
+    s = heldout.seeds_and_states_bootstrap(a, ends)
+    assert (s["diff"], s["low"], s["high"], s["seeds"], s["states"]) == (0.5, 0.0, 1.0, 2, 4)
+    # one seed: the states' bootstrap of paired_bootstrap (b - a = 1 1 1 0: [0.25, 1.0], as above)
+    s = heldout.seeds_and_states_bootstrap(a, [[1, 1, 1, 0]])
+    assert (s["diff"], s["low"], s["high"]) == (0.75, 0.25, 1.0)
+    with pytest.raises(ValueError, match=r"\(seeds, states\) end"):
+        heldout.seeds_and_states_bootstrap(a, [1, 1, 1, 0])
+
+
 # ------------------------------------------------------------------------------------------------- the set
 
 def test_tabletop_heldout_set_is_deterministic_and_never_a_trial_or_demo_start(tmp_path):

@@ -112,6 +112,12 @@ def test_arm_lift_per_seed_and_pooled_over_seeds_paired_on_the_states():
     assert flat["pooled"]["diff"] == 0.5 and flat["pooled"]["low"] == 0.0 and flat["pooled"]["high"] == 1.0
     same = ll.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1])}, "greedy")
     assert (same["pooled"]["diff"], same["pooled"]["low"], same["pooled"]["high"]) == (1.0, 1.0, 1.0)
+    # resampling the seeds too: seed 1 gains on every state, seed 2 on none: the states alone say +0.5 exactly, the
+    # seeds' draw (seed 1 twice, once, never) spreads it to [0, 1]
+    split = ll.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([0, 0, 0, 0])}, "greedy")
+    assert (split["pooled"]["low"], split["pooled"]["high"]) == (0.5, 0.5)
+    assert (split["over_seeds"]["diff"], split["over_seeds"]["low"], split["over_seeds"]["high"]) == (0.5, 0.0, 1.0)
+    assert g["over_seeds"]["diff"] == pytest.approx(1 / 6) and g["over_seeds"]["seeds"] == 3
 
 
 def test_arm_difference_is_paired_on_the_states_over_the_seed_means():
@@ -145,9 +151,9 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     assert grpo1.startswith("| grpo | 1 | 0.50 -> 0.75, +0.25 [") and "| 0.20 -> 0.20 | 200 | 2 | 0 min |" in grpo1
     pooled = next(x for x in lines if x.startswith("| grpo | **pooled, 2 seeds** |"))
     # seed 1 ends 0.75, seed 2 1.0: pooled +0.375; both seeds above 0
-    assert "**0.50 -> 0.88, +0.38 [" in pooled and "2 of 2 seeds > 0" in pooled
+    assert "**0.50 -> 0.88, +0.38 [" in pooled and "2 of 2 seeds > 0; seeds resampled too [" in pooled
     control = next(x for x in lines if x.startswith("| control | **pooled"))
-    assert "**0.50 -> 0.50, +0.00 [+0.00, +0.00]**, 0 of 2 seeds > 0" in control
+    assert "**0.50 -> 0.50, +0.00 [+0.00, +0.00]**, 0 of 2 seeds > 0; seeds resampled too [+0.00, +0.00]" in control
     # SRPO ends 1 1 1 1 on both seeds, GRPO's seed mean 1, 0.5, 1, 1: +0.125
     assert t["differences"]["srpo - grpo"]["greedy"]["diff"] == pytest.approx(0.125)
     assert any(x.startswith("srpo - grpo at the end") and "greedy +0.12 [" in x for x in lines)
