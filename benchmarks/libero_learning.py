@@ -290,7 +290,8 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
              + ", ".join(f"{m} {start['success'][m]:.2f} [{start['interval'][m][0]:.2f}, {start['interval'][m][1]:.2f}]"
                          for m in modes)
              + f" over {n} states ({start['heldout_set']['name']})", "",
-             "| arm | seed | " + " | ".join(f"held-out {m}: start -> end, end - start [95% CI]" for m in modes)
+             "| arm | seed | " + " | ".join(f"held-out {m}: start -> end, end - start [95% CI] (states up / down)"
+                                           for m in modes)
              + " | practice, first 3 -> last 3 iterations | env steps | iterations | wall |",
              "|---|---|" + "---|" * len(modes) + "---|---|---|---|"]
     out: Dict = {"heldout_set": start["heldout_set"], "start": {m: start["success"][m] for m in modes},
@@ -301,7 +302,8 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
         out["arms"][arm] = {"lift": lifts, "summaries": {s: r["summary"] for s, r in seeds.items()}}
         for seed, r in seeds.items():
             s = r["summary"]
-            lines.append(f"| {arm} | {seed} | " + " | ".join(fmt_pair(lifts[m]["per_seed"][seed]) for m in modes)
+            lines.append(f"| {arm} | {seed} | " + " | ".join(f"{fmt_pair(p)} ({p['up']} / {p['down']})" for p in
+                                                             (lifts[m]["per_seed"][seed] for m in modes))
                          + f" | {s['practice_first']:.2f} -> {s['practice_last']:.2f} | {s['total_env_steps']:,} | "
                          f"{s['eval_iterations'][-1]} | {wall(s['wall_s'])} |")
         summaries = [r["summary"] for r in seeds.values()]

@@ -244,14 +244,16 @@ def paired_bootstrap(a: Sequence[float], b: Sequence[float], resamples: int = RE
                      level: float = LEVEL) -> Dict[str, Any]:
     """b - a on the same states (entry i of both is state i): the mean difference and its percentile bootstrap
     interval, the states resampled with replacement `resamples` times (seeded), each resample's difference the mean of
-    its states' b_i - a_i. An interval above 0 says b beats a beyond what the choice of states explains."""
+    its states' b_i - a_i. An interval above 0 says b beats a beyond what the choice of states explains. `up` and
+    `down` count the states where b is above / below a (a lift that only gains, or churn that gains and loses)."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
         raise ValueError(f"paired_bootstrap needs two equal-length 1-D arrays (one value per state), got shapes "
                          f"{a.shape} and {b.shape}")
     diff, low, high = bootstrap_interval(b - a, resamples, seed, level)
     return {"states": len(a), "mean_a": float(a.mean()), "mean_b": float(b.mean()), "diff": diff, "low": low,
-            "high": high, "level": level, "resamples": resamples, "seed": seed}
+            "high": high, "up": int((b > a).sum()), "down": int((b < a).sum()), "level": level,
+            "resamples": resamples, "seed": seed}
 
 
 def seeds_and_states_bootstrap(a: Sequence[float], bs: Sequence[Sequence[float]], resamples: int = RESAMPLES,
@@ -296,5 +298,5 @@ def format_pair(p: Dict[str, Any]) -> str:
         if m in p:
             r = p[m]
             lines.append(f"  {m:<8} a {r['mean_a']:.3f}  b {r['mean_b']:.3f}  b - a {r['diff']:+.3f} "
-                         f"[{r['low']:+.3f}, {r['high']:+.3f}]")
+                         f"[{r['low']:+.3f}, {r['high']:+.3f}]  b above a on {r['up']} states, below on {r['down']}")
     return "\n".join(lines)

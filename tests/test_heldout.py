@@ -39,6 +39,8 @@ def test_paired_bootstrap_on_hand_data():
     a, b = [1, 0, 1, 0, 0, 1, 0, 0], [1, 1, 1, 0, 0, 1, 0, 0]
     p = heldout.paired_bootstrap(a, b)
     assert (p["diff"], p["low"], p["high"]) == (0.125, 0.0, 0.375)
+    back = heldout.paired_bootstrap(b, a)
+    assert (p["up"], p["down"]) == (1, 0) and (back["up"], back["down"]) == (0, 1)  # the states above / below
     assert heldout.paired_bootstrap(b, b)["low"] == heldout.paired_bootstrap(b, b)["high"] == 0.0
     assert heldout.paired_bootstrap(b, a)["diff"] == -0.125  # b - a, not |b - a|
     assert heldout.bootstrap_interval([1, 0]) == (0.5, 0.0, 1.0)  # means 0, 1/2, 1 with probability 1/4, 1/2, 1/4

@@ -99,6 +99,7 @@ def test_arm_lift_per_seed_and_pooled_over_seeds_paired_on_the_states():
             3: outcomes([0, 0, 1, 1], [[1, 1], [1, 0], [1, 1], [1, 0]])}
     g = ll.arm_lift(start, ends, "greedy")
     assert [g["per_seed"][s]["diff"] for s in (1, 2, 3)] == pytest.approx([0.25, 0.25, 0.0])
+    assert [(g["per_seed"][s]["up"], g["per_seed"][s]["down"]) for s in (1, 2, 3)] == [(1, 0), (2, 1), (0, 0)]
     assert g["pooled"]["diff"] == pytest.approx(1 / 6) and g["pooled"]["mean_a"] == 0.5
     assert g["pooled"]["mean_b"] == pytest.approx(2 / 3) and g["seeds_above_0"] == 2 and g["seeds"] == 3
     assert g["pooled"] == heldout.paired_bootstrap([0, 0, 1, 1], [2 / 3, 1 / 3, 1, 2 / 3])  # the one bootstrap
@@ -149,6 +150,7 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     assert "sampled 0.50 [" in lines[0] and lines[0].endswith("over 4 states (hand)")
     grpo1 = next(x for x in lines if x.startswith("| grpo | 1 |"))
     assert grpo1.startswith("| grpo | 1 | 0.50 -> 0.75, +0.25 [") and "| 0.20 -> 0.20 | 200 | 2 | 0 min |" in grpo1
+    assert "] (1 / 0) |" in grpo1  # greedy 0 0 1 1 -> 1 0 1 1: one state up, none down
     pooled = next(x for x in lines if x.startswith("| grpo | **pooled, 2 seeds** |"))
     # seed 1 ends 0.75, seed 2 1.0: pooled +0.375; both seeds above 0
     assert "**0.50 -> 0.88, +0.38 [" in pooled and "2 of 2 seeds > 0; seeds resampled too [" in pooled
