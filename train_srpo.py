@@ -290,6 +290,7 @@ if __name__ == "__main__":
                 policy.eval()
                 batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, temperature=temp,
                                          keep_frames=cfg.reward.mode == "srpo", progress=run.is_main,
+                                         video_frames=cfg.reward.encoder.num_frames,  # what the encoder reads
                                          desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
                 batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
                 round_metrics: dict = {}

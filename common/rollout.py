@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from envs.video import sample_frame_indices
 from models.action_tokenizer import ACTION_DIM
 
 OBS_KEYS = ("agentview", "wrist", "state")
@@ -49,6 +50,7 @@ class RolloutBatch:
     truncated: Optional[np.ndarray] = None  # (B,) bool: cut at max_steps (not a terminal state: bootstrap it)
     last_obs: Dict[str, np.ndarray] = field(default_factory=dict)  # key -> (B, ...) observation after the last step
     frames: Optional[List[np.ndarray]] = None  # B agent-view videos (T_i, H, W, 3) uint8, one frame per env step
+    # (after the reset view), or the video_frames sampled of them
     stats: Dict[str, float] = field(default_factory=dict)  # timing and counts of the collection
 
     def __len__(self) -> int:
@@ -183,7 +185,8 @@ def episode_generators(num_episodes: int) -> List[torch.Generator]:
 @torch.no_grad()
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
-                     keep_obs: bool = True, flow_steps: Optional[int] = None, flow_noise_level: float = 0.0,
+                     video_frames: int = 0, keep_obs: bool = True, flow_steps: Optional[int] = None,
+                     flow_noise_level: float = 0.0,
                      keep_hidden: bool = False, keep_chain: bool = False, progress: bool = True,
                      desc: str = "rollout",
                      reset_options: Optional[Dict[str, Sequence[Any]]] = None,
@@ -208,12 +211,18 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     to recompute each step's log-prob: `extras["sde_step"]` (B, T) int64, `extras["x_t"]` and `extras["x_next"]`
     (B, T, horizon, D), and the step's log-density in `old_log_probs` (B, T, 1).
     `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
+    `keep_frames` keeps each episode's agent views (the reset view, then one per env step) in `frames`; with
+    `video_frames` n only its n frames at envs.video.sample_frame_indices (what the trajectory encoders read of a
+    video: the same embeddings), which LIBERO's workers alone render (`renders_sampled_video`: ~16 renders per episode
+    instead of one per step); other envs keep every frame and the rollout samples them.
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
     n_env = vec_env.num_envs
     chunk = policy.action_chunk
     total = len(prompts)
     pipeline = bool(getattr(vec_env, "pipeline", False)) if pipeline is None else bool(pipeline)
+    sampled = keep_frames and video_frames > 0 and getattr(vec_env, "renders_sampled_video", False)
+    chunk_kwargs = {"video_frames": video_frames} if sampled else {}  # the workers sample and render the videos
     groups = np.array_split(np.arange(n_env), min(2, n_env)) if pipeline else [np.arange(n_env)]  # policy batches
     generators = episode_generators(total) if pipeline else None
     calls: List[Dict[str, np.ndarray]] = []  # one record per policy call: episode rows, their step index, arrays
@@ -302,7 +311,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 for j, i in enumerate(idx):
                     state[i] = None
                     e = rows_e[j]
-                    if keep_frames:
+                    if keep_frames and (ended[j] or not sampled):  # sampled: the video comes with its end
                         row_frames[e].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
                     if not ended[j]:
                         continue
@@ -323,7 +332,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     state[i] = None
                     e = slot_row[i]
                     names[e], instructions[e] = str(info["task_name"][j]), str(info["task_description"][j])
-                    if keep_frames:  # the reset view (a copy: slot_obs is overwritten by every chunk)
+                    if keep_frames and not sampled:  # the reset view (a copy: slot_obs is overwritten by every chunk)
                         row_frames[e].append(got["agentview"][j][None].copy())
 
         def advance(g: int) -> Optional[Any]:
@@ -351,7 +360,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 return
             in_flight[g] = what
             if isinstance(what, dict):
-                vec_env.step_chunk_async(what["idx"], what["actions"], keep_frames)
+                vec_env.step_chunk_async(what["idx"], what["actions"], keep_frames, **chunk_kwargs)
             else:
                 rows_e = slot_row[what]
                 options = {"task_ids": prompts[rows_e, 0].tolist(), "trial_ids": prompts[rows_e, 1].tolist()}
@@ -387,7 +396,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     send(g, what)
                 for g in list(in_flight):
                     collect(g)
-        if keep_frames:  # an episode's frames: the reset view, then one per env step it took
+        if keep_frames:  # an episode's frames: the reset view, then one per env step it took (or its sampled video)
             for e in range(total):
                 frames[e] = np.concatenate(row_frames[e])
         return waited
@@ -428,7 +437,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 instructions[ep[j]] = desc_list[j]
             # copies: `obs` is overwritten in place by every chunk (`finish`), so a view would show the last
             # observation as frame 0
-            block_frames = [[obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames else []
+            block_frames = [[] if sampled else [obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames \
+                else []  # sampled: the whole (sampled) video comes with the episode's end
             block_steps = np.zeros(k, dtype=np.int64)
             running = np.zeros(n_env, dtype=bool)
             running[:k] = True  # spare envs never run
@@ -453,7 +463,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                 ended = res["terminated"] | res["truncated"]
                 call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
                 for j, i in enumerate(idx):
-                    if keep_frames:
+                    if keep_frames and (ended[j] or not sampled):  # sampled: the video comes with its end
                         block_frames[i].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
                     if not ended[j]:
                         continue
@@ -464,7 +474,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
             # The policy acts for all running envs, then they step their chunks (in parallel workers), waited for.
             while running.any():
                 call = act_for(np.flatnonzero(running))
-                vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames)
+                vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames, **chunk_kwargs)
                 finish(call)
             finish_step[ep] = block_steps
             env_steps += int(block_steps.sum())
@@ -473,6 +483,8 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                     frames[ep[j]] = np.concatenate(block_frames[j])
             bar.update(k)
     bar.close()
+    if keep_frames and video_frames > 0 and not sampled:  # envs that keep every frame: the sampled video here
+        frames = [f[sample_frame_indices(len(f), video_frames)] if len(f) else f for f in frames]
     wall = time.perf_counter() - t_rollout
     valid_steps = step_of
     T = int(valid_steps.max()) if total else 0

@@ -32,6 +32,7 @@ from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 from envs.suites import FIXTURE_SEED, LIBERO_PRO_SUITES, WAIT_ACTIONS, ConfigError, EnvConfig
 from envs.suites import LIBERO_SUITES as SUITES
 from envs.suites import SUITES as SUITE_FACTS
+from envs.video import sample_frame_indices
 
 # Per-suite facts (task counts, max_steps) live in envs/suites.py, which config checks read without a simulator.
 SUITE_NUM_TASKS = {s: SUITE_FACTS[s]["tasks"] for s in SUITES}
@@ -224,6 +225,10 @@ class LiberoEnv(gym.Env):
         self._build_s = 0.0  # seconds the last simulator build took
         self._steps = 0
         self._last: Optional[Tuple[Dict[str, np.ndarray], bool, bool]] = None  # obs, terminated, truncated
+        # step_chunk(video_frames=n): the episode's agent views so far, each an image (rendered anyway) or a snapshot
+        # of the arrays the renderer reads (rendered at the episode's end if it is one of the n sampled frames)
+        self._video: List[Any] = []
+        self._scratch: Tuple[Any, Any] = (None, None)  # (MjModel, an MjData of it the snapshots are rendered from)
         # env.fixture_seed stream:N: numpy's RNG state before the reset of trial j, per task ({task: {j: state}})
         self._streams: Dict[int, Dict[int, Any]] = {}
 
@@ -361,6 +366,7 @@ class LiberoEnv(gym.Env):
         self._steps = 0
         obs = self._obs(raw)
         self._last = (obs, False, False)
+        self._video = [obs["agentview"]]  # the reset view: frame 0 of the episode's video
         return obs, self._info(False)
 
     def _seed_fixtures(self) -> None:
@@ -414,7 +420,7 @@ class LiberoEnv(gym.Env):
         self._last = (obs, terminated, truncated)
         return obs, float(success), terminated, truncated, self._info(success)
 
-    def step_chunk(self, actions: np.ndarray, keep_frames: bool = False) -> Dict[str, Any]:
+    def step_chunk(self, actions: np.ndarray, keep_frames: bool = False, video_frames: int = 0) -> Dict[str, Any]:
         """Execute an action chunk (chunk, 7) step by step, stopping when the episode ends (the rollout's unit of work
         in a worker: one message instead of one per step). The cameras render only where an image is returned: at
         the chunk's last step and at max_steps, plus the agent view at every step with `keep_frames` (a video).
@@ -423,7 +429,14 @@ class LiberoEnv(gym.Env):
         step, at the state the step's own camera sample shows (robosuite samples the cameras after the last of its 25
         physics substeps and the state after the 23rd: measured, docs/libero.md). -> obs, reward (summed), steps,
         terminated, truncated,
-        success, invalid (False) and, with `keep_frames`, frames (steps, H, W, 3)."""
+        success, invalid (False) and, with `keep_frames`, frames (steps, H, W, 3).
+
+        With `keep_frames` and `video_frames` n > 0 the agent view is not rendered at every step: the camera's sample
+        keeps a snapshot of the arrays MuJoCo's renderer reads (RENDER_FIELDS, ~40 kB), and when the episode ends in
+        this chunk `frames` is its whole video sampled at n frames (envs.video.sample_frame_indices over the reset
+        view and one frame per step), only those rendered, each bit-identical to the image an every-step render gives
+        (tests/test_libero_video.py); `frames` is empty (0, H, W, 3) for a chunk that does not end its episode. The
+        video SRPO's reward reads, at 16 renders per episode instead of one per step."""
         if self._last is None:
             raise RuntimeError("LiberoEnv.step_chunk() called before reset()")
         actions = np.asarray(actions, dtype=np.float32)
@@ -435,18 +448,24 @@ class LiberoEnv(gym.Env):
         cameras = {key: self.raw_env.env._observables[name] for key, name in self._cameras.items()}
         sensors = {key: camera._sensor for key, camera in cameras.items()}
         rendered = {key: True for key in cameras}
+        sampled = keep_frames and video_frames > 0 and "agentview" in cameras
+        snapshot: List[Any] = [None]
         try:
             for s, action in enumerate(actions):
                 if terminated or truncated:
                     break
                 last = s == len(actions) - 1 or self._steps + 1 >= self.max_steps
                 for key, camera in cameras.items():  # a skipped render repeats the last image, unused
-                    rendered[key] = last or (keep_frames and key == "agentview")
+                    rendered[key] = last or (keep_frames and not sampled and key == "agentview")
                     camera._sensor = sensors[key] if rendered[key] else _repeat_last(camera)
+                if sampled and not rendered["agentview"]:  # keep what the renderer would read, render it later
+                    cameras["agentview"]._sensor = _snapshot_sensor(cameras["agentview"], self.raw_env.sim, snapshot)
                 obs, r, terminated, truncated, info = self.step(action)
                 reward += r
                 steps += 1
-                if keep_frames:
+                if sampled:
+                    self._video.append(obs["agentview"] if rendered["agentview"] else snapshot[0])
+                elif keep_frames:
                     frames.append(obs["agentview"])
         finally:
             for key, camera in cameras.items():
@@ -459,10 +478,42 @@ class LiberoEnv(gym.Env):
             self._last = (obs, terminated, truncated)
         out = {"obs": obs, "reward": reward, "steps": steps, "terminated": terminated, "truncated": truncated,
                "success": bool(info["success"])}
+        if sampled:
+            ended = steps and (terminated or truncated)
+            frames = self._sampled_video(video_frames, sensors["agentview"]) if ended else []
         if keep_frames:
-            out["frames"] = np.stack(frames) if frames else np.zeros((0,) + obs["agentview"].shape, np.uint8)
+            out["frames"] = np.stack(frames) if len(frames) else np.zeros((0,) + obs["agentview"].shape, np.uint8)
         out["busy_s"] = time.perf_counter() - t0  # the worker's seconds on this chunk (physics + render)
         return out
+
+    def _sampled_video(self, n: int, sensor: Callable[[Dict[str, Any]], np.ndarray]) -> List[np.ndarray]:
+        """The episode's video (the reset view, then one frame per step) at its n sampled frames, rendering the
+        snapshots among them (each once) with the agent view's own sensor on a scratch MjData that holds the
+        snapshot's arrays; the simulator's own data is not touched."""
+        import mujoco
+
+        sim = self.raw_env.sim
+        if self._scratch[0] is not sim.model._model:  # a new simulator (another task)
+            self._scratch = (sim.model._model, mujoco.MjData(sim.model._model))
+        scratch, ctx = self._scratch[1], sim._render_context_offscreen
+        images: Dict[int, np.ndarray] = {}
+        for i in sample_frame_indices(len(self._video), n).tolist():
+            if i in images:
+                continue
+            frame = self._video[i]
+            if isinstance(frame, dict):  # a snapshot: render it now
+                for name, value in frame.items():
+                    np.copyto(getattr(scratch, name), value)
+                data, ctx.data = ctx.data, _DataView(scratch)
+                try:
+                    self._make_current()
+                    frame = upright(sensor({}))
+                finally:
+                    ctx.data = data
+            images[i] = frame
+        video = [images[i] for i in sample_frame_indices(len(self._video), n).tolist()]
+        self._video = []
+        return video
 
     def timed_reset(self, options: Dict[str, Any]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any], float, float]:
         """`reset(options=options)`, the seconds it took in this process and of them the seconds spent building the
@@ -479,6 +530,32 @@ class LiberoEnv(gym.Env):
         if self.raw_env is not None:
             self.raw_env.close()
             self.raw_env, self._built_task = None, -1
+
+
+RENDER_FIELDS = ("xpos", "xmat", "xquat", "xipos", "ximat", "geom_xpos", "geom_xmat", "site_xpos", "site_xmat",
+                 "cam_xpos", "cam_xmat", "light_xpos", "light_xdir", "subtree_com", "qpos", "mocap_pos", "mocap_quat",
+                 "ten_wrapadr", "ten_wrapnum", "wrap_obj", "wrap_xpos", "flexvert_xpos", "act")  # what
+# mjv_updateScene reads of MjData for a camera view: a render from a scratch MjData holding them is bit-identical to
+# the live render (tests/test_libero_video.py)
+
+
+class _DataView:
+    """What robosuite's render context reads of its MjData wrapper (`._data`): another MjData to render from."""
+
+    def __init__(self, data: Any):
+        self._data = data
+
+
+def _snapshot_sensor(camera: Any, sim: Any, out: List[Any]) -> Callable[[Dict[str, Any]], np.ndarray]:
+    """A stand-in camera sensor that keeps a copy of the renderer's inputs (RENDER_FIELDS) in out[0] instead of
+    rendering, and returns the observable's last image (unused)."""
+    def sensor(obs_cache: Dict[str, Any]) -> np.ndarray:
+        data = sim.data._data
+        out[0] = {name: np.copy(getattr(data, name)) for name in RENDER_FIELDS if hasattr(data, name)}
+        return camera._current_observed_value
+
+    sensor.__modality__ = camera._sensor.__modality__  # robosuite groups observations by it
+    return sensor
 
 
 def _repeat_last(camera: Any) -> Callable[[Dict[str, Any]], np.ndarray]:
@@ -527,9 +604,11 @@ class LiberoVectorEnv(AsyncVectorEnv):
         self.invalid = np.zeros(self.num_envs, dtype=bool)
         self.num_restarts = 0
         self._reset_kwargs: List[Dict[str, Any]] = []
-        self._chunk_sent: Dict[int, Tuple[bool, bool]] = {}  # env -> (chunk sent, keep_frames) awaiting its result
+        self._chunk_sent: Dict[int, Tuple[bool, bool, int]] = {}  # env -> (chunk sent, keep_frames, video_frames)
+        # awaiting its result
         self._reset_sent: Dict[int, Dict[str, Any]] = {}  # env -> its reset_envs_async kwargs, awaiting the result
         self.pipeline = False
+        self.renders_sampled_video = True  # step_chunk_async(video_frames=n): the workers render only n frames
 
     def _restart(self, i: int) -> None:
         """Replace worker i by a fresh process (same env_fn, un-reset)."""
@@ -646,9 +725,11 @@ class LiberoVectorEnv(AsyncVectorEnv):
         self._state = AsyncState.DEFAULT
         return self._copy_obs(), rewards, terminated, truncated, infos
 
-    def step_chunk_async(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False) -> None:
+    def step_chunk_async(self, env_ids: np.ndarray, actions: np.ndarray, keep_frames: bool = False,
+                         video_frames: int = 0) -> None:
         """Send envs `env_ids` (k,) their action chunks (k, chunk, 7): each worker runs its chunk (LiberoEnv.step_chunk)
-        while the caller goes on; `step_chunk_wait(env_ids)` collects them. Several subsets may be in flight."""
+        while the caller goes on; `step_chunk_wait(env_ids)` collects them. Several subsets may be in flight. With
+        `video_frames` n the frames are an episode's video sampled at n frames, sent with the chunk that ends it."""
         self._assert_is_running()
         ids = [int(i) for i in env_ids]
         actions = np.asarray(actions, dtype=np.float32)
@@ -657,15 +738,16 @@ class LiberoVectorEnv(AsyncVectorEnv):
         for j, i in enumerate(ids):
             if i in self._chunk_sent:
                 raise RuntimeError(f"env {i} already has a chunk in flight")
-            sent = not self.invalid[i] and self._send(i, ("_call", ("step_chunk", (actions[j], keep_frames), {})))
-            self._chunk_sent[i] = (sent, keep_frames)
+            sent = not self.invalid[i] and self._send(i, ("_call", ("step_chunk", (actions[j], keep_frames,
+                                                                                   video_frames), {})))
+            self._chunk_sent[i] = (sent, keep_frames, video_frames)
 
     def step_chunk_wait(self, env_ids: np.ndarray) -> Dict[str, Any]:
         """Results of `step_chunk_async(env_ids, ...)` as arrays over env_ids (obs dict, reward, steps, terminated,
         truncated, success, invalid, frames); a worker that died ends its episode as truncated and invalid."""
         results = []
         for i in (int(i) for i in env_ids):
-            (sent, keep_frames), result, ok = self._chunk_sent.pop(i), None, False
+            (sent, keep_frames, video_frames), result, ok = self._chunk_sent.pop(i), None, False
             if sent:
                 result, ok = self._recv(i)
             elif not self.invalid[i]:  # the send failed: the worker is already gone
@@ -676,8 +758,8 @@ class LiberoVectorEnv(AsyncVectorEnv):
                 obs = {k: v[i] for k, v in self.observations.items()}
                 result = {"obs": obs, "reward": 0.0, "steps": int(died), "terminated": False, "truncated": True,
                           "success": False}
-                if keep_frames:
-                    result["frames"] = np.repeat(obs["agentview"][None], int(died), axis=0)
+                if keep_frames:  # (a sampled video: its n frames are the last view too)
+                    result["frames"] = np.repeat(obs["agentview"][None], video_frames or int(died), axis=0)
             for k, v in result["obs"].items():
                 self.observations[k][i] = v
             results.append(result)
@@ -693,7 +775,7 @@ class LiberoVectorEnv(AsyncVectorEnv):
 
     def drain(self) -> None:
         """Take (and drop) the results of chunks and resets still in flight: an abandoned rollout's."""
-        for i, (sent, _) in list(self._chunk_sent.items()):
+        for i, (sent, *_) in list(self._chunk_sent.items()):
             if sent:
                 self._recv(i)
         self._chunk_sent.clear()

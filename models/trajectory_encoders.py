@@ -26,17 +26,11 @@ import torch
 import torch.nn.functional as F
 from transformers import VJEPA2Config, VJEPA2Model
 
+from envs.video import sample_frame_indices
 from models.configs import EncoderConfig
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-
-
-
-
-def sample_frame_indices(length: int, num_frames: int) -> np.ndarray:
-    """`num_frames` indices spread uniformly over [0, length - 1] (repeats when the episode is shorter)."""
-    return np.linspace(0, length - 1, num_frames).round().astype(np.int64)
 
 
 def _check_videos(videos: Sequence[np.ndarray]) -> List[np.ndarray]:
