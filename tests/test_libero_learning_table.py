@@ -266,7 +266,11 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     pooled = grpo["pooled"]
     assert (pooled["diff"], pooled["low"], pooled["high"]) == pytest.approx((0.225, 0.135, 0.32))
     assert grpo["seeds_above_0"] == 2 and grpo["per_seed"][2]["diff"] == pytest.approx(0.26)
-    control = m.arm_lift(o["sft"], {1: o["control_s1"]}, "greedy")["pooled"]
+    over = grpo["over_seeds"]  # the seeds resampled too: wider
+    assert (over["diff"], over["low"], over["high"]) == pytest.approx((0.225, 0.115, 0.33))
+    control_lift = m.arm_lift(o["sft"], {1: o["control_s1"]}, "greedy")
+    control = control_lift["pooled"]
     assert (control["diff"], control["low"], control["high"]) == pytest.approx((0.10, -0.01, 0.21))
+    assert (control_lift["per_seed"][1]["up"], control_lift["per_seed"][1]["down"]) == (21, 11)  # churn
     signal = m.arm_difference({1: o["control_s1"]}, {1: o["grpo_s1"], 2: o["grpo_s2"]}, "greedy")
     assert (signal["diff"], signal["low"], signal["high"]) == pytest.approx((0.125, 0.03, 0.215))
