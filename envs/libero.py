@@ -460,11 +460,13 @@ class LiberoEnv(gym.Env):
                     camera._sensor = sensors[key] if rendered[key] else _repeat_last(camera)
                 if sampled and not rendered["agentview"]:  # keep what the renderer would read, render it later
                     cameras["agentview"]._sensor = _snapshot_sensor(cameras["agentview"], self.raw_env.sim, snapshot)
+                snapshot[0] = None
                 obs, r, terminated, truncated, info = self.step(action)
                 reward += r
                 steps += 1
-                if sampled:
-                    self._video.append(obs["agentview"] if rendered["agentview"] else snapshot[0])
+                if sampled:  # (a camera that did not sample this step shows its last image, as an every-step render)
+                    self._video.append(obs["agentview"] if rendered["agentview"] else
+                                       self._video[-1] if snapshot[0] is None else snapshot[0])
                 elif keep_frames:
                     frames.append(obs["agentview"])
         finally:
