@@ -498,8 +498,8 @@ class LiberoEnv(gym.Env):
         if self._scratch[0] is not sim.model._model:  # a new simulator (another task)
             self._scratch = (sim.model._model, mujoco.MjData(sim.model._model))
         scratch, ctx = self._scratch[1], sim._render_context_offscreen
-        images: Dict[int, np.ndarray] = {}
-        for i in sample_frame_indices(len(self._video), n).tolist():
+        indices, images = sample_frame_indices(len(self._video), n).tolist(), {}
+        for i in indices:
             if i in images:
                 continue
             frame = self._video[i]
@@ -513,7 +513,7 @@ class LiberoEnv(gym.Env):
                 finally:
                     ctx.data = data
             images[i] = frame
-        video = [images[i] for i in sample_frame_indices(len(self._video), n).tolist()]
+        video = [images[i] for i in indices]
         self._video = []
         return video
 
