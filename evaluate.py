@@ -132,6 +132,7 @@ import numpy as np
 import torch
 import yaml
 
+from common import provenance
 from common.checkpoint import load_saved_policy, resolve_policy_dir
 from common.run_folder import check_writable
 from common.evaluation import evaluate_policy
@@ -379,7 +380,8 @@ def heldout_policy_run(args: argparse.Namespace, checkpoint: str, policy, env_cf
         seed=args.seed, temperature=temperature if args.sampled else None, protocol=protocol["name"],
         env={k: getattr(cfg, k) for k in ("suite", "max_steps", "num_steps_wait", "wait_action", "fixture_seed",
                                           "image_size", "fast_render", "wrist_camera")},
-        seconds=round(time.time() - t0, 1))
+        seconds=round(time.time() - t0, 1),
+        provenance=provenance.of_outcomes(checkpoint, saved_train_config(checkpoint)))  # which code made this row
 
 
 def run_heldout(args: argparse.Namespace, policy, env_cfg: EnvConfig, protocol: Dict[str, Any],

@@ -50,7 +50,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from common import fsdp, memory_plan
+from common import fsdp, memory_plan, provenance
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states,
                                untrusted_message)
 from common.config import ConfigError, save_config, script_file
@@ -264,6 +264,7 @@ class Run:
             config_path = os.path.join(self.run_dir, "config.yaml")
             if self.resume_path is None:  # a resumed run keeps the config it was started with (never replaced)
                 save_config(self.cfg, config_path, script=self.script, exclusive=True)
+            provenance.record_run(self.run_dir, self.start_iteration)  # the code and versions of this start / resume
             self.logger = Logger(self.run_dir, self.run_name, self.cfg, self.cfg.log,
                                  resume_iteration=self.start_iteration if self.resume_path else None)
             params = sum(p.numel() for p in policy.parameters() if p.requires_grad)

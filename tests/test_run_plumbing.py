@@ -67,6 +67,8 @@ def test_resume_is_bitwise_the_uninterrupted_run_and_keeps_its_config(tmp_path, 
     assert "resumed at iteration 2" in out.stdout and "note: train.lr_schedule=cosine" not in out.stdout
     with open(os.path.join(b, "config.yaml")) as f:
         assert f.read() == saved  # never overwritten
+    # which code made the run: one provenance entry per start and resume (common/provenance.py)
+    assert [e["from_iteration"] for e in json.load(open(os.path.join(b, "provenance.json")))] == [0, 2]
     assert "n: 4" in saved and "entropy_coeff: 0.01" in saved and "filter_accuracy: false" in saved
     ra, rb = rows(a), rows(b)
     assert [r["iteration"] for r in rb] == [0, 1, 2, 3, 4]  # row 0: the start evaluated
