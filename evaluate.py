@@ -92,6 +92,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "(--trial-start/--trials) plus states drawn from the suite's placement distribution "
                         "(common/heldout.py); writes outcomes.json (per episode) with a bootstrap 95%% interval")
     p.add_argument("--heldout-seed", type=int, default=0, help="the seed the held-out set's states are drawn with")
+    p.add_argument("--drawn-only", action="store_true",
+                   help="with --heldout-set: drawn states only, no official trial (a validation set: another "
+                        "--heldout-seed than the test set's, so its states are disjoint from the test set's)")
     p.add_argument("--heldout-file", default=None,
                    help="the held-out set's JSON (default cache/heldout/<name>.json): read when it exists, else "
                         "generated and written there")
@@ -113,6 +116,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
             raise SystemExit(f"error: --checkpoint {args.checkpoint} is an outcomes file: compare it with another "
                              f"(--paired OTHER_outcomes.json), or pass a policy folder to evaluate")
         return args
+    if args.heldout_set is None and args.drawn_only:
+        raise SystemExit("error: --drawn-only narrows a held-out set to its drawn states: add --heldout-set N")
     if args.heldout_set is None and (args.paired or args.heldout_file):
         raise SystemExit(f"error: {'--paired' if args.paired else '--heldout-file'} compares policies on a held-out "
                          f"set: add --heldout-set N (e.g. 100)")
@@ -505,8 +510,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
                          f"with its protocol (drop --protocol), or pass --trial-start and --allow-practice-trials")
     start = default_start if args.trial_start is None else args.trial_start
     count = n_trials - start if args.trials is None else args.trials
-    if args.heldout_set is not None and start >= n_trials and args.trials is None:
-        count = 0  # every official trial practised (e.g. a run under a reference protocol): drawn states only
+    if args.heldout_set is not None and (args.drawn_only or (start >= n_trials and args.trials is None)):
+        count = 0  # a validation set, or every official trial practised (a reference protocol): drawn states only
     elif count < 1 or start + count > n_trials:
         raise ValueError(f"--trial-start {start} --trials {count}: suite '{env_cfg.suite}' has trial ids "
                          f"0..{n_trials - 1}")
@@ -519,7 +524,7 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
         if reference:
             raise ValueError(f"--heldout-set evaluates under the heldout protocol (the checkpoint's env settings), "
                              f"not --protocol {protocol['name']}, whose trials are 0-49: drop --protocol")
-        if not trial_ids:
+        if not trial_ids and not args.drawn_only:
             print(f"every official trial 0-{n_trials - 1} was practised: the held-out set is drawn states only")
         return run_heldout(args, policy, env_cfg, protocol, task_ids, trial_ids, out_dir, paired, practice)
     if args.suites:  # one checkpoint on a base suite and its perturbed variants (common/robustness.py)

@@ -456,6 +456,101 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
                                        for seed, r in seeds.items()}}, args, out)
 
 
+def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: int, args, env: List[str],
+             made: str, log: str) -> None:
+    """The SFT start in `sft` (skipped when there): `train_sft.py` on the demos for `steps` steps (seed 0, the tiny
+    token policy), its run folder under `run_root`, continued from its newest checkpoint when it was stopped; then
+    what made it to `made` (JSON)."""
+    if os.path.isdir(sft):
+        return
+    stopped_sft = resumable(run_root)
+    if stopped_sft:  # an SFT that was stopped (it checkpoints every 250 steps): continue it if it is this start's
+        from omegaconf import OmegaConf
+
+        was = OmegaConf.load(os.path.join(stopped_sft, "config.yaml")).sft
+        if (was.steps, was.num_demos) != (steps, args.demos):
+            sys.exit(f"error: the stopped SFT in {stopped_sft} trains {was.steps} steps on {was.num_demos} demos, not "
+                     f"{steps} on {args.demos}: give this SFT start its own --out")
+        run([py, "train_sft.py", "--resume", stopped_sft], os.path.join(out, f"{log}_resumed.log"))
+    else:
+        run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
+             "env.num_envs=2", f"sft.demo_paths=[{demo_file}]", f"sft.num_demos={args.demos}",
+             f"sft.steps={steps}", "sft.eval_every=0", "sft.checkpoint_every=250", "sft.eval_trials=1",
+             "sft.log_every=50",
+             "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
+             f"sft.output_path={sft}", "seed=0", f"log.output_dir={run_root}", f"log.plots_dir={out}/plots"],
+            os.path.join(out, f"{log}.log"))
+    with open(made, "w") as f:
+        json.dump({"demos": args.demos, "sft_steps": steps, "image_size": args.image_size}, f)
+
+
+def validation_eval(py: str, checkpoint: str, folder: str, set_file: str, args, temperature: float) -> Dict:
+    """One policy on the validation set (`evaluate.py --heldout-set --drawn-only`: --validation-set states drawn with
+    --validation-seed, no official trial; greedy and sampled); skipped when its outcomes.json is there."""
+    from common import heldout
+
+    found = os.path.join(folder, "outcomes.json")
+    if not os.path.isfile(found):
+        os.makedirs(folder, exist_ok=True)
+        run([py, "evaluate.py", "--checkpoint", checkpoint, "--heldout-set", str(args.validation_set),
+             "--heldout-seed", str(args.validation_seed), "--drawn-only", "--heldout-file", set_file, "--sampled",
+             "--temperature", f"{temperature:g}", "--num-envs", "2", "--gifs", "0", "--out-dir", folder],
+            folder.rstrip("/") + ".log")
+    return heldout.read_outcomes(found)
+
+
+def check_disjoint(args) -> None:
+    """The validation set's drawn states never overlap the test set's (other placement seeds; both lie far above the
+    demos' seeds 1000.., and neither holds a practice trial)."""
+    from common import heldout
+
+    if args.validation_seed == args.heldout_seed:
+        sys.exit(f"error: --validation-seed {args.validation_seed} is the test set's --heldout-seed: the validation "
+                 f"set would be the test set's drawn states; choose another seed")
+    test = set(heldout.placement_seeds(args.task_id, args.heldout_seed, args.heldout_set))
+    val = set(heldout.placement_seeds(args.task_id, args.validation_seed, args.validation_set))
+    if test & val:
+        sys.exit(f"error: the validation and test sets share placement seeds {sorted(test & val)[:3]}: choose "
+                 f"another --validation-seed")
+
+
+def choose_sft(py: str, out: str, demo_file: str, args, env: List[str]) -> str:
+    """--sft-candidates: the rule written into docs/results.md before any RL run (issue 67): SFT starts of the
+    candidate lengths, shortest first, each scored on the validation set (never the test set); the start is the first
+    whose validation greedy success is >= --validation-min, else the longest. Later candidates are not trained once
+    one passes. Writes <out>/sft_choice.json (every candidate's validation success, the rule, the choice); returns the
+    chosen start's folder and sets args.sft_steps to its length."""
+    check_disjoint(args)
+    temperature = recipe_temperature(ARMS["grpo"][0])
+    folder = os.path.join(out, "validation", f"n{args.validation_set}_seed{args.validation_seed}")
+    set_file = os.path.join(folder, "validation_set.json")
+    scores: Dict[int, Dict] = {}
+    chosen = None
+    for steps in sorted(args.sft_candidates):
+        sft = os.path.join(out, "sft_candidates", f"s{steps}")
+        make_sft(py, out, sft, os.path.join(out, "sft_candidates", f"s{steps}_run"), demo_file, steps, args, env,
+                 os.path.join(out, "sft_candidates", f"s{steps}_settings.json"), f"sft_s{steps}")
+        o = validation_eval(py, sft, os.path.join(folder, f"sft_s{steps}"), set_file, args, temperature)
+        scores[steps] = {m: {"success": o["success"][m], "interval": o["interval"][m]} for m in o["success"]}
+        print(f"SFT {steps} steps on the validation set ({args.validation_set} drawn states, seed "
+              f"{args.validation_seed}): " + ", ".join(f"{m} {v['success']:.2f} [{v['interval'][0]:.2f}, "
+                                                          f"{v['interval'][1]:.2f}]" for m, v in scores[steps].items()),
+              flush=True)
+        if o["success"]["greedy"] >= args.validation_min:
+            chosen = steps
+            break
+    rule = (f"the shortest of {sorted(args.sft_candidates)} SFT steps whose validation greedy success is >= "
+            f"{args.validation_min}; none: the longest")
+    chosen = chosen if chosen is not None else max(args.sft_candidates)
+    with open(os.path.join(out, "sft_choice.json"), "w") as f:
+        json.dump({"rule": rule, "validation_set": {"states": args.validation_set, "seed": args.validation_seed,
+                                                    "drawn_only": True},
+                   "candidates": scores, "chosen_steps": chosen}, f, indent=1)
+    print(f"SFT start chosen by the rule ({rule}): {chosen} steps", flush=True)
+    args.sft_steps = chosen
+    return os.path.join(out, "sft_candidates", f"s{chosen}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--suite", default="libero_object")
@@ -492,6 +587,16 @@ def main() -> None:
     p.add_argument("--heldout-seed", type=int, default=0, help="--arms: the seed the held-out states are drawn with")
     p.add_argument("--data-out", default=None, help="--arms: copy every policy's per-episode outcomes (compact "
                                                     "JSON) and the table to <data-out>/<suite>_t<task id>/")
+    p.add_argument("--sft-candidates", type=int, nargs="+", default=None, metavar="STEPS",
+                   help="instead of --sft-steps: SFT lengths tried shortest first, the start chosen on the validation "
+                        "set by the rule (the first with validation greedy >= --validation-min, else the longest); "
+                        "in <out>/sft_candidates/, the choice in <out>/sft_choice.json")
+    p.add_argument("--validation-set", type=int, default=50, metavar="N",
+                   help="--sft-candidates: drawn states of the validation set (no official trial)")
+    p.add_argument("--validation-seed", type=int, default=1,
+                   help="--sft-candidates: the validation set's seed (never the test set's --heldout-seed)")
+    p.add_argument("--validation-min", type=float, default=0.3,
+                   help="--sft-candidates: validation greedy success the chosen start reaches")
     p.add_argument("--sft-only", action="store_true", help="make (or reuse) the demos and the SFT start, evaluate "
                                                            "it on the --heldout-set and stop (no RL)")
     args = p.parse_args()
@@ -527,27 +632,12 @@ def main() -> None:
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     env = [f"env.suite={args.suite}", f"env.image_size={args.image_size}", "env.fast_render=true",
            f"env.max_steps={args.max_steps}", "env.pipeline=true", "--no-wandb"]  # pipeline: streamed episodes
-    making_sft = not os.path.isdir(sft)
-    stopped_sft = resumable(os.path.join(out, "sft_run")) if making_sft else None
-    if stopped_sft:  # an SFT that was stopped (it checkpoints every 250 steps): continue it if it is this start's
-        from omegaconf import OmegaConf
-
-        was = OmegaConf.load(os.path.join(stopped_sft, "config.yaml")).sft
-        if (was.steps, was.num_demos) != (args.sft_steps, args.demos):
-            sys.exit(f"error: the stopped SFT in {stopped_sft} trains {was.steps} steps on {was.num_demos} demos, not "
-                     f"{args.sft_steps} on {args.demos}: give this SFT start its own --out")
-        run([py, "train_sft.py", "--resume", stopped_sft], os.path.join(out, "sft_resumed.log"))
-    elif making_sft:
-        run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
-             "env.num_envs=2", f"sft.demo_paths=[{files[0]}]", f"sft.num_demos={args.demos}",
-             f"sft.steps={args.sft_steps}", "sft.eval_every=0", "sft.checkpoint_every=250", "sft.eval_trials=1",
-             "sft.log_every=50",
-             "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
-             f"sft.output_path={sft}", "seed=0", f"log.output_dir={out}/sft_run", f"log.plots_dir={out}/plots"],
-            os.path.join(out, "sft.log"))
-    if making_sft:
-        with open(made, "w") as f:
-            json.dump(settings, f)
+    if args.sft_candidates:  # the start chosen on the validation set by the rule written before any RL run
+        sft = choose_sft(py, out, files[0], args, env)
+        if args.sft_only:  # the choice only: the test set scores the start once, beside the arms' final policies
+            return
+    else:
+        make_sft(py, out, sft, os.path.join(out, "sft_run"), files[0], args.sft_steps, args, env, made, "sft")
     if args.arms or args.sft_only:
         return run_arms(args, out, sft, env, py)
     results: Dict[str, Dict[int, Dict]] = {}
