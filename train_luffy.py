@@ -459,6 +459,7 @@ if __name__ == "__main__":
                 rows = np.isin(batch.group_ids, np.array(groups, dtype=np.int64)[trained])
                 batch, is_demo = batch.select(rows), is_demo[rows]
                 metrics["sampling/trained_groups"] = float(sum(run.gather([int(trained.sum())])))
+            metrics["demos/in_update"] = float(sum(run.gather([int(is_demo.sum())])))  # demo episodes trained on
             kept_counts = run.gather([len(batch)])
             metrics["train/skipped_update"] = float(sum(kept_counts) == 0)
 

@@ -54,13 +54,15 @@ def evaluate_episode(suite: str, task: int, trial: int) -> Dict[str, Any]:
     return {"task": task, "trial": trial, **run_episode(env, expert, {"task_id": task, "trial_id": trial})}
 
 
-def record_episode(suite: str, task: int, seed: int, image_size: int, fast_render: bool) -> Dict[str, Any]:
-    """The expert from the random placement drawn with `seed`, recorded (both cameras); a success also carries the
-    file's attributes and the scene's MJCF."""
+def record_episode(suite: str, task: int, seed: int, image_size: int, fast_render: bool, trial: bool = False
+                   ) -> Dict[str, Any]:
+    """The expert from the random placement drawn with `seed` (with `trial`: from the suite's init state number
+    `seed`), recorded (both cameras); a success also carries the file's attributes and the scene's MJCF."""
     from envs.libero_expert import demo_file_attrs, run_episode
 
     env, expert = _worker_env(suite, task, image_size, True, fast_render)
-    out = run_episode(env, expert, {"task_id": task, "placement_seed": seed}, record=True)
+    start = {"task_id": task, "trial_id": seed} if trial else {"task_id": task, "placement_seed": seed}
+    out = run_episode(env, expert, start, record=True)
     out.update(task=task, seed=seed, task_name=env.task_names[task])
     if out["success"]:
         out["file_attrs"] = demo_file_attrs(env, {})
@@ -123,7 +125,8 @@ def record(args: argparse.Namespace, task_ids: List[int]) -> None:
     """N successful demos per task, one file each; a file is written under a temporary name and renamed once
     complete (an interrupted task leaves none)."""
     pool = _pool(args.workers)
-    bar = tqdm(total=args.record * len(task_ids), unit="demo", desc=f"recording {args.suite}", dynamic_ncols=True)
+    per_task = args.trials if args.record_trials else args.record
+    bar = tqdm(total=per_task * len(task_ids), unit="demo" if not args.record_trials else "trial", desc=f"recording {args.suite}", dynamic_ncols=True)
     t0 = time.time()
     try:
         for task in task_ids:
@@ -135,15 +138,16 @@ def record(args: argparse.Namespace, task_ids: List[int]) -> None:
                     writer.abort()
                 raise
             path = writers[0].path
-            tqdm.write(f"task {task}: {args.record} demos in {attempts} attempts ({args.record / attempts:.0%}) -> "
+            tqdm.write(f"task {task}: {writers[0].num_demos} demos in {attempts} attempts "
+                       f"({writers[0].num_demos / attempts:.0%}) -> "
                        f"{path} ({os.path.getsize(path) / 2**20:.1f} MiB); {(time.time() - t0) / 60:.1f} min so far")
     finally:
         bar.close()
         if pool:
             pool.shutdown(cancel_futures=True)
     minutes = (time.time() - t0) / 60
-    print(f"recorded {args.record * len(task_ids)} demos in {minutes:.1f} min "
-          f"({args.record * len(task_ids) / max(minutes, 1e-9):.2f} demos/min, {args.workers} workers)")
+    print(f"recorded {per_task * len(task_ids)} {'init states' if args.record_trials else 'demos'} in "
+          f"{minutes:.1f} min ({per_task * len(task_ids) / max(minutes, 1e-9):.2f}/min, {args.workers} workers)")
 
 
 def _record_task(args: argparse.Namespace, pool: Optional[futures.Executor], task: int, bar: Any,
@@ -153,6 +157,8 @@ def _record_task(args: argparse.Namespace, pool: Optional[futures.Executor], tas
     from envs import EnvConfig
     from envs.libero_expert import DemoFileWriter
 
+    if args.record_trials:
+        return _record_trials(args, pool, task, bar, writers)
     pending: Dict[int, Any] = {}  # seed -> future
     finished: Dict[int, Dict[str, Any]] = {}  # seed -> result, not yet written
     next_seed, next_write, kept, attempts = args.seed, args.seed, 0, 0
@@ -192,6 +198,36 @@ def _record_task(args: argparse.Namespace, pool: Optional[futures.Executor], tas
     return attempts
 
 
+def _record_trials(args: argparse.Namespace, pool: Optional[futures.Executor], task: int, bar: Any,
+                   writers: List[Any]) -> int:
+    """--record-trials: one attempt from each official init state --trial-start.. (e.g. RL's practice states 0..39,
+    LUFFY's demonstrations of them), the successes written in trial order with their trial_id; a failure is named
+    and skipped. -> episodes run."""
+    from envs import EnvConfig
+    from envs.libero_expert import DemoFileWriter
+
+    trials = list(range(args.trial_start, args.trial_start + args.trials))
+    jobs = [(args.suite, task, j, args.image_size, args.fast_render, True) for j in trials]
+    results = list(pool.map(record_episode, *zip(*jobs))) if pool else [record_episode(*job) for job in jobs]
+    failed = [j for j, r in zip(trials, results) if not r["success"]]
+    for j, r in zip(trials, results):
+        if r["success"]:
+            if not writers:
+                extra = {"recorder": "vla-rl scripted expert (envs/libero_expert.py)", "suite": args.suite,
+                         "task_id": task, "image_size": args.image_size, "fast_render": args.fast_render,
+                         "num_steps_wait": EnvConfig().num_steps_wait, "trials": [trials[0], trials[-1]]}
+                path = os.path.join(args.out, args.suite, f"{r['task_name']}_demo.hdf5")
+                writers.append(DemoFileWriter(path, {**r["file_attrs"], **extra}))
+            writers[0].add(r["arrays"], {"trial_id": j, "model_file": r["model_file"]})
+        bar.update(1)
+    if not writers:
+        raise SystemExit(f"error: task {task}: the expert failed from every init state {trials[0]}-{trials[-1]}")
+    if failed:
+        tqdm.write(f"task {task}: no demo from init states {failed} (the expert failed there)")
+    writers[0].close()
+    return len(trials)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", default="libero_object", help="libero_object | libero_spatial | libero_goal")
@@ -201,6 +237,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument("--workers", type=int, default=2, help="episode processes")
     parser.add_argument("--json", default=None, help="write the evaluation table as JSON here")
     parser.add_argument("--record", type=int, default=0, help="record this many successful demos per task")
+    parser.add_argument("--record-trials", action="store_true",
+                        help="record one demo from each official init state --trial-start..+--trials (e.g. RL's "
+                             "practice states 0..39 for LUFFY) instead of --record N random placements")
     parser.add_argument("--out", default="data/libero_demos", help="demo folder (a <suite>/ folder is made in it)")
     parser.add_argument("--image-size", type=int, default=128, help="camera size of recorded demos (px)")
     parser.add_argument("--fast-render", type=int, default=1, choices=(0, 1),
@@ -236,7 +275,7 @@ def main(argv: Optional[List[str]] = None) -> None:
             raise SystemExit(f"error: the scripted expert cannot do task {t} of {args.suite} ('{descriptions[t]}'): "
                              f"{reasons[t]}; it does tasks {handled}")
     try:
-        if args.record:
+        if args.record or args.record_trials:
             record(args, task_ids)
             return
         table = evaluate(args, task_ids, descriptions)

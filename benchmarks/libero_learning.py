@@ -121,6 +121,9 @@ def summary(rows: List[Dict], last: int = 3) -> Dict:
                  "total_env_steps": int(max(r.get("charts/env_steps", 0.0) for r in rows)),
                  "wall_s": round(sum(r.get("time/iteration", 0.0) for r in rows)
                                  + sum(r.get("time/eval", 0.0) for r in evals if r["iteration"] > 0))}
+    if any("demos/in_update" in r for r in rows):  # LUFFY: the demonstrations its updates trained on
+        out["demo_episodes"] = int(sum(r.get("demos/in_update", 0.0) for r in rows))
+        out["demos_dropped"] = int(sum(r.get("demos/dropped", 0.0) for r in rows))
     for name, key in (("greedy", "val/success_rate"), ("sampled", "val/sampled_success_rate")):
         values = [round(r.get(key, float("nan")), 3) for r in evals]
         out[name] = values
@@ -206,12 +209,14 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 # --arms: the CPU-scale recipe's arms at an equal env-step budget, judged on one paired held-out set
 # ------------------------------------------------------------------------------------------------------------------
-ARMS = {"grpo": ("configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
-        "srpo": ("configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
-        "control": ("configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"])}  # GRPO's update, no signal
+ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
+        "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
+        "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
+        "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", [])}  # + the expert's demos of the practice states
+PRACTICE_TRIALS = 40  # the heldout protocol's practice init states 0..39 on LIBERO (envs/protocols.py): LUFFY's demos
 ITERATION_CAP = 1000  # train.iterations of an --arms run: the env-step budget stops it first (an iteration is >= 32
                       # episodes, so 1000 of them are > 3 M env steps)
-COMPARISONS = (("grpo", "srpo"), ("control", "grpo"), ("control", "srpo"))  # (a, b): b - a, when both arms ran
+COMPARISONS = (("grpo", "srpo"), ("grpo", "luffy"), ("control", "grpo"), ("control", "srpo"), ("control", "luffy"))  # (a, b): b - a, when both arms ran
 
 
 def recipe_temperature(config: str) -> float:
@@ -315,6 +320,12 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
                      f"{mean([x['practice_last'] for x in summaries]):.2f} | "
                      f"{mean([x['total_env_steps'] for x in summaries]):,.0f} | | "
                      f"{wall(mean([x['wall_s'] for x in summaries]))} |")
+    for arm, seeds in arms.items():
+        demos = {seed: r["summary"]["demo_episodes"] for seed, r in seeds.items() if "demo_episodes" in r["summary"]}
+        if demos:
+            lines += ["", f"{arm}: demo episodes in its updates (the expert's, from the practice states), per seed: "
+                      + ", ".join(f"seed {s} {n:,} ({seeds[s]['summary']['demos_dropped']} dropped at replay)"
+                                  for s, n in demos.items())]
     for a, b in COMPARISONS:
         if a in arms and b in arms:
             diff = {m: arm_difference({s: r["outcomes"] for s, r in arms[a].items()},
@@ -343,7 +354,7 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
     low, high = start["interval"]["greedy"]
     ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
                                                f"[{low:.2f}, {high:.2f}]")
-    colors = {"grpo": "C0", "srpo": "C1", "control": "0.45"}
+    colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "control": "0.45"}
     for i, (arm, seeds) in enumerate(arms.items()):
         color = colors.get(arm, f"C{i + 2}")
         curves = []
@@ -393,6 +404,20 @@ def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, tem
     return heldout.read_outcomes(found)
 
 
+def practice_demos(py: str, out: str, args) -> str:
+    """LUFFY's demonstrations: one scripted-expert demo from each practice init state 0..39 of the task
+    (`libero_expert.py --record-trials`; a state the expert fails is left out), recorded once into
+    <out>/practice_demos/. -> the HDF5 file."""
+    folder = os.path.join(out, "practice_demos")
+    files = glob.glob(os.path.join(folder, args.suite, "*_demo.hdf5"))
+    if not files:
+        run([py, "benchmarks/libero_expert.py", "--record-trials", "--trial-start", "0", "--trials",
+             str(PRACTICE_TRIALS), "--suite", args.suite, "--task-ids", str(args.task_id), "--out", folder,
+             "--image-size", str(args.image_size)], os.path.join(out, "practice_demos.log"))
+        files = glob.glob(os.path.join(folder, args.suite, "*_demo.hdf5"))
+    return files[0]
+
+
 def arm_order(arms: List[str], seeds: List[int], control_seeds: Optional[List[int]]) -> List[Tuple[str, int]]:
     """The (arm, seed) runs in the order they are made: seed by seed, every arm of a seed before the next seed, so a
     benchmark stopped part-way has compared the arms on its first seeds (not one arm on all seeds); the control arm
@@ -406,24 +431,26 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     """--arms: each arm x seed from the SFT start at the CPU-scale recipe up to --env-steps (resumed when stopped,
     extended when the budget grows), the SFT start and every final policy on one held-out set, the table, the PNG and
     (--data-out) the outcome files."""
-    temperature = recipe_temperature(ARMS["grpo"][0])
+    temperature = recipe_temperature(ARMS["grpo"][1])
     heldout_dir = os.path.join(out, "heldout", f"n{args.heldout_set}_seed{args.heldout_seed}")
     set_file = os.path.join(heldout_dir, "heldout_set.json")  # generated by the first evaluation, read by the others
     start = heldout_eval(py, sft, os.path.join(heldout_dir, "sft"), set_file, args, temperature)
     header = {**sft_header(out), "demos": args.demos, "sft_steps": args.sft_steps}
     arms: Dict[str, Dict[int, Dict]] = {arm: {} for arm in ([] if args.sft_only else args.arms)}
     for arm, seed in arm_order(list(arms), args.seeds, args.control_seeds):
-        config, extra = ARMS[arm]
+        script, config, extra = ARMS[arm]
+        if arm == "luffy":  # its prompts and demonstrations: the scripted expert from the practice states only
+            extra = [*extra, f"demos.paths=[{practice_demos(py, out, args)}]"]
         runs = os.path.join(out, f"cpu_{arm}_s{seed}")
         limits = [f"train.total_timesteps={args.env_steps}", f"train.iterations={ITERATION_CAP}"]
         run_dir = budget_reached(runs, args.env_steps)
         stopped = resumable(runs) if run_dir is None else None
         if stopped is not None:  # continue it (the budget may grow)
-            run([py, "train_srpo.py", "--resume", stopped, *limits, "--no-wandb"],
+            run([py, script, "--resume", stopped, *limits, "--no-wandb"],
                 os.path.join(out, f"cpu_{arm}_s{seed}_resumed.log"))
             run_dir = budget_reached(runs, args.env_steps)
         if run_dir is None:
-            run([py, "train_srpo.py", "--config", config, "--task-id", str(args.task_id), "--seed", str(seed),
+            run([py, script, "--config", config, "--task-id", str(args.task_id), "--seed", str(seed),
                  *env, "env.num_envs=2", f"init.path={sft}", *extra, *limits, f"log.output_dir={runs}",
                  f"log.plots_dir={out}/plots"], os.path.join(out, f"cpu_{arm}_s{seed}.log"))
             run_dir = budget_reached(runs, args.env_steps)
@@ -521,7 +548,7 @@ def choose_sft(py: str, out: str, demo_file: str, args, env: List[str]) -> str:
     one passes. Writes <out>/sft_choice.json (every candidate's validation success, the rule, the choice); returns the
     chosen start's folder and sets args.sft_steps to its length."""
     check_disjoint(args)
-    temperature = recipe_temperature(ARMS["grpo"][0])
+    temperature = recipe_temperature(ARMS["grpo"][1])
     folder = os.path.join(out, "validation", f"n{args.validation_set}_seed{args.validation_seed}")
     set_file = os.path.join(folder, "validation_set.json")
     scores: Dict[int, Dict] = {}

@@ -25,7 +25,7 @@ def test_shipped_config_loads(name):
         try:
             check(cfg)  # static suite facts only: runs without hf-libero
         except ConfigError as e:  # the one thing a shipped LIBERO config may leave to the user: their data files
-            assert name.endswith("_libero.yaml") and "demos.paths" in str(e), e
+            assert "_libero" in name and "demos.paths" in str(e), e
     assert cfg.env.suite in ("tabletop", "libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 
 
