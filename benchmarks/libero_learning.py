@@ -274,6 +274,17 @@ def arm_difference(ends_a: Dict[int, Dict], ends_b: Dict[int, Dict], mode: str) 
     return heldout.paired_bootstrap(*mean_over_seeds)
 
 
+def seed_level(arm_a: Dict[int, Dict], arm_b: Dict[int, Dict], mode: str) -> Dict:
+    """Arm b minus arm a with the seeds as the unit: the exact permutation test over the runs' end success on the
+    held-out set (each seed's mean over the states; with one start for all, its lift plus a constant) and the
+    bootstrap that resamples each arm's seeds and the states (common/heldout.py)."""
+    from common import heldout
+
+    ends = [np.array([heldout.per_state(r["outcomes"], mode) for r in arm.values()]) for arm in (arm_a, arm_b)]
+    return {"permutation": heldout.seed_permutation_test(ends[0].mean(axis=1), ends[1].mean(axis=1)),
+            "bootstrap": heldout.arms_seeds_and_states_bootstrap(ends[0], ends[1])}
+
+
 def wall(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 7200 else f"{seconds / 60:.0f} min"
 
@@ -337,6 +348,14 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
                          f"{steps[1]:,.0f} vs {steps[0]:,.0f}): "
                          + "; ".join(f"{m} {diff[m]['diff']:+.2f} [{diff[m]['low']:+.2f}, {diff[m]['high']:+.2f}]"
                                      for m in modes))
+            seeds = {m: seed_level(arms[a], arms[b], m) for m in modes}
+            out["differences"][f"{b} - {a}, seed level"] = seeds
+            lines.append(f"{b} - {a} at the level of seeds ({len(arms[b])} against {len(arms[a])}): "
+                         + "; ".join(f"{m} seeds and states resampled {seeds[m]['bootstrap']['diff']:+.2f} "
+                                     f"[{seeds[m]['bootstrap']['low']:+.2f}, {seeds[m]['bootstrap']['high']:+.2f}], "
+                                     f"exact permutation test of the seeds' lifts p = "
+                                     f"{seeds[m]['permutation']['p_one_sided']:.3f} (one-sided; smallest possible "
+                                     f"{seeds[m]['permutation']['p_min']:.3f})" for m in modes))
     out["lines"] = lines
     return out
 

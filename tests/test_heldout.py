@@ -275,3 +275,32 @@ def test_real_libero_paired_heldout_evaluation(tmp_path):
     mine = json.loads((tmp_path / "out" / "outcomes.json").read_text())
     assert [(r["trial_id"], r["steps"], r["success"]) for r in mine["episodes"]["greedy"]] == \
         [(49, 8, False), (None, 8, False), (None, 8, False)]  # 8 steps, no success: untrained policies
+
+
+# ------------------------------------------------------------------------------------------------- seed level
+
+def test_seed_permutation_test_on_hand_values():
+    # 3 against 2 seeds: C(5, 3) = 10 labellings; b's three values are the three largest, so only the observed
+    # labelling reaches the observed difference: p = 1/10
+    r = heldout.seed_permutation_test([0.10, -0.03], [0.19, 0.26, 0.24])
+    assert r["labellings"] == 10 and r["p_one_sided"] == pytest.approx(0.1) and r["p_min"] == pytest.approx(0.1)
+    assert r["diff"] == pytest.approx((0.19 + 0.26 + 0.24) / 3 - (0.10 - 0.03) / 2)
+    # a = [0, 3], b = [1, 2]: observed mean difference 0; the 6 labellings of 2 of the 4 values as b give -2, -1, 0,
+    # 0, 1, 2, four of them >= 0 -> p = 4/6
+    r = heldout.seed_permutation_test([0.0, 3.0], [1.0, 2.0])
+    assert r["labellings"] == 6 and r["p_one_sided"] == pytest.approx(4 / 6)
+    assert heldout.seed_permutation_test([0.0] * 5, [0.0] * 3)["p_one_sided"] == 1.0  # ties count
+    assert heldout.seed_permutation_test([0.0] * 5, [1.0] * 3)["p_one_sided"] == pytest.approx(1 / 56)
+    with pytest.raises(ValueError):
+        heldout.seed_permutation_test([], [1.0])
+
+
+def test_arms_seeds_and_states_bootstrap_on_hand_values():
+    r = heldout.arms_seeds_and_states_bootstrap(np.zeros((2, 4)), np.ones((3, 4)))
+    assert (r["diff"], r["low"], r["high"]) == (1.0, 1.0, 1.0)
+    # b's two seeds disagree completely: a resample's b mean is 1, 0.5 or 0 with probability 1/4, 1/2, 1/4 (the
+    # states do not matter), so the 95% interval is [0, 1] around the mean 0.5
+    r = heldout.arms_seeds_and_states_bootstrap(np.zeros((1, 2)), np.array([[1.0, 1.0], [0.0, 0.0]]))
+    assert (r["diff"], r["low"], r["high"]) == (0.5, 0.0, 1.0) and (r["seeds_a"], r["seeds_b"]) == (1, 2)
+    with pytest.raises(ValueError, match="same states"):
+        heldout.arms_seeds_and_states_bootstrap(np.zeros((1, 2)), np.zeros((1, 3)))

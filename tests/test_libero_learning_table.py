@@ -308,3 +308,22 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     assert (srpo_vs_control["diff"], srpo_vs_control["low"]) == pytest.approx((0.2517, 0.1783), abs=1e-4)
     srpo_vs_grpo_seed1 = m.arm_difference(grpo_ends, {1: o["srpo_s1"]}, "greedy")  # the docs' earlier figure
     assert (srpo_vs_grpo_seed1["diff"], srpo_vs_grpo_seed1["low"]) == pytest.approx((0.03, -0.0333), abs=1e-4)
+
+
+def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
+    """docs/results.md's seed-level comparisons (issue 66 item 3) from the committed outcomes: with 3 seeds against
+    the control's 2 the exact permutation test cannot go below p = 1/10, and both arms reach it (each arm's 3 seeds
+    all end above both control seeds); the seeds-and-states bootstrap of arm - control stays above 0."""
+    import json
+    import os
+
+    m = load()
+    data = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0")
+    arm = {name: {s: {"outcomes": json.load(open(os.path.join(data, f"{name}_s{s}_outcomes.json")))} for s in seeds}
+           for name, seeds in (("grpo", (1, 2, 3)), ("srpo", (1, 2, 3)), ("control", (1, 2)))}
+    for name, (diff, low, high) in (("grpo", (0.195, 0.067, 0.33)), ("srpo", (0.2517, 0.12, 0.3833))):
+        r = m.seed_level(arm["control"], arm[name], "greedy")
+        assert r["permutation"]["labellings"] == 10 and r["permutation"]["p_one_sided"] == pytest.approx(0.1)
+        assert r["permutation"]["p_one_sided"] == pytest.approx(r["permutation"]["p_min"])  # the smallest possible
+        b = r["bootstrap"]
+        assert (b["diff"], b["low"], b["high"]) == pytest.approx((diff, low, high), abs=1e-3) and b["low"] > 0
