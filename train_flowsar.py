@@ -388,6 +388,8 @@ if __name__ == "__main__":
                                                        step_mask=torch.as_tensor(batch.step_mask).T)
             steps.data["weights"] = weights.T.numpy()[steps.episode, steps.t]
             steps.data["labels"] = labels.numpy()[steps.episode]
+            if len(steps):  # how unevenly the credit is spread over an episode's steps (0: uniform)
+                metrics["train/flow_sar_weight_std"] = float(steps.data["weights"].std())
             success_step = batch.complete[steps.episode]
             for name, m in (("success", success_step), ("failure", ~success_step)):
                 if m.any():

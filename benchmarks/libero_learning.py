@@ -121,6 +121,10 @@ def summary(rows: List[Dict], last: int = 3) -> Dict:
                  "total_env_steps": int(max(r.get("charts/env_steps", 0.0) for r in rows)),
                  "wall_s": round(sum(r.get("time/iteration", 0.0) for r in rows)
                                  + sum(r.get("time/eval", 0.0) for r in evals if r["iteration"] > 0))}
+    for key in SIGNALS:  # the algorithm's own signals, first -> last `last` iterations (docs/metrics.md)
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out.setdefault("signals", {})[key] = [round(mean(values[:last]), 4), round(mean(values[-last:]), 4)]
     if any("demos/in_update" in r for r in rows):  # LUFFY: the demonstrations its updates trained on
         out["demo_episodes"] = int(sum(r.get("demos/in_update", 0.0) for r in rows))
         out["demos_dropped"] = int(sum(r.get("demos/dropped", 0.0) for r in rows))
@@ -130,6 +134,12 @@ def summary(rows: List[Dict], last: int = 3) -> Dict:
         out[name + "_start"], out[name + "_best"] = values[0], max(values)
         out[name + "_last"] = round(mean(values[-last:]), 3)
     return out
+
+
+SIGNALS = ("train/explained_variance", "train/value_loss",  # GAE-PPO: does the value head learn?
+           "train/demo_step_fraction",  # LUFFY: the demos' share of the update's steps
+           "train/flow_sar_weight_std",  # FlowSAR: how unevenly the credit weights spread
+           "train/entropy")  # every script: the policy's token entropy (sharpening)
 
 
 def mean(values: List[float]) -> float:
@@ -332,6 +342,11 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
                      f"{mean([x['total_env_steps'] for x in summaries]):,.0f} | | "
                      f"{wall(mean([x['wall_s'] for x in summaries]))} |")
     for arm, seeds in arms.items():
+        signals = {seed: r["summary"]["signals"] for seed, r in seeds.items() if r["summary"].get("signals")}
+        if signals:
+            lines += ["", f"{arm}: its signals, first 3 -> last 3 iterations, per seed: " + "; ".join(
+                f"seed {s} " + ", ".join(f"{k.split('/')[-1]} {v[0]:.3g} -> {v[1]:.3g}" for k, v in sig.items())
+                for s, sig in signals.items())]
         demos = {seed: r["summary"]["demo_episodes"] for seed, r in seeds.items() if "demo_episodes" in r["summary"]}
         if demos:
             lines += ["", f"{arm}: demo episodes in its updates (the expert's, from the practice states), per seed: "

@@ -327,3 +327,16 @@ def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
         assert r["permutation"]["p_one_sided"] == pytest.approx(r["permutation"]["p_min"])  # the smallest possible
         b = r["bootstrap"]
         assert (b["diff"], b["low"], b["high"]) == pytest.approx((diff, low, high), abs=1e-3) and b["low"] > 0
+
+
+def test_summary_keeps_the_algorithms_signals_and_luffys_demo_count():
+    """Per run, the algorithm's own signals over the first and last three iterations (GAE-PPO's explained variance,
+    LUFFY's demo share, FlowSAR's credit spread, the entropy) and LUFFY's demo episodes trained on, summed."""
+    ll = load()
+    r = rows([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4])
+    for i, row in enumerate(r[1:], start=1):
+        row.update({"train/explained_variance": 0.1 * i, "demos/in_update": 4.0, "demos/dropped": float(i == 2)})
+    s = ll.summary(r)
+    assert s["signals"] == {"train/explained_variance": [pytest.approx(0.2), pytest.approx(0.3)]}  # (.1+.2+.3)/3 ...
+    assert (s["demo_episodes"], s["demos_dropped"]) == (16, 1)
+    assert "signals" not in ll.summary(rows([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]))

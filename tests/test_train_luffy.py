@@ -243,3 +243,31 @@ def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
     assert row["rollout/env_steps"] == 2 * 16 + 12  # two rollouts cut at max_steps, the demo's 12 recorded steps
     assert row["demos/success_rate"] == 0.0 and row["demos/dropped"] == 1.0
     assert row["sampling/kept_fraction"] == 1.0 and "train/pg_loss" in row  # the group still trains (zero advantage)
+
+
+@pytest.mark.real_libero
+def test_libero_cpu_recipe_replays_the_experts_practice_demos(tmp_path):
+    """configs/luffy_libero_cpu.yaml (the real-LIBERO LUFFY arm) for one iteration from a tiny token policy, with the
+    demos benchmarks/libero_learning.py --arms luffy makes: the scripted expert from practice init states 0 and 1
+    (`libero_expert.py --record-trials`). Each group starts from its demo's first state and the demo, replayed as the
+    policy acts (its tokens, chunks), succeeds in the simulator and is trained on: a demo from a practice state is a
+    verified success, not a dropped one."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_SILENT="true")
+    demos = tmp_path / "practice_demos"
+    rec = subprocess.run([sys.executable, "benchmarks/libero_expert.py", "--record-trials", "--trial-start", "0",
+                          "--trials", "2", "--suite", "libero_spatial", "--task-ids", "0", "--out", str(demos),
+                          "--image-size", "64", "--workers", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert rec.returncode == 0, rec.stderr[-3000:]
+    (path,) = [os.path.join(demos, "libero_spatial", f) for f in os.listdir(demos / "libero_spatial")]
+    torch.manual_seed(0)
+    TokenPolicy(TokenPolicyConfig(use_wrist=False, hidden_size=32, num_layers=1, num_heads=2)).save(
+        str(tmp_path / "start"))
+    out = run_script("train_luffy.py", ["--config", "configs/luffy_libero_cpu.yaml", "--task-id", "0",
+                                        f"demos.paths=[{path}]", f"init.path={tmp_path / 'start'}",
+                                        "rollout.prompts_per_iteration=2", "rollout.n=3", "env.max_steps=150",
+                                        "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=3"], tmp_path)
+    assert "2 HDF5 demos" in out.stdout
+    (row,) = read_metrics(only_run(tmp_path / "runs"))
+    assert row["demos/success_rate"] == 1.0 and row["demos/dropped"] == 0.0  # both replays succeed
+    assert row["demos/in_update"] == 2.0 and "train/pg_loss" in row  # one demo per group, in the update
