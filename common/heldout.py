@@ -28,6 +28,7 @@ OUTCOMES_FORMAT = "vla-rl heldout outcomes 1"
 HELDOUT_SEED = 20261128  # the root of every held-out set's placement seeds
 SEED_LOW, SEED_HIGH = 2**31, 2**32  # drawn placement seeds lie in [2^31, 2^32): numpy's legacy seeding takes < 2^32
 CACHE_DIR = os.path.join("cache", "heldout")
+MAX_SET_SIZE = 10_000  # --heldout-set: states per task (each one episode per policy; 100 is the documented size)
 RESAMPLES = 10_000  # bootstrap resamples of the states
 LEVEL = 0.95
 
@@ -36,11 +37,15 @@ LEVEL = 0.95
 
 def placement_seeds(task_id: int, seed: int, count: int) -> List[int]:
     """`count` distinct placement seeds of task `task_id` for held-out set seed `seed`."""
+    if not 0 <= count <= MAX_SET_SIZE:
+        raise ValueError(f"--heldout-set: {count} drawn states per task; at most {MAX_SET_SIZE}")
     rng = np.random.default_rng([HELDOUT_SEED, int(seed), int(task_id)])
     seeds: List[int] = []
+    seen = set()
     while len(seeds) < count:
         s = int(rng.integers(SEED_LOW, SEED_HIGH))
-        if s not in seeds:
+        if s not in seen:
+            seen.add(s)
             seeds.append(s)
     return seeds
 

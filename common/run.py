@@ -199,7 +199,10 @@ class Run:
     def _check_resume(self, cfg: Any) -> None:
         """The checkpoint a resume continues from: complete, of this many processes, and trusted when loading it
         unpickles (fsdp shards written elsewhere: refused unless --trust-run)."""
-        self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        try:
+            self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        except CheckpointError as e:  # checkpoints/ or an iter_* that leads out of the run folder
+            raise ConfigError(str(e)) from None
         if cfg.resume and self.resume_path is None:
             raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
                               f"without --resume")
@@ -213,6 +216,7 @@ class Run:
                       f"machine", flush=True)
             try:
                 saved_world = len(read_rng_states(self.resume_path))
+                check_resumable(self.resume_path, self.run_dir, self.schedule)
             except CheckpointError as e:
                 raise ConfigError(str(e)) from None
             if saved_world != self.world:
@@ -247,14 +251,19 @@ class Run:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
                 self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
                                                                    self._tracked["modules"], rank=self.rank)
-            except ValueError as e:
+            except (ValueError, CheckpointError) as e:  # a corrupt file: one line naming it, not a full disk
                 raise ConfigError(str(e)) from None
             saved_rng = read_rng_state(self.resume_path, self.rank)
-            for name, generator in self.rngs.items():
-                if name in saved_rng:
-                    generator.bit_generator.state = saved_rng[name]
-            if "env" in saved_rng and env_rng(self.envs) is not None:
-                env_rng(self.envs).bit_generator.state = saved_rng["env"]
+            try:
+                for name, generator in self.rngs.items():
+                    if name in saved_rng:
+                        generator.bit_generator.state = saved_rng[name]
+                if "env" in saved_rng and env_rng(self.envs) is not None:
+                    env_rng(self.envs).bit_generator.state = saved_rng["env"]
+            except (TypeError, ValueError, KeyError) as e:
+                raise ConfigError(f"checkpoint {self.resume_path}: rng.pt[{self.rank}] holds a malformed generator "
+                                  f"state ({' '.join(str(e).split())[:120]}); resume from an earlier checkpoint") \
+                    from None
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
@@ -550,6 +559,25 @@ class Run:
     def resume_command(self, world: Optional[int] = None) -> str:
         """The command that continues this run with `world` processes (default: this run's)."""
         return resume_command(self.script_file(), self.run_dir, self.world if world is None else world)
+
+
+def check_resumable(path: str, run_dir: str, schedule: Schedule) -> None:
+    """CheckpointError (one line) when checkpoint `path` cannot continue the run in `run_dir`: its state.json is
+    malformed, names another run (a folder copied or linked from elsewhere), or is at or past the schedule's end
+    (the resume would do nothing: raise train.iterations)."""
+    from common.checkpoint import read_state
+
+    state = read_state(path)
+    saved_name = state["extra"].get("run_name")
+    if saved_name is not None and saved_name != os.path.basename(os.path.normpath(run_dir)):
+        raise CheckpointError(f"{path}/state.json: 'run_name' is {saved_name!r}, but the run folder is "
+                              f"{os.path.basename(os.path.normpath(run_dir))!r}: that checkpoint belongs to another "
+                              f"run; resume that run's own folder")
+    if state["iteration"] >= schedule.iterations:
+        length = "sft.steps" if schedule.steps_per_iteration > 1 else "train.iterations"
+        raise CheckpointError(f"--resume: {run_dir} is saved at {schedule.position(state['iteration'])} and the run "
+                              f"ends at {schedule.position(schedule.iterations)}: a resume would do nothing; raise "
+                              f"{length} above {schedule.steps(state['iteration'])} to train further")
 
 
 def _say(text: str) -> None:
