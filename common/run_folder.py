@@ -38,7 +38,6 @@ def resolve_run_dir(log: Any, prefix: str, resume: Optional[str], must_exist: bo
     if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
         return log.run_name, os.path.join(log.output_dir, log.run_name)
     if resume == "auto" and os.path.isdir(log.output_dir):
-
         previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=run_order)
         # the newest that can be continued: a run stopped before its first checkpoint holds nothing to resume
         resumable = [d for d in previous if _newest(os.path.join(log.output_dir, d))]
