@@ -160,6 +160,7 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
 
     def prepare() -> None:
         if main:
+            iteration_dirs(run_dir)  # refuses a checkpoints/ that leads out of the run folder before writing there
             os.makedirs(root, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
@@ -327,7 +328,7 @@ def _corrupt(path: str, what: str):
         yield
     except CheckpointError:
         raise
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError, OSError) as e:
+    except Exception as e:  # noqa: BLE001 - safetensors' SafetensorError, torch's KeyError/ValueError/RuntimeError
         raise CheckpointError(f"checkpoint {path}: {what} is malformed ({type(e).__name__}: "
                               f"{' '.join(str(e).split())[:160]}); resume from an earlier checkpoint of the run, or "
                               f"start a new run") from None
