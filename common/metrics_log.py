@@ -236,7 +236,8 @@ class Logger:
         """plot(), with a failed write (read-only or full disk) turned into a one-time warning."""
         try:
             return self.plot()
-        except (OSError, RuntimeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - a plot never ends a run (a full disk; matplotlib's import cut short
+            # by a second Ctrl-C leaves a half-imported module whose next use raises AttributeError)
             self._warn("plot", f"could not write {self.plot_path} ({e}); training goes on, metrics.jsonl has every row")
             return None
 

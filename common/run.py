@@ -152,6 +152,7 @@ class Run:
         self.rngs: Dict[str, np.random.Generator] = {"prompt": self.prompt_rng}  # saved and restored by name
         self.t_start = time.perf_counter()
         self.created = False  # a new run folder made by this process (removed again if the start fails empty)
+        self._made: List[str] = []  # the folders it made (its plots folder only when it was not there before)
         prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
         error, named = None, ("", "")
         self._lock = None  # the main process holds <run>/run.lock for the run's life (one job per run folder)
@@ -162,7 +163,7 @@ class Run:
                     check_writable(named[1], f"--resume {named[1]}")
                     self._lock = lock_run_dir(named[1], f"--resume {named[1]}")
                 else:
-                    named = create_run_dir(cfg.log, prefix)
+                    named = create_run_dir(cfg.log, prefix, self._made)
                     self.created = True
                     self._lock = lock_run_dir(named[1], f"log.output_dir={cfg.log.output_dir}")
             except ConfigError as e:
@@ -498,11 +499,12 @@ class Run:
         finally:
             for sig, handler in self._old_handlers.items():
                 # several processes: the process ends now, and the launcher's SIGTERM once another one has ended
-                # must not cut its exit (its error line, exit code 130) short
-                signal.signal(sig, signal.SIG_IGN if self.world > 1 else handler)
+                # must not cut its exit (its error line, exit code 130) short; nor may a repeated signal cut the
+                # exit of a stopped run (it exits 130, never -15)
+                signal.signal(sig, signal.SIG_IGN if self.world > 1 or interrupted else handler)
         self.release_lock()
         if (exc_type is not None or interrupted) and self.created and self.is_main:  # nothing written: removed
-            remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
+            remove_if_empty(*self._made)
         if interrupted:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, (ConfigError, PolicyLoadError)):  # a bad input: one line

@@ -114,11 +114,12 @@ def check_writable(folder: str, what: str) -> None:
         raise ConfigError(f"{what}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
 
 
-def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
+def create_run_dir(log: Any, prefix: str, made: Optional[list] = None) -> Tuple[str, str]:
     """Create a new run's folder exclusively (os.mkdir, race-free across processes) and check that it and
     `<plots_dir>/<run_name>` are writable; returns (run_name, run_dir). A timestamped name taken by a run started in
     the same second gets a suffix (-2, -3, ...); an explicit `log.run_name` that exists is refused (--resume continues
-    it). Every failure is a one-line ConfigError."""
+    it). Every failure is a one-line ConfigError. `made` (a list) gets the folders this call created (a failed start
+    removes only those: a plots folder that was there already is someone's)."""
     try:
         os.makedirs(log.output_dir, exist_ok=True)
     except OSError as e:
@@ -148,6 +149,7 @@ def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
         raise ConfigError(f"log.output_dir={log.output_dir}: 999 runs named {stamp}* exist; wait a second")
     check_writable(run_dir, f"log.output_dir={log.output_dir}")
     plots = os.path.join(log.plots_dir, name)
+    made_plots = not os.path.lexists(plots)
     try:
         os.makedirs(plots, exist_ok=True)
     except OSError as e:
@@ -158,7 +160,11 @@ def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
         check_writable(plots, f"log.plots_dir={log.plots_dir}")
     except ConfigError:
         os.rmdir(run_dir)
+        if made_plots:
+            remove_if_empty(plots)
         raise
+    if made is not None:
+        made += [run_dir] + ([plots] if made_plots else [])
     return name, run_dir
 
 
