@@ -574,7 +574,8 @@ def check_resumable(path: str, run_dir: str, schedule: Schedule) -> None:
     if saved_name is not None and saved_name != os.path.basename(os.path.normpath(run_dir)):
         raise CheckpointError(f"{path}/state.json: 'run_name' is {saved_name!r}, but the run folder is "
                               f"{os.path.basename(os.path.normpath(run_dir))!r}: that checkpoint belongs to another "
-                              f"run; resume that run's own folder")
+                              f"run (a folder copied, linked or renamed from it); resume that run's own folder, or "
+                              f"give this folder its name {saved_name!r} back")
     if state["iteration"] >= schedule.iterations:
         length = "sft.steps" if schedule.steps_per_iteration > 1 else "train.iterations"
         raise CheckpointError(f"--resume: {run_dir} is saved at {schedule.position(state['iteration'])} and the run "

@@ -363,3 +363,22 @@ def test_repeated_sigterm_exits_130(tmp_path):
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr[-2000:]
     assert "Traceback" not in stderr
+
+
+def test_a_full_disk_during_the_metrics_rewrite_at_resume_is_one_error_and_leaves_no_tmp(tmp_path, monkeypatch):
+    # before: a traceback and a leftover metrics.jsonl.tmp<pid>
+    import errno
+
+    from common.config import LogConfig
+    from common.metrics_log import Logger, MetricsWriteError
+
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 1, "x": 1.0}\n{"iteration": 2, "x": 2.0}\n')
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(MetricsWriteError, match=r"cannot rewrite .*metrics.jsonl \(No space left on device\)"):
+        Logger(str(tmp_path), "r", {}, LogConfig(wandb=False, plots_dir=str(tmp_path / "plots")), resume_iteration=1)
+    assert listing(tmp_path) == ["metrics.jsonl"]
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2  # as it was
