@@ -217,9 +217,11 @@ class Run:
                       f"machine", flush=True)
             try:
                 saved_world = len(read_rng_states(self.resume_path))
-                check_resumable(self.resume_path, self.run_dir, self.schedule)
+                note = check_resumable(self.resume_path, self.run_dir, self.schedule)
             except CheckpointError as e:
                 raise ConfigError(str(e)) from None
+            if note and self.is_main:
+                print(f"[{self.script}] {note}", flush=True)
             if saved_world != self.world:
                 raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
                                   f"(prompts are per process, so the batch would change): resume with "
@@ -563,10 +565,11 @@ class Run:
         return resume_command(self.script_file(), self.run_dir, self.world if world is None else world)
 
 
-def check_resumable(path: str, run_dir: str, schedule: Schedule) -> None:
+def check_resumable(path: str, run_dir: str, schedule: Schedule) -> Optional[str]:
     """CheckpointError (one line) when checkpoint `path` cannot continue the run in `run_dir`: its state.json is
-    malformed, names another run (a folder copied or linked from elsewhere), or is at or past the schedule's end
-    (the resume would do nothing: raise train.iterations)."""
+    malformed, names another run (a folder copied or linked from elsewhere), or is past the schedule's end (the resume
+    would train nothing: train.iterations or sft.steps was lowered). A note (returned) when it is at the end: nothing
+    is left to train (what follows the loop still runs, e.g. train_sft.py's export of a run stopped before it)."""
     from common.checkpoint import read_state
 
     state = read_state(path)
@@ -576,11 +579,16 @@ def check_resumable(path: str, run_dir: str, schedule: Schedule) -> None:
                               f"{os.path.basename(os.path.normpath(run_dir))!r}: that checkpoint belongs to another "
                               f"run (a folder copied, linked or renamed from it); resume that run's own folder, or "
                               f"give this folder its name {saved_name!r} back")
-    if state["iteration"] >= schedule.iterations:
-        length = "sft.steps" if schedule.steps_per_iteration > 1 else "train.iterations"
-        raise CheckpointError(f"--resume: {run_dir} is saved at {schedule.position(state['iteration'])} and the run "
-                              f"ends at {schedule.position(schedule.iterations)}: a resume would do nothing; raise "
-                              f"{length} above {schedule.steps(state['iteration'])} to train further")
+    length = "sft.steps" if schedule.steps_per_iteration > 1 else "train.iterations"
+    saved = state["iteration"] * schedule.steps_per_iteration
+    if state["iteration"] > schedule.iterations:
+        raise CheckpointError(f"--resume: {run_dir} is saved at {schedule.position(state['iteration'])}, past the "
+                              f"run's end at {schedule.position(schedule.iterations)}: a resume would train nothing; "
+                              f"raise {length} above {saved} to train further")
+    if state["iteration"] == schedule.iterations:
+        return (f"note: {run_dir} is saved at its last {schedule.position(state['iteration'])}: nothing is left to "
+                f"train (raise {length} above {schedule.steps(state['iteration'])} to train further)")
+    return None
 
 
 def _say(text: str) -> None:

@@ -93,15 +93,20 @@ def test_a_checkpoint_whose_state_names_another_run_is_refused(tmp_path):
         check_resumable(path, str(tmp_path / "mine"), Schedule(10, 0, 1))
 
 
-def test_a_resume_that_would_do_nothing_is_refused_in_one_line(tmp_path):
+def test_a_resume_that_would_do_nothing_is_refused_or_noted(tmp_path):
     # before: `--resume` with train.iterations below the checkpoint's printed "done" having done nothing
     from common.run import Schedule, check_resumable
 
     path = checkpoint(tmp_path / "run", 4, extra={"run_name": "run", "state": {}})
-    check_resumable(path, str(tmp_path / "run"), Schedule(5, 0, 1))
+    assert check_resumable(path, str(tmp_path / "run"), Schedule(5, 0, 1)) is None
     with pytest.raises(CheckpointError) as e:
         check_resumable(path, str(tmp_path / "run"), Schedule(3, 0, 1))
-    assert "would do nothing" in str(e.value) and "raise train.iterations above 4" in str(e.value)
+    assert "past the run's end at iteration 3" in str(e.value) and "raise train.iterations above 4" in str(e.value)
+    assert "nothing is left to train (raise train.iterations above 4" in check_resumable(
+        path, str(tmp_path / "run"), Schedule(4, 0, 1))
+    # train_sft.py: an iteration is a block of steps (a run stopped after its last block still exports on resume)
+    note = check_resumable(path, str(tmp_path / "run"), Schedule(4, 0, 1, steps_per_iteration=10, total_steps=40))
+    assert "saved at its last step 40" in note and "raise sft.steps above 40" in note
 
 
 def test_a_run_named_iter_something_is_a_run_not_a_checkpoint(tmp_path):
