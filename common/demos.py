@@ -123,7 +123,28 @@ def load_demos_npz(path: str) -> List[Dict[str, Any]]:
         meta = json.loads(str(data["meta"]))
         arrays = {k: data[k] for k in _KEYS} if len(lengths) else {}
     ends = np.cumsum(lengths)
-    return [{**{k: arrays[k][end - n:end] for k in _KEYS}, **m} for n, end, m in zip(lengths, ends, meta)]
+    demos = [{**{k: arrays[k][end - n:end] for k in _KEYS}, **m} for n, end, m in zip(lengths, ends, meta)]
+    for i, d in enumerate(demos):
+        check_demo(d, f"{path}: demo {i}")
+    return demos
+
+
+def check_demo(demo: Dict[str, Any], where: str) -> None:
+    """ValueError (one line naming `where` and the field) unless the demo is as the module docstring says: actions
+    (T, 7) finite, state (T, 8) finite, images (T, H, W, 3) uint8."""
+    actions, state = np.asarray(demo["actions"]), np.asarray(demo["state"])
+    steps = len(actions)
+    if actions.shape != (steps, ACTION_DIM) or steps == 0 or not np.isfinite(actions).all():
+        raise ValueError(f"{where}: actions must be a non-empty ({steps or 'T'}, {ACTION_DIM}) array of finite values "
+                         f"(shape {actions.shape}); fix or drop that demo")
+    if state.shape != (steps, 8) or not np.isfinite(state).all():
+        raise ValueError(f"{where}: state must be ({steps}, 8) finite values (shape {state.shape}); fix or drop that "
+                         f"demo")
+    for view in ("agentview", "wrist"):
+        image = demo.get(view)
+        if image is not None and (image.dtype != np.uint8 or image.ndim != 4 or len(image) != steps):
+            raise ValueError(f"{where}: {view} must be ({steps}, H, W, 3) uint8 images (got {image.dtype} "
+                             f"{image.shape}); fix or drop that demo")
 
 
 def select_task_demos(files: Sequence[Tuple[str, List[Dict[str, Any]]]], task_names: Dict[int, str],

@@ -63,6 +63,13 @@ def evaluate_policy(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequenc
 
 
 def eval_trials(num_trials: int, trials_per_task: int, trial_start: Optional[int], default_start: int) -> List[int]:
-    """Trial ids trial_start .. trial_start + trials_per_task - 1 (default_start when None), within the suite."""
+    """Trial ids trial_start .. trial_start + trials_per_task - 1 (default_start when None), within the suite (trials
+    past the suite's last are refused: ConfigError, one line, rather than scoring fewer in silence)."""
+    from envs.suites import ConfigError
+
     start = default_start if trial_start is None else trial_start
-    return [j for j in range(start, start + trials_per_task) if j < num_trials]
+    if start + trials_per_task > num_trials:
+        raise ConfigError(f"eval.trial_start={start}, eval.trials_per_task={trials_per_task}: evaluation trials "
+                          f"{start}..{start + trials_per_task - 1}, but the suite has trials 0..{num_trials - 1}; "
+                          f"set eval.trials_per_task<={max(num_trials - start, 0)} or a lower eval.trial_start")
+    return list(range(start, start + trials_per_task))

@@ -28,6 +28,7 @@ OUTCOMES_FORMAT = "vla-rl heldout outcomes 1"
 HELDOUT_SEED = 20261128  # the root of every held-out set's placement seeds
 SEED_LOW, SEED_HIGH = 2**31, 2**32  # drawn placement seeds lie in [2^31, 2^32): numpy's legacy seeding takes < 2^32
 CACHE_DIR = os.path.join("cache", "heldout")
+MAX_SET_SIZE = 10_000  # --heldout-set: states per task (each one episode per policy; 100 is the documented size)
 RESAMPLES = 10_000  # bootstrap resamples of the states
 LEVEL = 0.95
 
@@ -36,11 +37,15 @@ LEVEL = 0.95
 
 def placement_seeds(task_id: int, seed: int, count: int) -> List[int]:
     """`count` distinct placement seeds of task `task_id` for held-out set seed `seed`."""
+    if not 0 <= count <= MAX_SET_SIZE:
+        raise ValueError(f"--heldout-set: {count} drawn states per task; at most {MAX_SET_SIZE}")
     rng = np.random.default_rng([HELDOUT_SEED, int(seed), int(task_id)])
     seeds: List[int] = []
+    seen = set()
     while len(seeds) < count:
         s = int(rng.integers(SEED_LOW, SEED_HIGH))
-        if s not in seeds:
+        if s not in seen:
+            seen.add(s)
             seeds.append(s)
     return seeds
 
@@ -125,7 +130,39 @@ def read_set(path: str) -> Dict[str, Any]:
     if states_sha256(hset["states"]) != hset.get("sha256"):
         raise ValueError(f"held-out set {path}: its states do not match its sha256 (edited or truncated); delete it "
                          f"to generate it again")
+    _check_set(hset, path)
     return hset
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_set(hset: Dict[str, Any], path: str) -> None:
+    """ValueError (one line naming the file, the state and the field) unless every state is one of the header's
+    tasks and either one of its official (held-out) trials or a drawn state: a placement seed in [2^31, 2^32) and a
+    list of finite numbers. A set holding a practice trial (any trial the header does not list) is refused."""
+    fix = "delete it to generate it again"
+    tasks, official = hset.get("task_ids"), hset.get("official_trials")
+    if not (isinstance(tasks, list) and all(_is_int(t) for t in tasks) and isinstance(official, list) and
+            all(_is_int(j) for j in official) and _is_int(hset.get("size"))):
+        raise ValueError(f"held-out set {path}: task_ids, official_trials and size must be integers; {fix}")
+    for i, s in enumerate(hset["states"]):
+        where = f"held-out set {path}: states[{i}]"
+        if not isinstance(s, dict) or not {"task_id", "trial_id", "placement_seed", "state"} <= set(s):
+            raise ValueError(f"{where} needs task_id, trial_id, placement_seed and state; {fix}")
+        if s["task_id"] not in tasks or not _is_int(s["task_id"]):
+            raise ValueError(f"{where}: task_id {s['task_id']!r} is not one of the set's tasks {tasks}; {fix}")
+        if s["placement_seed"] is None:
+            if not _is_int(s["trial_id"]) or s["trial_id"] not in official:
+                raise ValueError(f"{where}: trial_id {s['trial_id']!r} is not one of the set's held-out trials "
+                                 f"{official[0] if official else ''}..{official[-1] if official else ''} (a practice "
+                                 f"trial scored as held out); {fix}")
+        elif not (_is_int(s["placement_seed"]) and SEED_LOW <= s["placement_seed"] < SEED_HIGH and
+                  s["trial_id"] is None and isinstance(s["state"], list) and s["state"] and
+                  all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) for x in s["state"])):
+            raise ValueError(f"{where}: a drawn state needs trial_id null, placement_seed in [2^31, 2^32) and state a "
+                             f"list of finite numbers; {fix}")
 
 
 def load_or_build(path: Optional[str], env_cfg, task_ids: Sequence[int], trial_ids: Sequence[int], size: int,
@@ -207,7 +244,44 @@ def read_outcomes(path: str, flag: str = "--paired") -> Dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != OUTCOMES_FORMAT:
         raise ValueError(f"{flag} {path} is not an outcomes file ('{OUTCOMES_FORMAT}', written by evaluate.py "
                          f"--heldout-set): pass a checkpoint or an outcomes.json")
+    _check_outcomes(data, f"{flag} {path}")
     return data
+
+
+def _is_rate(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and bool(np.isfinite(x)) and 0 <= x <= 1
+
+
+def _check_outcomes(data: Dict[str, Any], where: str) -> None:
+    """ValueError (one line naming the file and the field) unless the outcomes are as `outcomes` writes them:
+    heldout_set {name, sha256, states >= 1}, success {mode: rate in [0, 1]}, episodes {mode: records with state in
+    [0, states), success true/false (or 0/1), steps an integer >= 0}."""
+    fix = "use the outcomes.json evaluate.py wrote (or evaluate the checkpoint again)"
+    hset = data.get("heldout_set")
+    if not (isinstance(hset, dict) and isinstance(hset.get("sha256"), str) and isinstance(hset.get("name"), str) and
+            _is_int(hset.get("states")) and hset["states"] >= 1):
+        raise ValueError(f"{where}: heldout_set needs name, sha256 and states (an integer >= 1); {fix}")
+    n = hset["states"]
+    success, episodes = data.get("success"), data.get("episodes")
+    if not isinstance(success, dict) or not isinstance(episodes, dict) or not episodes:
+        raise ValueError(f"{where}: success and episodes must be objects by decoding (greedy, sampled); {fix}")
+    for mode, value in success.items():
+        if not _is_rate(value):
+            raise ValueError(f"{where}: success.{mode} is {value!r}, not a rate in [0, 1]; {fix}")
+    for mode, records in episodes.items():
+        if not isinstance(records, list):
+            raise ValueError(f"{where}: episodes.{mode} must be a list of episode records; {fix}")
+        for i, r in enumerate(records):
+            field = (None if isinstance(r, dict) and {"state", "success", "steps"} <= set(r) else "its keys")
+            field = field or ("state" if not (_is_int(r["state"]) and 0 <= r["state"] < n) else
+                              "success" if not (isinstance(r["success"], (bool, int, float)) and
+                                                r["success"] in (0, 1)) else
+                              "steps" if not (_is_int(r["steps"]) and r["steps"] >= 0) else None)
+            if field:
+                shown = r.get(field) if isinstance(r, dict) and field in r else r
+                raise ValueError(f"{where}: episodes.{mode}[{i}].{field} is {shown!r} (state: an integer in "
+                                 f"[0, {n}); success: true or false; steps: an integer >= 0; keys state, success, "
+                                 f"steps); {fix}")
 
 
 def per_state(outcomes_: Dict[str, Any], mode: str) -> np.ndarray:

@@ -151,20 +151,35 @@ class Logger:
         if os.path.isfile(self.metrics_path):
             kept = []
             with open(self.metrics_path) as f:
-                for line in f:
+                for number, line in enumerate(f, 1):
                     try:
                         row = json.loads(line)
                     except json.JSONDecodeError:  # a line cut short by a crash
                         continue
+                    if not isinstance(row, dict) or not isinstance(row.get("iteration", -1), int) or \
+                            isinstance(row.get("iteration"), bool):
+                        from envs.suites import ConfigError
+
+                        raise ConfigError(f"{self.metrics_path}:{number}: not a metrics row (a JSON object whose "
+                                          f"'iteration' is an integer, as this logger writes); remove that line")
                     if resume_iteration is not None and int(row.get("iteration", -1)) > resume_iteration:
                         continue  # logged after the checkpoint we continue from: that iteration runs again
                     kept.append(json.dumps(row))
                     step = int(row.pop("iteration", -1))
                     self.history.setdefault(step, {}).update({k: v for k, v in row.items() if v is not None})
             tmp = self.metrics_path + f".tmp{os.getpid()}"
-            with open(tmp, "w") as f:
-                f.write("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.metrics_path)
+            try:
+                with open(tmp, "w") as f:
+                    f.write("".join(line + "\n" for line in kept))
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, self.metrics_path)
+            except OSError as e:  # a full disk: metrics.jsonl stays as it was, no .tmp left
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise MetricsWriteError(f"cannot rewrite {self.metrics_path} ({e.strerror or e})") from None
         self._file = open(self.metrics_path, "a")
         self._num_logged = 0
         self.wandb_run = None
@@ -221,7 +236,8 @@ class Logger:
         """plot(), with a failed write (read-only or full disk) turned into a one-time warning."""
         try:
             return self.plot()
-        except (OSError, RuntimeError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - a plot never ends a run (a full disk; matplotlib's import cut short
+            # by a second Ctrl-C leaves a half-imported module whose next use raises AttributeError)
             self._warn("plot", f"could not write {self.plot_path} ({e}); training goes on, metrics.jsonl has every row")
             return None
 

@@ -21,10 +21,10 @@ import sys
 from typing import Any, List, Optional
 
 import torch
-import yaml
 
 from common.config import ROOT, ConfigError
 from common.run import INTERRUPTED
+from common import yaml_safe
 from common.run_folder import run_order, sibling_lock
 
 SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
@@ -55,9 +55,10 @@ def unfinished_sft_run(output_dir: str, path: str) -> Optional[str]:
                        reverse=True):
         run_dir = os.path.join(output_dir, name)
         try:
-            with open(os.path.join(run_dir, "config.yaml")) as f:
-                saved = yaml.safe_load(f) or {}
-        except (OSError, yaml.YAMLError):
+            saved = yaml_safe.load_file(os.path.join(run_dir, "config.yaml")) or {}
+        except (OSError, ConfigError):
+            continue
+        if not isinstance(saved, dict) or not isinstance(saved.get("sft") or {}, dict):
             continue
         done = os.path.join(run_dir, "checkpoints")
         if (saved.get("sft") or {}).get("output_path") == path and os.path.isdir(done) and \

@@ -152,6 +152,7 @@ class Run:
         self.rngs: Dict[str, np.random.Generator] = {"prompt": self.prompt_rng}  # saved and restored by name
         self.t_start = time.perf_counter()
         self.created = False  # a new run folder made by this process (removed again if the start fails empty)
+        self._made: List[str] = []  # the folders it made (its plots folder only when it was not there before)
         prefix = default_run_prefix(script, cfg.env.suite, cfg.env.task_ids, cfg.seed)
         error, named = None, ("", "")
         self._lock = None  # the main process holds <run>/run.lock for the run's life (one job per run folder)
@@ -162,7 +163,7 @@ class Run:
                     check_writable(named[1], f"--resume {named[1]}")
                     self._lock = lock_run_dir(named[1], f"--resume {named[1]}")
                 else:
-                    named = create_run_dir(cfg.log, prefix)
+                    named = create_run_dir(cfg.log, prefix, self._made)
                     self.created = True
                     self._lock = lock_run_dir(named[1], f"log.output_dir={cfg.log.output_dir}")
             except ConfigError as e:
@@ -199,7 +200,10 @@ class Run:
     def _check_resume(self, cfg: Any) -> None:
         """The checkpoint a resume continues from: complete, of this many processes, and trusted when loading it
         unpickles (fsdp shards written elsewhere: refused unless --trust-run)."""
-        self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        try:
+            self.resume_path = latest_checkpoint(self.run_dir) if cfg.resume else None
+        except CheckpointError as e:  # checkpoints/ or an iter_* that leads out of the run folder
+            raise ConfigError(str(e)) from None
         if cfg.resume and self.resume_path is None:
             raise ConfigError(f"--resume: {self.run_dir} has no complete checkpoint to continue from; start a new run "
                               f"without --resume")
@@ -213,8 +217,11 @@ class Run:
                       f"machine", flush=True)
             try:
                 saved_world = len(read_rng_states(self.resume_path))
+                note = check_resumable(self.resume_path, self.run_dir, self.schedule)
             except CheckpointError as e:
                 raise ConfigError(str(e)) from None
+            if note and self.is_main:
+                print(f"[{self.script}] {note}", flush=True)
             if saved_world != self.world:
                 raise ConfigError(f"--resume: the run had {saved_world} process(es) and this launch has {self.world} "
                                   f"(prompts are per process, so the batch would change): resume with "
@@ -247,14 +254,19 @@ class Run:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
                 self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
                                                                    self._tracked["modules"], rank=self.rank)
-            except ValueError as e:
+            except (ValueError, CheckpointError) as e:  # a corrupt file: one line naming it, not a full disk
                 raise ConfigError(str(e)) from None
             saved_rng = read_rng_state(self.resume_path, self.rank)
-            for name, generator in self.rngs.items():
-                if name in saved_rng:
-                    generator.bit_generator.state = saved_rng[name]
-            if "env" in saved_rng and env_rng(self.envs) is not None:
-                env_rng(self.envs).bit_generator.state = saved_rng["env"]
+            try:
+                for name, generator in self.rngs.items():
+                    if name in saved_rng:
+                        generator.bit_generator.state = saved_rng[name]
+                if "env" in saved_rng and env_rng(self.envs) is not None:
+                    env_rng(self.envs).bit_generator.state = saved_rng["env"]
+            except (TypeError, ValueError, KeyError) as e:
+                raise ConfigError(f"checkpoint {self.resume_path}: rng.pt[{self.rank}] holds a malformed generator "
+                                  f"state ({' '.join(str(e).split())[:120]}); resume from an earlier checkpoint") \
+                    from None
             self.state.update(extra.get("state", {}))
             self._saved_iteration = self.start_iteration
         fsdp.register(policy, list(optimizers.values()))  # fsdp: gathers the weights for the run (collective)
@@ -490,11 +502,12 @@ class Run:
         finally:
             for sig, handler in self._old_handlers.items():
                 # several processes: the process ends now, and the launcher's SIGTERM once another one has ended
-                # must not cut its exit (its error line, exit code 130) short
-                signal.signal(sig, signal.SIG_IGN if self.world > 1 else handler)
+                # must not cut its exit (its error line, exit code 130) short; nor may a repeated signal cut the
+                # exit of a stopped run (it exits 130, never -15)
+                signal.signal(sig, signal.SIG_IGN if self.world > 1 or interrupted else handler)
         self.release_lock()
         if (exc_type is not None or interrupted) and self.created and self.is_main:  # nothing written: removed
-            remove_if_empty(self.run_dir, os.path.join(self.cfg.log.plots_dir, self.run_name))
+            remove_if_empty(*self._made)
         if interrupted:
             raise SystemExit(INTERRUPTED)
         if exc_type is not None and issubclass(exc_type, (ConfigError, PolicyLoadError)):  # a bad input: one line
@@ -551,6 +564,32 @@ class Run:
     def resume_command(self, world: Optional[int] = None) -> str:
         """The command that continues this run with `world` processes (default: this run's)."""
         return resume_command(self.script_file(), self.run_dir, self.world if world is None else world)
+
+
+def check_resumable(path: str, run_dir: str, schedule: Schedule) -> Optional[str]:
+    """CheckpointError (one line) when checkpoint `path` cannot continue the run in `run_dir`: its state.json is
+    malformed, names another run (a folder copied or linked from elsewhere), or is past the schedule's end (the resume
+    would train nothing: train.iterations or sft.steps was lowered). A note (returned) when it is at the end: nothing
+    is left to train (what follows the loop still runs, e.g. train_sft.py's export of a run stopped before it)."""
+    from common.checkpoint import read_state
+
+    state = read_state(path)
+    saved_name = state["extra"].get("run_name")
+    if saved_name is not None and saved_name != os.path.basename(os.path.normpath(run_dir)):
+        raise CheckpointError(f"{path}/state.json: 'run_name' is {saved_name!r}, but the run folder is "
+                              f"{os.path.basename(os.path.normpath(run_dir))!r}: that checkpoint belongs to another "
+                              f"run (a folder copied, linked or renamed from it); resume that run's own folder, or "
+                              f"give this folder its name {saved_name!r} back")
+    length = "sft.steps" if schedule.steps_per_iteration > 1 else "train.iterations"
+    saved = state["iteration"] * schedule.steps_per_iteration
+    if state["iteration"] > schedule.iterations:
+        raise CheckpointError(f"--resume: {run_dir} is saved at {schedule.position(state['iteration'])}, past the "
+                              f"run's end at {schedule.position(schedule.iterations)}: a resume would train nothing; "
+                              f"raise {length} above {saved} to train further")
+    if state["iteration"] == schedule.iterations:
+        return (f"note: {run_dir} is saved at its last {schedule.position(state['iteration'])}: nothing is left to "
+                f"train (raise {length} above {schedule.steps(state['iteration'])} to train further)")
+    return None
 
 
 def _say(text: str) -> None:

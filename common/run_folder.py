@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import tempfile
 import time
 from typing import Any, Optional, Sequence, Tuple
@@ -26,20 +27,20 @@ def resolve_run_dir(log: Any, prefix: str, resume: Optional[str], must_exist: bo
     there is none to continue), else the name a new run would get (`create_run_dir` makes it exclusively)."""
     if resume not in (None, "", "auto"):
         run_dir = resume.rstrip("/")
-        if os.path.basename(run_dir).startswith("iter_"):  # a checkpoint folder was given: use its run
+        if _is_checkpoint_dir(run_dir):  # a checkpoint folder (<run>/checkpoints/iter_N) was given: use its run
             run_dir = _run_of_checkpoint(run_dir, resume)
         if not os.path.isdir(run_dir):
             raise ConfigError(f"--resume {resume}: no such run folder (runs live in {log.output_dir}/<run name>/; "
                               f"a bare --resume picks the latest one)")
         return os.path.basename(run_dir), run_dir
+    if log.run_name:
+        check_run_name(log.run_name)
     if log.run_name and not (must_exist and not os.path.isdir(os.path.join(log.output_dir, log.run_name))):
         return log.run_name, os.path.join(log.output_dir, log.run_name)
     if resume == "auto" and os.path.isdir(log.output_dir):
-        from common.checkpoint import latest_checkpoint
-
         previous = sorted((d for d in os.listdir(log.output_dir) if d.startswith(prefix + "__")), key=run_order)
         # the newest that can be continued: a run stopped before its first checkpoint holds nothing to resume
-        resumable = [d for d in previous if latest_checkpoint(os.path.join(log.output_dir, d), check_hashes=False)]
+        resumable = [d for d in previous if _newest(os.path.join(log.output_dir, d))]
         if resumable:
             return resumable[-1], os.path.join(log.output_dir, resumable[-1])
         if previous and must_exist:
@@ -52,6 +53,21 @@ def resolve_run_dir(log: Any, prefix: str, resume: Optional[str], must_exist: bo
     return name, os.path.join(log.output_dir, name)
 
 
+def check_run_name(name: str) -> None:
+    """ConfigError (one line) for a log.run_name that is not one folder name: a separator, "..", or an absolute path
+    would put the run (and its plots) outside log.output_dir and log.plots_dir."""
+    if name in (".", "..") or "/" in name or "\\" in name or "\0" in name or os.path.isabs(name):
+        raise ConfigError(f"log.run_name={name!r}: a run name is one folder name (no '/', '\\' or '..'); the run "
+                          f"goes in log.output_dir/<run name>: set log.output_dir to choose where")
+
+
+def _is_checkpoint_dir(path: str) -> bool:
+    """Whether `path` names a checkpoint folder <run>/checkpoints/iter_<digits> (a run may be named iter_test)."""
+    name = os.path.basename(path)
+    return name.startswith("iter_") and name[5:].isdigit() and \
+        os.path.basename(os.path.dirname(path)) == "checkpoints"
+
+
 def run_order(name: str) -> Tuple[str, int]:
     """Sort key of run folder names: the timestamp, then the collision suffix (-2, -3, ...) as a number."""
     stem, _, suffix = name.rpartition("-")
@@ -61,19 +77,32 @@ def run_order(name: str) -> Tuple[str, int]:
 def _run_of_checkpoint(path: str, given: str) -> str:
     """The run folder of `<run>/checkpoints/iter_XXXXXX`, which must be the run's newest complete checkpoint (a resume
     continues from there; an older or pruned one is refused, naming those that exist)."""
-    from common.checkpoint import iteration_dirs, latest_checkpoint
+    from common.checkpoint import CheckpointError, iteration_dirs
 
     run_dir = os.path.dirname(os.path.dirname(path))
-    existing = [os.path.basename(d) for d in iteration_dirs(run_dir)]
+    try:
+        existing = [os.path.basename(d) for d in iteration_dirs(run_dir)]
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
     if not os.path.isdir(path):
         raise ConfigError(f"--resume {given}: that checkpoint does not exist (pruned?); {run_dir} has "
                           f"{', '.join(existing) or 'no checkpoints'}: resume with --resume {run_dir} (its newest)")
-    newest = latest_checkpoint(run_dir, check_hashes=False)
+    newest = _newest(run_dir)
     if newest is None or os.path.realpath(newest) != os.path.realpath(path):
         raise ConfigError(f"--resume {given}: a run continues from its newest complete checkpoint "
                           f"({os.path.basename(newest) if newest else 'none'} of {', '.join(existing)}), not an "
                           f"earlier one: resume with --resume {run_dir}, or evaluate that checkpoint with evaluate.py")
     return run_dir
+
+
+def _newest(run_dir: str) -> Optional[str]:
+    """latest_checkpoint (sizes only); ConfigError (one line) for checkpoints that lead out of the run folder."""
+    from common.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        return latest_checkpoint(run_dir, check_hashes=False)
+    except CheckpointError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_writable(folder: str, what: str) -> None:
@@ -85,17 +114,19 @@ def check_writable(folder: str, what: str) -> None:
         raise ConfigError(f"{what}: cannot write in {folder} ({e.strerror or e}); choose a writable folder") from None
 
 
-def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
+def create_run_dir(log: Any, prefix: str, made: Optional[list] = None) -> Tuple[str, str]:
     """Create a new run's folder exclusively (os.mkdir, race-free across processes) and check that it and
     `<plots_dir>/<run_name>` are writable; returns (run_name, run_dir). A timestamped name taken by a run started in
     the same second gets a suffix (-2, -3, ...); an explicit `log.run_name` that exists is refused (--resume continues
-    it). Every failure is a one-line ConfigError."""
+    it). Every failure is a one-line ConfigError. `made` (a list) gets the folders this call created (a failed start
+    removes only those: a plots folder that was there already is someone's)."""
     try:
         os.makedirs(log.output_dir, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"log.output_dir={log.output_dir}: cannot create it ({e.strerror or e}); choose a writable "
                           f"folder") from None
     if log.run_name:
+        check_run_name(log.run_name)
         names = [log.run_name]
     else:
         stamp = f"{prefix}__{time.strftime('%Y%m%d-%H%M%S')}"
@@ -118,6 +149,7 @@ def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
         raise ConfigError(f"log.output_dir={log.output_dir}: 999 runs named {stamp}* exist; wait a second")
     check_writable(run_dir, f"log.output_dir={log.output_dir}")
     plots = os.path.join(log.plots_dir, name)
+    made_plots = not os.path.lexists(plots)
     try:
         os.makedirs(plots, exist_ok=True)
     except OSError as e:
@@ -128,7 +160,11 @@ def create_run_dir(log: Any, prefix: str) -> Tuple[str, str]:
         check_writable(plots, f"log.plots_dir={log.plots_dir}")
     except ConfigError:
         os.rmdir(run_dir)
+        if made_plots:
+            remove_if_empty(plots)
         raise
+    if made is not None:
+        made += [run_dir] + ([plots] if made_plots else [])
     return name, run_dir
 
 
@@ -176,15 +212,32 @@ class FolderLock:
 
     def holder(self) -> tuple:
         try:
-            with open(self.path) as f:
-                info = json.load(f)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            with os.fdopen(fd) as f:
+                info = json.loads(f.read(4096))
             return int(info["pid"]), str(info["host"])
         except (OSError, ValueError, KeyError, TypeError):
             return None, "?"
 
+    def _open(self) -> int:
+        """The lock file, opened (created) without following a link: a symbolic link or anything but a regular file
+        at `path` is refused (ConfigError, one line), its target left untouched."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            fd = None
+        if fd is not None and stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        if fd is not None:
+            os.close(fd)
+        raise ConfigError(f"{self.path} is a symbolic link or not a regular file: a lock must be a plain file (it is "
+                          f"written to); remove {self.path} (what it points to is left untouched) and start again")
+
     def acquire(self, wait: bool = False) -> Optional[tuple]:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
             except OSError as e:
@@ -197,9 +250,9 @@ class FolderLock:
                         return pid, host
                     time.sleep(1.0)
                     continue
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = self._open()
             try:  # the file we locked must still be the one at `path` (a releasing holder unlinks it)
-                if os.fstat(fd).st_ino != os.stat(self.path).st_ino:
+                if os.fstat(fd).st_ino != os.lstat(self.path).st_ino:
                     os.close(fd)
                     continue
             except FileNotFoundError:
@@ -215,7 +268,7 @@ class FolderLock:
         if self.fd is None:
             return
         try:
-            if os.fstat(self.fd).st_ino == os.stat(self.path).st_ino:
+            if os.fstat(self.fd).st_ino == os.lstat(self.path).st_ino:
                 os.unlink(self.path)
         except OSError:
             pass

@@ -938,6 +938,13 @@ def _check_demo_shapes(path: str, key: str, demo: Any, images: bool) -> None:
             if name in views and (len(shape) != 4 or shape[3] != 3 or max(shape[1:3]) > MAX_DEMO_IMAGE):
                 raise ValueError(f"{path}:{key}/obs/{name} has shape {shape}, expected (T, H, W, 3) with H, W <= "
                                  f"{MAX_DEMO_IMAGE}")
+            if name in views and demo["obs"][name].dtype != np.uint8:
+                raise ValueError(f"{path}:{key}/obs/{name} holds {demo['obs'][name].dtype} pixels, expected uint8 "
+                                 f"(0..255, as LIBERO records them); convert the file's images to uint8")
+            width = {"ee_pos": 3, "ee_ori": 3, "ee_states": 6, "gripper_states": 2}.get(name)
+            if width is not None and (len(shape) != 2 or shape[1] != width):
+                raise ValueError(f"{path}:{key}/obs/{name} has shape {shape}, expected (T, {width}) as LIBERO "
+                                 f"records it")
 
 
 def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool = True,
@@ -984,9 +991,14 @@ def load_libero_demos(path: str, image_size: Optional[int] = None, images: bool 
             else:
                 pose = obs["ee_states"][()]
             state = np.concatenate([pose, obs["gripper_states"][()]], axis=1)
+            actions = np.asarray(demo["actions"][()], dtype=np.float32)
+            for field, values in (("actions", actions), ("obs (robot state)", state)):
+                if not np.isfinite(values).all():
+                    raise ValueError(f"{path}:{key}/{field} holds {int((~np.isfinite(values)).sum())} NaN or infinite "
+                                     f"values; fix or drop that demo")
             if task_id == -1 and "task_id" not in demo.attrs:
                 task_id = _task_index(name)
-            out = {"state": state.astype(np.float32), "actions": np.asarray(demo["actions"][()], dtype=np.float32),
+            out = {"state": state.astype(np.float32), "actions": actions,
                    "task_description": description, "task_name": name,
                    "task_id": int(demo.attrs.get("task_id", task_id)), "trial_id": int(demo.attrs.get("trial_id", -1)),
                    # the simulator state the demo started from (robomimic's data/demo_i/states), if recorded

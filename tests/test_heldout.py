@@ -159,7 +159,7 @@ def test_heldout_flags_refuse_what_they_cannot_do(tmp_path):
     assert "smaller than the 10 official held-out trials 40-49" in bad_input(
         "--checkpoint", WEAK, "--heldout-set", "5", "--heldout-file", str(tmp_path / "s.json"),
         "--out-dir", str(tmp_path / "o"))
-    assert "must be >= 1" in bad_input("--checkpoint", WEAK, "--heldout-set", "0")
+    assert "must be in [1, 10000]" in bad_input("--checkpoint", WEAK, "--heldout-set", "0")
 
 
 def test_a_run_that_practised_every_trial_gets_drawn_states_only(tmp_path):
