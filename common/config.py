@@ -261,9 +261,10 @@ def check_run_config(cfg: Any) -> None:
     protocol = apply_protocol(cfg)
     rollout, train = getattr(cfg, "rollout", None), cfg.train
     unit = getattr(train, "mini_batch_unit", "step")
-    if unit not in ("step", "trajectory"):
+    grid = getattr(type(train), "GRID_MINI_BATCHES", False)  # the scripts that implement mini_batch_unit=grid
+    if unit not in ("step", "trajectory") + (("grid",) if grid else ()):
         raise ConfigError(f"train.mini_batch_unit={unit!r}: use step (mini-batches of policy steps) or trajectory "
-                          f"(of whole episodes)")
+                          f"(of whole episodes)" + (" or grid (of the padded episode x step grid)" if grid else ""))
     sizes = [k for k in ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "update_epochs",
                          "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
     if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
