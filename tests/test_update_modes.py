@@ -145,3 +145,20 @@ def test_scripts_take_the_grid_count_of_optimizer_steps(script, tmp_path):
     (row,) = read_metrics(str(next((tmp_path / "runs").iterdir())))
     assert row["train/optimizer_steps"] == expected
     assert math.isfinite(row.get("train/pg_loss", row.get("train/grad_norm", 0.0)))
+
+
+def test_srpo_reward_scope_round_keeps_each_round_and_process_apart():
+    """Task a, prompts per round 2: round 0 (groups 0, 1 -> scope 0) two successes at (1, 0); round 1 (groups 2, 3 ->
+    scope 1) two failures at (4, 0) and (6, 0). Pooled: the failures' distances 3 and 5 to the success centre, min-max
+    normalised to 0 and 1 -> 0.6 expit(10 (0.5 - 0)) = 0.595984 and 0.6 expit(-5) = 0.004016. Per round (siiRL's):
+    round 1 has no success, so its failures get 0."""
+    from train_srpo import compute_embodied_reward, reward_scope_names
+
+    complete = np.array([True, True, False, False])
+    emb = np.array([[1.0, 0.0], [1.0, 0.0], [4.0, 0.0], [6.0, 0.0]])  # (an all-zero row: no embedding)
+    groups = np.array([0, 1, 2, 3])
+    assert reward_scope_names(["a"] * 4, groups, 2, "round") == ["a|0", "a|0", "a|1", "a|1"]
+    pooled = compute_embodied_reward(complete, emb, reward_scope_names(["a"] * 4, groups, 2, "pooled"))
+    assert pooled == pytest.approx([1.0, 1.0, 0.595984, 0.004016], abs=1e-6)
+    per_round = compute_embodied_reward(complete, emb, reward_scope_names(["a"] * 4, groups, 2, "round"))
+    assert per_round.tolist() == [1.0, 1.0, 0.0, 0.0]
