@@ -162,3 +162,15 @@ def test_srpo_reward_scope_round_keeps_each_round_and_process_apart():
     assert pooled == pytest.approx([1.0, 1.0, 0.595984, 0.004016], abs=1e-6)
     per_round = compute_embodied_reward(complete, emb, reward_scope_names(["a"] * 4, groups, 2, "round"))
     assert per_round.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_srpo_runs_with_the_round_reward_scope(tmp_path):
+    """train_srpo.py with reward.scope=round (the progress reward per (round, process) scope) runs an update with a
+    finite loss and logs the reward."""
+    run_script("train_srpo.py", ["--task-id", "0", "--no-wandb", "init.mode=scratch", "env.num_envs=8",
+                                 "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
+                                 "train.iterations=1", "eval.every=0", "reward.encoder.kind=pixels",
+                                 "reward.encoder.num_frames=4", "reward.scope=round",
+                                 "algorithm.filter_accuracy=false"], tmp_path, timeout=600)
+    (row,) = read_metrics(str(next((tmp_path / "runs").iterdir())))
+    assert math.isfinite(row["train/pg_loss"]) and math.isfinite(row["reward/mean"])
