@@ -69,6 +69,7 @@ EXPECT: Dict[Tuple[str, str], str] = {
     ("srpo_libero_grpo_cpu.yaml", "train.ppo_mini_batch_size"): "PPO_MINI_BATCH_SIZE * ROLLOUT_N_SAMPLES",
     ("srpo_libero_grpo_cpu.yaml", "algorithm.loss_agg_mode"): "loss",
     ("srpo_libero.yaml", "reward.scope"): "compute_reward",
+    ("srpo_libero.yaml", "— surplus kept groups"): "_cleanup_step_buffers",
     ("srpo_libero_cpu.yaml", "— reward scope"): "compute_reward",
     # the rows whose reference cell is words only: the cited line's text, read by hand against the cell (2026-12-07)
     ('srpo_libero.yaml', 'env.task_ids'): 'actor_rollout_ref.embodied.env.num_trials_per_ta',
