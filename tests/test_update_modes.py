@@ -174,3 +174,23 @@ def test_srpo_runs_with_the_round_reward_scope(tmp_path):
                                  "algorithm.filter_accuracy=false"], tmp_path, timeout=600)
     (row,) = read_metrics(str(next((tmp_path / "runs").iterdir())))
     assert math.isfinite(row["train/pg_loss"]) and math.isfinite(row["reward/mean"])
+
+
+def test_crop_lanczos_is_the_gae_ppo_references_image_path():
+    """A 256 px frame: the crop is int(256 sqrt(0.9)) = 242 px from (256 - 242) // 2 = 7, so a 7 px white border is
+    (rows 0..6) is cut away entirely (all black out) and an 8 px one (row 7 kept) leaves white at the edges; a constant frame stays constant
+    (Lanczos of a constant); the batch helper applies it frame by frame."""
+    from models.openvla_oft import apply_image_pipeline, crop_lanczos_image
+
+    frame = np.zeros((256, 256, 3), np.uint8)
+    frame[:7], frame[-7:], frame[:, :7], frame[:, -7:] = 255, 255, 255, 255
+    out = crop_lanczos_image(frame, rotate=False)
+    assert out.shape == (224, 224, 3) and out.dtype == np.uint8 and out.max() == 0
+    frame = np.zeros((256, 256, 3), np.uint8)
+    frame[:8], frame[-8:], frame[:, :8], frame[:, -8:] = 255, 255, 255, 255
+    assert crop_lanczos_image(frame, rotate=False)[0].max() > 0
+    assert (crop_lanczos_image(np.full((256, 256, 3), 77, np.uint8)) == 77).all()
+    board = (np.indices((256, 256)).sum(0) // 8 % 2 * 255).astype(np.uint8)[..., None].repeat(3, -1)
+    batch = apply_image_pipeline(board[None], "crop_lanczos")
+    assert batch.shape == (1, 224, 224, 3) and (batch == crop_lanczos_image(board, rotate=False)).all()
+    assert apply_image_pipeline(board[None], "resize") is not batch  # resize: the frames as they are
