@@ -62,6 +62,7 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
 
 @dataclass
 class TrainConfig:
+    GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
     iterations: int = ranged(80, "[1, inf)")
     lr: float = ranged(3e-4, "[0, inf)")  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
     lr_warmup_steps: int = ranged(0, "[0, inf)")  # linear warmup over the first N optimizer steps
@@ -69,10 +70,11 @@ class TrainConfig:
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default; RLinf: 0.95)
     update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
-    mini_batch_unit: str = "step"  # step: mini-batches of policy steps (chunk-steps, as RLinf) shuffled across
-                                   # episodes | trajectory: of whole episodes
-    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
-                                                       # with train.mini_batch_unit=trajectory
+    mini_batch_unit: str = "step"  # step: mini-batches of policy steps (chunk-steps) shuffled across episodes |
+                                   # trajectory: of whole episodes | grid: of the padded episodes x ceil(env.max_steps
+                                   # / chunk) grid (RLinf's, FlowIPO's): a fixed count of optimizer steps per update
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, episodes
+                                                       # (mini_batch_unit=trajectory) or grid rows (grid)
     micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                       # accumulation), also self-annotation
     grad_clip: float = ranged(1.0, "(0, inf)")
@@ -109,8 +111,9 @@ from common.losses import on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
-from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
-                          rollout_metrics, sample_prompts, sharded_update)
+from common.train import (adam_betas, adamw_with_warmup, grid_minibatches, mean_stats, micro_batches, minibatches,
+                          optimizer_step, rollout_metrics, sample_prompts, sharded_update)
+from envs import max_steps
 from models import ACTION_DIM
 
 
@@ -402,10 +405,16 @@ if __name__ == "__main__":
             t0 = time.perf_counter()
             policy.train()
             stats = {}
+            unit, size = cfg.train.mini_batch_unit, cfg.train.mini_batch_size
+            if unit == "grid":  # FlowIPO's padded grid: each episode ceil(episode limit / chunk) rows, valid or not
+                per_episode = max(-(-max_steps(cfg.env, t) // policy.action_chunk) for t in cfg.env.task_ids)
+                batches = grid_minibatches(steps.episode * per_episode + steps.t, len(batch) * per_episode, size,
+                                           cfg.train.update_epochs, run.gather)
+            else:
+                batches = minibatches(len(steps), size, cfg.train.update_epochs, run.gather,
+                                      episodes=steps.episode if unit == "trajectory" else None)
             with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
-                by_trajectory = cfg.train.mini_batch_unit == "trajectory"
-                for mb_inds in minibatches(len(steps), cfg.train.mini_batch_size, cfg.train.update_epochs, run.gather,
-                                           episodes=steps.episode if by_trajectory else None):
+                for mb_inds in batches:
                     optimizer.zero_grad(set_to_none=True)
                     micro, logged = micro_batches(steps, mb_inds, mb, pad, "row-mean"), None
                     for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)

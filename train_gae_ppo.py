@@ -22,6 +22,7 @@ output; evaluation is the deterministic ODE. Everything else is shared.
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -64,20 +65,28 @@ class AlgorithmConfig:
     normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
     clip_ratio_low: float = ranged(0.2, "[0, 1)")
     clip_ratio_high: float = ranged(0.2, "[0, inf)")
-    clip_ratio_c: float = ranged(  # dual clip for negative advantages (> 1; a huge value switches it off)
+    clip_ratio_c: Optional[float] = ranged(  # dual clip for negative advantages (> 1); null = none (RLinf's pi0)
         3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
-    loss_agg_mode: str = "token-mean"  # how the policy loss averages over action tokens (common/losses.py
-                                       # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean)
+    loss_agg_mode: str = "token-mean"  # how the policy (and value) loss averages over action tokens (common/losses.py
+                                       # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean;
+                                       # episode-ratio: RLinf's masked_mean_ratio, each row x env.max_steps / its
+                                       # episode's env steps, a mean over the mini-batch's (grid) rows, value too)
     entropy_coeff: float = ranged(0.0, "[0, inf)")
     value_loss_coef: float = ranged(0.5, "[0, inf)")  # total = policy + value_loss_coef
                                                       # * value - entropy_coeff * entropy
-    cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = plain MSE
+    cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = unclipped
+    value_loss: str = "half-mse"  # half-mse: 0.5 (v - R)^2 (verl's) | mse: (v - R)^2 (F.mse_loss, the GAE-PPO
+                                  # reference) | huber: Huber(v - R, huber_delta) (RLinf's critic)
+    huber_delta: float = ranged(1.0, "(0, inf)")  # value_loss=huber: the quadratic band (RLinf: 10)
+    advantage_scale: float = ranged(1.0, "(0, inf)")  # advantages x this in the policy loss (after normalisation;
+                                                      # the GAE-PPO reference: 0.5)
     freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
                                          # head only)
 
 
 @dataclass
 class TrainConfig:
+    GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
     iterations: int = ranged(60, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
     actor_lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for
@@ -89,12 +98,15 @@ class TrainConfig:
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (actor and critic; torch's default)
     ppo_epochs: int = ranged(1, "[1, 1000]")
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
-                                   # whole episodes
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
-                                                           # with train.mini_batch_unit=trajectory
+                                   # whole episodes | grid: of the padded episodes x ceil(env.max_steps / chunk)
+                                   # grid (RLinf's): a fixed count of optimizer steps, padding rows count
+    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, episodes (train.
+                                                           # mini_batch_unit=trajectory) or grid rows (grid)
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     actor_max_grad_norm: float = ranged(1.0, "(0, inf)")
     critic_max_grad_norm: float = ranged(1.0, "(0, inf)")
+    grad_clip_mode: str = "separate"  # separate: actor and critic gradients clipped on their own | joint: one norm
+                                      # over both, clipped to actor_max_grad_norm (RLinf's one model)
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value
@@ -134,13 +146,14 @@ import numpy as np
 import torch
 
 from common.advantages import compute_gae, executed_actions, make_action_mask, masked_mean
-from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
+from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
-from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, mean_stats, micro_batches,
-                          minibatches, rollout_metrics, sample_prompts, sharded_update)
+from common.train import (adam_betas, adamw, adamw_with_warmup, average_gradients, grid_minibatches, mean_stats,
+                          micro_batches, minibatches, rollout_metrics, sample_prompts, sharded_update)
+from envs import max_steps
 from models import ACTION_DIM, ValueHead
 from models.policy import action_kind
 
@@ -157,6 +170,13 @@ def check_config(cfg: Config) -> None:
                           f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")
     if a.loss_agg_mode not in LOSS_AGG_MODES:
         raise ConfigError(f"algorithm.loss_agg_mode={a.loss_agg_mode!r}: use one of {', '.join(LOSS_AGG_MODES)}")
+    if a.value_loss not in VALUE_LOSSES:
+        raise ConfigError(f"algorithm.value_loss={a.value_loss!r}: use one of {', '.join(VALUE_LOSSES)}")
+    if t.grad_clip_mode not in ("separate", "joint"):
+        raise ConfigError(f"train.grad_clip_mode={t.grad_clip_mode!r}: use separate or joint")
+    if t.grad_clip_mode == "joint" and t.strategy == "fsdp":
+        raise ConfigError("train.grad_clip_mode=joint with train.strategy=fsdp: one norm over sharded and replicated "
+                          "parameters is not implemented; use train.strategy=ddp or grad_clip_mode=separate")
     if a.gae_unit not in ("step", "action") or a.ratio_unit not in ("token", "step"):
         raise ConfigError(f"algorithm.gae_unit={a.gae_unit!r}, algorithm.ratio_unit={a.ratio_unit!r}: use gae_unit "
                           f"step or action and ratio_unit token or step")
@@ -241,6 +261,19 @@ def record_values(policy, value_head: ValueHead, batch, device, chunk_size: int)
     if chunks:
         last_values[cut] = torch.cat(chunks).cpu().numpy()
     return values, last_values
+
+
+def clip_gradients(actor_params: List[torch.nn.Parameter], critic_params: List[torch.nn.Parameter],
+                   train: TrainConfig) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Clip the gradients in place; (actor norm, critic norm or None without a critic), before clipping.
+    train.grad_clip_mode=separate: each to its own max norm; joint: one norm over both, clipped to
+    actor_max_grad_norm, as RLinf clips its one model holding the policy and the value head
+    (rlinf/hybrid_engines/fsdp/strategy/fsdp.py:364-369@a3816b5): both returned norms are that one."""
+    if train.grad_clip_mode == "joint" and critic_params:
+        joint = torch.nn.utils.clip_grad_norm_(actor_params + critic_params, train.actor_max_grad_norm)
+        return joint, joint
+    critic = torch.nn.utils.clip_grad_norm_(critic_params, train.critic_max_grad_norm) if critic_params else None
+    return full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, train.actor_max_grad_norm)), critic
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
@@ -354,8 +387,13 @@ if __name__ == "__main__":
             mask = np.ones(step_mask.shape + (1,), np.float32) if flow else \
                 make_action_mask(batch.finish_step, batch.num_steps, policy.action_chunk).view(
                     len(batch), batch.num_steps, A).float().numpy()
+            # episode-ratio's row weight: the episode limit / the episode's env steps (RLinf's loss_mask_ratio)
+            limit = np.array([max_steps(cfg.env, int(task)) for task in batch.task_ids], np.float32) \
+                if len(batch) else np.zeros(0, np.float32)
+            episode_weight = np.repeat((limit / np.maximum(batch.finish_step, 1))[:, None], batch.num_steps, axis=1)
             steps = flatten_steps(batch, advantages=np.repeat(advantages, A // advantages.shape[-1], axis=2),
-                                  returns=returns, values=values, mask=mask, executed=env_steps)
+                                  returns=returns, values=values, mask=mask, executed=env_steps,
+                                  episode_weight=episode_weight.astype(np.float32))
             if flow and len(steps):  # a chunk cut short: its old log-density over the executed actions only (the
                 partial = np.flatnonzero(steps.data["executed"] < policy.action_chunk)  # rollout's is the whole chunk)
                 with torch.no_grad():
@@ -381,14 +419,21 @@ if __name__ == "__main__":
                 value_head.train()
             stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
                                      "value_clipfrac", "grad_norm", "critic_grad_norm")}
+            unit, size = cfg.train.mini_batch_unit, cfg.train.ppo_mini_batch_size
+            if unit == "grid":  # RLinf's padded grid: each episode ceil(episode limit / chunk) rows, valid or not
+                per_episode = max([math.ceil(max_steps(cfg.env, t) / policy.action_chunk) for t in cfg.env.task_ids])
+                batches = grid_minibatches(steps.episode * per_episode + steps.t, len(batch) * per_episode, size,
+                                           cfg.train.ppo_epochs, run.gather)
+            else:
+                batches = minibatches(len(steps), size, cfg.train.ppo_epochs, run.gather,
+                                      episodes=steps.episode if unit == "trajectory" else None)
             with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
-                by_trajectory = cfg.train.mini_batch_unit == "trajectory"
-                for mb_inds in minibatches(len(steps), cfg.train.ppo_mini_batch_size, cfg.train.ppo_epochs, run.gather,
-                                           episodes=steps.episode if by_trajectory else None):
+                for mb_inds in batches:
                     actor_opt.zero_grad(set_to_none=True)
                     if use_gae:
                         critic_opt.zero_grad(set_to_none=True)
-                    micro = micro_batches(steps, mb_inds, mb, pad, alg.loss_agg_mode)
+                    rows = size if unit == "grid" else len(mb_inds)  # episode-ratio's denominator (padding counts)
+                    micro = micro_batches(steps, mb_inds, mb, pad, alg.loss_agg_mode, grid_rows=rows)
                     for part, weight in micro:  # weight 0: fsdp's padding (a row that adds zero gradient)
                         # the family's log-probs of the rollout's actions (tokens: each token's at the temperature,
                         # with entropies; flow: the flow-SDE step's density (B, 1), no entropy: its std is fixed)
@@ -396,11 +441,13 @@ if __name__ == "__main__":
                                                                         temperature=temp, noise_level=noise,
                                                                         executed=part.tensor("executed"))
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
+                        adv = adv * alg.advantage_scale
                         if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
                             log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)
                         token_mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's)
                         mask = token_mask
-                        if alg.loss_agg_mode == "traj-token-mean":  # tokens weighted 1 / (episode's tokens x episodes)
+                        if micro.traj_weight:  # traj-token-mean: tokens weighted 1 / (episode's tokens x episodes);
+                            # episode-ratio: limit / episode's env steps / (rows x tokens per row)
                             mask = token_mask * part.tensor("traj_weight", device)[:, None]
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
@@ -414,10 +461,13 @@ if __name__ == "__main__":
                         if use_gae:  # a mean over the micro-batch's rows: weighted by its share of the rows
                             features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                             vpreds = value_head(features)
+                            ratio = alg.loss_agg_mode == "episode-ratio"  # the critic's rows weighted as the actor's
                             vf_loss, vf_clipfrac = compute_value_loss(
                                 vpreds, part.tensor("returns", device), part.tensor("values", device),
-                                torch.ones_like(vpreds), alg.cliprange_value)
-                            row_share = len(part) / micro.rows if weight else 0.0  # padding: 0
+                                part.tensor("episode_weight", device) / rows if ratio else torch.ones_like(vpreds),
+                                alg.cliprange_value, "episode-ratio" if ratio else "token-mean", alg.value_loss,
+                                alg.huber_delta)
+                            row_share = (1.0 if ratio else len(part) / micro.rows) if weight else 0.0  # padding: 0
                             loss = loss + row_share * alg.value_loss_coef * vf_loss
                         loss.backward()  # weight: this micro-batch's share of the mini-batch's policy loss
                         if not weight:
@@ -434,12 +484,10 @@ if __name__ == "__main__":
                             stats["value_loss"].append(vf_loss.detach())
                             stats["value_clipfrac"].append(vf_clipfrac.detach())
                     average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
-                    if use_gae:  # separate clipping (and logging) of the two norms
-                        stats["critic_grad_norm"].append(torch.nn.utils.clip_grad_norm_(
-                            critic_params, cfg.train.critic_max_grad_norm))
+                    actor_norm, critic_norm = clip_gradients(actor_params, critic_params, cfg.train)
+                    if use_gae:
+                        stats["critic_grad_norm"].append(critic_norm)
                         critic_opt.step()
-                    actor_norm = full_tensor(torch.nn.utils.clip_grad_norm_(actor_params,
-                                                                            cfg.train.actor_max_grad_norm))
                     if move_actor:
                         stats["grad_norm"].append(actor_norm)
                         actor_opt.step()

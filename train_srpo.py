@@ -15,7 +15,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
@@ -48,6 +48,10 @@ class RewardConfig:
     sigmoid_steepness: float = ranged(10.0, "(0, inf)")
     sigmoid_offset: float = 0.5
     max_failure_reward: float = ranged(0.6, "[0, 1]")
+    scope: str = "pooled"  # whose kept episodes form a task's success clusters and distance range: pooled (all of
+                           # the update's, every round and process) | round (one rollout round on one process, as
+                           # siiRL computes the reward per step and rank: siirl/execution/dag/builtin_pipelines.py:
+                           # 258-275, dag_worker/dagworker.py:523-535@af00a77)
     shuffle: bool = False  # control arm (no signal): each kept group's scores permuted at random among its episodes
                            # before the advantages, so the update moves the policy as far (the same advantages, group
                            # by group) but toward no outcome (seeded; resumes exactly)
@@ -207,6 +211,16 @@ def compute_embodied_reward(completes: ArrayOrTensor | Sequence[bool], embedding
     return rewards
 
 
+def reward_scope_names(task_names: Sequence[str], group_ids: np.ndarray, prompts: int, scope: str) -> List[str]:
+    """The names compute_embodied_reward groups episodes by, for reward.scope: pooled, the task names themselves
+    (one cluster set per task over the whole update); round, the task within its rollout round on its process
+    (`group_ids // prompts`: the script numbers groups (round x processes + rank) x prompts + g, so that is the
+    (round, process) they came from)."""
+    if scope == "pooled":
+        return list(task_names)
+    return [f"{name}|{int(g) // prompts}" for name, g in zip(task_names, np.asarray(group_ids).tolist())]
+
+
 def shuffle_within_groups(scores: np.ndarray, group_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """reward.shuffle, the control arm: a copy of `scores` with each group's scores permuted among its episodes by
     `rng`. Each group keeps its scores, so GRPO's group mean and std, and the advantages as a set, are those of the
@@ -225,6 +239,9 @@ def check_config(cfg: Config) -> None:
         raise ConfigError(f"rollout.n={cfg.rollout.n}: GRPO needs n >= 2 samples per prompt to form a group baseline")
     if cfg.reward.mode not in ("srpo", "binary"):
         raise ConfigError(f"reward.mode={cfg.reward.mode!r}: use srpo or binary")
+    if cfg.reward.scope not in ("pooled", "round"):
+        raise ConfigError(f"reward.scope={cfg.reward.scope!r}: use pooled (all kept episodes of the update) or round "
+                          f"(each rollout round on each process, siiRL's)")
     if cfg.algorithm.adv_estimator not in ("grpo", "step_grpo", "advanced_grpo"):
         raise ConfigError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator!r}: use grpo, step_grpo or "
                           f"advanced_grpo (gae is train_gae_ppo.py's, grpo_split train_luffy.py's)")
@@ -337,7 +354,8 @@ if __name__ == "__main__":
             offset = sum(kept_counts[:run.rank])  # this process's rows in the gathered order
             if cfg.reward.mode == "srpo":
                 emb = encoder.embed(batch.frames) if len(batch) else np.zeros((0, encoder.dim), np.float32)
-                gathered = run.gather(list(zip(batch.complete.tolist(), emb, batch.task_names)))
+                names = reward_scope_names(batch.task_names, batch.group_ids, P, cfg.reward.scope)
+                gathered = run.gather(list(zip(batch.complete.tolist(), emb, names)))
                 complete_all = np.array([g[0] for g in gathered], dtype=bool)
                 scores_all = compute_embodied_reward(
                     complete_all,

@@ -12,7 +12,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass, make_dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Type, TypeVar, get_type_hints
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type, TypeVar, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -260,9 +260,10 @@ def check_run_config(cfg: Any) -> None:
     protocol = apply_protocol(cfg)
     rollout, train = getattr(cfg, "rollout", None), cfg.train
     unit = getattr(train, "mini_batch_unit", "step")
-    if unit not in ("step", "trajectory"):
+    grid = getattr(type(train), "GRID_MINI_BATCHES", False)  # the scripts that implement mini_batch_unit=grid
+    if unit not in ("step", "trajectory") + (("grid",) if grid else ()):
         raise ConfigError(f"train.mini_batch_unit={unit!r}: use step (mini-batches of policy steps) or trajectory "
-                          f"(of whole episodes)")
+                          f"(of whole episodes)" + (" or grid (of the padded episode x step grid)" if grid else ""))
     sizes = [k for k in ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "update_epochs",
                          "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
     if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
@@ -374,14 +375,15 @@ def hyperparameter_help(cfg: Any, prefix: str = "") -> List[str]:
 
 def build_arg_parser(description: str, default_config: str,
                      flags: Optional[Dict[str, Dict[str, Any]]] = None,
-                     defaults: Any = None, shown: Optional[str] = None) -> argparse.ArgumentParser:
+                     defaults: Any = None, shown: Optional[str] = None, note: str = "") -> argparse.ArgumentParser:
     """The named flags every script takes (+ a script's own `flags`: name -> argparse kwargs with `key`, the config
     key it sets); anything else on the line is a `section.key=value` override. `defaults` (the config the default
-    YAML, or `shown`, gives) lists every hyper-parameter with its value and meaning under the flags."""
+    YAML, or `shown`, gives; `note`: what eval.protocol changed in it) lists every hyper-parameter with its value and
+    meaning under the flags."""
     epilog = None
     if defaults is not None:
         source = shown or default_config or "the defaults"
-        epilog = (f"hyper-parameters: set any with section.key=value (shown: the value {source} gives)\n"
+        epilog = (f"hyper-parameters: set any with section.key=value (shown: the value {source} gives{note})\n"
                   + "\n".join(hyperparameter_help(defaults)))
     p = argparse.ArgumentParser(description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -454,11 +456,46 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
 
 def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
     """Run a script's value checks on its parsed config; a bad value exits with one line (`error: ...`) naming the
-    fix, no traceback."""
+    fix, no traceback. The checks resolve eval.protocol in place (apply_protocol): every key that changed is printed
+    first, `key: given -> used` (the main process only), and the resolved config is the one the run saves and a
+    resume reads."""
+    before = flatten_config(cfg) if is_dataclass(cfg) else {}
     try:
         check(cfg)
     except ValueError as e:  # ConfigError is a ValueError
         raise SystemExit(f"error: {e}") from None
+    lines = resolved_lines(before, cfg)
+    if lines and os.environ.get("RANK", "0") == "0":
+        print("\n".join(lines), flush=True)
+
+
+def resolved_lines(before: Dict[str, Any], cfg: Any) -> List[str]:
+    """What the config check changed, as printed lines: a header naming eval.protocol, then `  key: old -> new`
+    for every leaf whose value differs from `before` (flatten_config of the config as parsed); [] when none did."""
+    after = flatten_config(cfg) if is_dataclass(cfg) else {}
+    changed = [(k, before[k], v) for k, v in after.items() if k in before and before[k] != v]
+    if not changed:
+        return []
+    protocol = getattr(getattr(cfg, "eval", None), "protocol", None)
+    head = f"eval.protocol={protocol} set {len(changed)} key(s) left at the script's defaults (config.yaml saves " \
+           f"these values):" if protocol else f"the config check set {len(changed)} key(s):"
+    show = lambda v: yaml.safe_dump(v, default_flow_style=True, width=1000).strip().replace("\n...", "")  # noqa: E731
+    return [head] + [f"  {k}: {show(old)} -> {show(new)}" for k, old, new in changed]
+
+
+def resolve_for_help(cfg: Any) -> Tuple[Any, str]:
+    """--help's config with eval.protocol applied (the values a run uses) and a note for the header: which keys it
+    changed, or why it could not apply (the run would stop with that error)."""
+    if not (hasattr(cfg, "eval") and hasattr(cfg.eval, "protocol") and hasattr(cfg, "env") and hasattr(cfg, "train")):
+        return cfg, ""
+    before = flatten_config(cfg)
+    try:
+        apply_protocol(cfg)
+    except ValueError as e:
+        return cfg, f"; eval.protocol not applied: {e}"
+    changed = resolved_lines(before, cfg)[1:]
+    return cfg, (f", after eval.protocol={cfg.eval.protocol} set " + ", ".join(c.strip() for c in changed)
+                 if changed else "")
 
 
 def _parse_cli(schema, default_config, description, argv, script, flags, resumable):
@@ -466,7 +503,7 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
     # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
     is_override = [("=" in a and not a.startswith("-")) for a in argv]
     help_asked = any(a in ("-h", "--help") for a in argv)
-    defaults, shown = None, default_config
+    defaults, shown, note = None, default_config, ""
     if help_asked:  # list the hyper-parameters as the given --config and overrides set them (its family's keys too)
         given = argparse.ArgumentParser(add_help=False)
         given.add_argument("--config", default=None)
@@ -474,7 +511,9 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
         shown = known.config or default_config
         defaults = load_config(schema, resolve_config_path(known.config, default_config),
                                [a for a, o in zip(argv, is_override) if o])
-    parser = build_arg_parser(description.split("\n\n")[0], default_config, flags, defaults, shown)
+        defaults, note = resolve_for_help(defaults)  # the values the run uses: eval.protocol applied
+    parser = build_arg_parser(description.split("\n\n")[0], default_config, flags, defaults, shown,
+                              note if help_asked else "")
     args = parser.parse_args([a for a, o in zip(argv, is_override) if not o])
     memory_plan.set_cli(args.dry_run, args.device_memory_gib, args.processes)
     set_trust_run(args.trust_run)

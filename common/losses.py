@@ -12,7 +12,8 @@ import torch
 from common.advantages import check_same_shape, masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                  "traj-token-mean")
+                  "traj-token-mean", "episode-ratio")
+VALUE_LOSSES = ("half-mse", "mse", "huber")
 
 
 def on_host(t: torch.Tensor) -> bool:
@@ -31,11 +32,13 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
     (ppo_micro_batch_size_per_gpu 1, siirl/params/model_args.py:278@af00a77): a trajectory's loss is the sum of its
     token losses / its valid tokens (siirl/engine/actor/embodied_actor.py:417, 476-480), divided by the mini-batch's
     trajectories (gradient_accumulation, :384, :482); SimpleVLA-RL's the same (verl/workers/actor/dp_rob.py:405,
-    412, 440, 507-513@7c51662)."""
+    412, 440, 507-513@7c51662). episode-ratio is RLinf's masked_mean_ratio (rlinf/utils/utils.py:352-356@a3816b5:
+    mean over every entry, padding included, of loss x mask x max length / the row's episode length): the masked sum
+    too, `loss_mask` carrying those weights divided by the entries (common/train.py micro_batches)."""
     check_same_shape(loss_mat=loss_mat, loss_mask=loss_mask)
     if loss_agg_mode == "token-mean":
         return masked_mean(loss_mat, loss_mask)
-    if loss_agg_mode == "traj-token-mean":
+    if loss_agg_mode in ("traj-token-mean", "episode-ratio"):
         return masked_sum(loss_mat, loss_mask)
     if loss_agg_mode not in LOSS_AGG_MODES:
         raise ValueError(f"unknown loss_agg_mode {loss_agg_mode!r}; valid: {', '.join(LOSS_AGG_MODES)}")
@@ -53,12 +56,14 @@ def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str
 def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tensor, advantages: torch.Tensor,
                                 response_mask: torch.Tensor, clip_ratio: float = 0.2,
                                 clip_ratio_low: Optional[float] = None, clip_ratio_high: Optional[float] = None,
-                                clip_ratio_c: float = 3.0, loss_agg_mode: str = "token-mean",
+                                clip_ratio_c: Optional[float] = 3.0, loss_agg_mode: str = "token-mean",
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """verl's PPO clipped loss with asymmetric clip and dual clip for A < 0 (Ye et al. 2019), as siiRL's SRPO uses it.
-    Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
+    """verl's PPO clipped loss with asymmetric clip and dual clip for A < 0 (Ye et al. 2019), as siiRL's SRPO uses it;
+    clip_ratio_c None: no dual clip (RLinf's pi0 PPO: clip_ratio_c is passed only for GR00T,
+    rlinf/workers/actor/embodied_fsdp_actor_worker.py:664-668@a3816b5). Returns (pg_loss, pg_clipfrac, ppo_kl,
+    pg_clipfrac_lower)."""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
-    if clip_ratio_c <= 1.0:
+    if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip constant) must be > 1.0, got {clip_ratio_c}")
     eps_low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     eps_high = clip_ratio if clip_ratio_high is None else clip_ratio_high
@@ -72,11 +77,13 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
     clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
     pg_clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
 
-    pg_losses3 = -advantages * clip_ratio_c
-    clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
-    pg_clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(), response_mask)
-
-    pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    if clip_ratio_c is None:
+        pg_losses, pg_clipfrac_lower = clip_pg_losses1, torch.zeros((), device=advantages.device)
+    else:
+        pg_losses3 = -advantages * clip_ratio_c
+        clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
+        pg_clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(), response_mask)
+        pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
@@ -97,17 +104,29 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kl_penalty: str
     raise ValueError(f"unknown kl_penalty {kl_penalty!r}; valid: kl (k1), abs, mse (k2), low_var_kl (k3)")
 
 
+def huber(error: torch.Tensor, delta: float) -> torch.Tensor:
+    """0.5 e^2 where |e| < delta, delta (|e| - delta / 2) beyond (RLinf rlinf/algorithms/utils.py:20-23@a3816b5)."""
+    return torch.where(error.abs() < delta, 0.5 * error ** 2, delta * (error.abs() - 0.5 * delta))
+
+
 def compute_value_loss(vpreds: torch.Tensor, returns: torch.Tensor, values_old: torch.Tensor,
                        response_mask: torch.Tensor, cliprange_value: Optional[float] = 0.2,
-                       loss_agg_mode: str = "token-mean") -> Tuple[torch.Tensor, torch.Tensor]:
-    """verl's clipped value loss 0.5 * agg(max((v - R)^2, (clip(v, v_old +- c) - R)^2)); cliprange_value=None gives the
-    plain 0.5 * agg((v - R)^2). Returns (vf_loss, vf_clipfrac)."""
+                       loss_agg_mode: str = "token-mean", kind: str = "half-mse",
+                       huber_delta: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The value loss agg(max(l(v - R), l(clip(v, v_old +- c) - R))), cliprange_value=None: agg(l(v - R)), with
+    `kind` l: half-mse 0.5 e^2 (verl's), mse e^2 (F.mse_loss: the GAE-PPO reference, ppo/gae_ppo_trainer.py:167@
+    f82c92f), huber `huber(e, huber_delta)` (RLinf's critic, rlinf/algorithms/losses.py:354-361@a3816b5).
+    Returns (vf_loss, vf_clipfrac)."""
     check_same_shape(vpreds=vpreds, returns=returns, values_old=values_old, response_mask=response_mask)
-    vf_losses1 = (vpreds - returns) ** 2
+    if kind not in VALUE_LOSSES:
+        raise ValueError(f"unknown value loss {kind!r}; valid: {', '.join(VALUE_LOSSES)}")
+    loss = {"half-mse": lambda e: 0.5 * e ** 2, "mse": lambda e: e ** 2,
+            "huber": lambda e: huber(e, huber_delta)}[kind]
+    vf_losses1 = loss(vpreds - returns)
     if cliprange_value is None:
-        return 0.5 * agg_loss(vf_losses1, response_mask, loss_agg_mode), torch.zeros((), device=vpreds.device)
+        return agg_loss(vf_losses1, response_mask, loss_agg_mode), torch.zeros((), device=vpreds.device)
     vpredclipped = torch.clamp(vpreds, values_old - cliprange_value, values_old + cliprange_value)
-    vf_losses2 = (vpredclipped - returns) ** 2
-    vf_loss = 0.5 * agg_loss(torch.maximum(vf_losses1, vf_losses2), response_mask, loss_agg_mode)
+    vf_losses2 = loss(vpredclipped - returns)
+    vf_loss = agg_loss(torch.maximum(vf_losses1, vf_losses2), response_mask, loss_agg_mode)
     vf_clipfrac = masked_mean((vf_losses2 > vf_losses1).float(), response_mask)
     return vf_loss, vf_clipfrac

@@ -116,6 +116,28 @@ def minibatches(num_local: int, mini_batch_size: int, epochs: int, gather: Calla
                                   dtype=torch.int64)
 
 
+def grid_minibatches(slots: np.ndarray, grid_rows: int, mini_batch_size: int, epochs: int,
+                     gather: Callable[[List], List]) -> Iterator[torch.Tensor]:
+    """train.mini_batch_unit=grid: mini-batches of a padded episode x policy-step grid, as RLinf splits its rollout
+    (rlinf/workers/actor/embodied_fsdp_actor_worker.py:507-533@a3816b5: every env's n_chunk_steps rows, valid or
+    past its episode's end, shuffled and cut into rollout_size / batch_size mini-batches). `slots`: each row's grid
+    position (episode x steps per episode + t), `grid_rows`: this process's grid size (episodes x
+    ceil(env.max_steps / chunk)). Each epoch shuffles the grid and yields, per `mini_batch_size` grid positions, the
+    rows that hold a valid step (padding positions add nothing); so an update always takes ceil(largest process's
+    grid / mini_batch_size) x epochs optimizer steps, however short the episodes were."""
+    slots = np.asarray(slots, dtype=np.int64)
+    if len(slots) and (slots.min() < 0 or slots.max() >= grid_rows):
+        raise ValueError(f"grid_minibatches: slots must lie in [0, {grid_rows}), got {slots.min()}..{slots.max()}")
+    row_of = np.full(grid_rows, -1, np.int64)
+    row_of[slots] = np.arange(len(slots))
+    steps = max(1, math.ceil(max(gather([grid_rows])) / mini_batch_size))
+    for _ in range(epochs):
+        perm = torch.randperm(grid_rows).numpy()
+        for k in range(steps):
+            rows = row_of[perm[k * mini_batch_size:(k + 1) * mini_batch_size]]
+            yield torch.as_tensor(rows[rows >= 0], dtype=torch.int64)
+
+
 class Padding(NamedTuple):
     """train.strategy=fsdp: what a process runs to match the busiest process's number of micro-batches: `row`, one
     row of the update's data (its own first row, or another process's when it has none; None when no process has
@@ -186,7 +208,8 @@ class MicroBatches:
 
 
 def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Padding] = None,
-                  loss_agg_mode: Optional[str] = None, mask_key: str = "mask") -> MicroBatches:
+                  loss_agg_mode: Optional[str] = None, mask_key: str = "mask",
+                  grid_rows: Optional[int] = None) -> MicroBatches:
     """A mini-batch's rows of `steps` as micro-batches of `size` rows (gradient accumulation); `pad` (fsdp, from
     `sharded_update`): padded to the same number on every process (MicroBatches).
 
@@ -198,6 +221,10 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
       x episodes in the mini-batch); agg_loss(..., "traj-token-mean") sums loss x mask x traj_weight, so the sum over
       micro-batches is the mean over the mini-batch's episodes of each one's token mean, even when an episode's steps
       fall in several micro-batches;
+    - episode-ratio (RLinf's masked_mean_ratio, rlinf/utils/utils.py:352-356@a3816b5): 1, and each row gets
+      data["traj_weight"] = data["episode_weight"] (max episode length / its episode's length, the script's) / (rows
+      x mask elements per row), rows = `grid_rows` (the mini-batch's grid positions, padding included, as RLinf's
+      mean over its padded rows) or else the mini-batch's rows; agg_loss sums loss x mask x traj_weight;
     - row-mean (a loss that is a mean over a micro-batch's rows: FlowSAR's, a value loss): its share of the rows;
     - the seq-mean modes: 1 / count, the mean over them (as before);
     - None: 1.0 each (the caller divides: LUFFY's own loss by `count`)."""
@@ -223,7 +250,14 @@ def micro_batches(steps: Any, mb_inds: torch.Tensor, size: int, pad: Optional[Pa
             for p in parts:
                 p.data["traj_weight"] = weight[offset:offset + len(p)].astype(np.float32)
                 offset += len(p)
-    return MicroBatches(parts, pad, shares, traj_weight=loss_agg_mode == "traj-token-mean")
+    elif loss_agg_mode == "episode-ratio":
+        shares = [1.0] * len(parts)
+        rows = grid_rows if grid_rows is not None else len(mb_inds)
+        for p in parts:
+            per_row = int(np.prod(np.asarray(p.data[mask_key]).shape[1:]))
+            p.data["traj_weight"] = (np.asarray(p.data["episode_weight"], np.float64) / max(1, rows * per_row)
+                                     ).astype(np.float32)
+    return MicroBatches(parts, pad, shares, traj_weight=loss_agg_mode in ("traj-token-mean", "episode-ratio"))
 
 
 def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) -> None:

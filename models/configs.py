@@ -85,6 +85,8 @@ class OpenVLAOFTConfig:
     gradient_checkpointing: bool = False
     image_pipeline: str = "auto"  # libero: the reference's JPEG q95 round trip + Lanczos to 224 + centre crop
                                   # (libero_image; render at env.image_size 256) | resize: PIL bicubic to 224 only |
+                                  # crop_lanczos: 0.9-area centre crop, then PIL Lanczos to 224, no JPEG (the
+                                  # GAE-PPO reference's, crop_lanczos_image) |
                                   # auto: libero on LIBERO suites, resize on the embedded one (set when RL starts)
 
 

@@ -27,7 +27,7 @@ import json
 import os
 import re
 import shutil
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -229,6 +229,34 @@ def libero_image(frame: np.ndarray, center_crop: bool = True, rotate: bool = Tru
         x = _crop_resize_bilinear(img.astype(np.float32) / np.float32(255.0))
         img = np.floor(np.clip(x, 0.0, 1.0) * 255.5).clip(0, 255).astype(np.uint8)
     return img
+
+
+def crop_lanczos_image(frame: np.ndarray, rotate: bool = True, crop_scale: float = 0.9) -> np.ndarray:
+    """The GAE-PPO reference's observation path (image_pipeline crop_lanczos; OpenVLA-OFT-RL
+    libero_rl/utils/obs_utils.py:207-231, 175-205, 268-273@f82c92f): rotate 180 degrees (`rotate=False` for a frame
+    already upright) -> the central int(h sqrt(crop_scale)) x int(w sqrt(crop_scale)) crop at ((h - ch) // 2,
+    (w - cw) // 2) -> PIL Lanczos resize to 224, uint8. No JPEG round trip (the `libero` pipeline's first step)."""
+    from PIL import Image
+
+    img = np.asarray(frame)
+    if img.dtype != np.uint8 or img.ndim != 3 or img.shape[-1] != 3:
+        raise ValueError(f"frame must be uint8 (H, W, 3), got {img.dtype} {img.shape}")
+    img = np.ascontiguousarray(img[::-1, ::-1] if rotate else img)
+    h, w = img.shape[:2]
+    ch, cw = int(h * np.sqrt(crop_scale)), int(w * np.sqrt(crop_scale))
+    top, left = (h - ch) // 2, (w - cw) // 2
+    crop = np.ascontiguousarray(img[top:top + ch, left:left + cw])
+    return np.asarray(Image.fromarray(crop).resize((IMAGE_SIZE, IMAGE_SIZE), Image.LANCZOS), dtype=np.uint8)
+
+
+def apply_image_pipeline(images, pipeline: str) -> Any:
+    """A batch of upright (B, H, W, 3) uint8 frames through policy.image_pipeline: libero (`libero_image`),
+    crop_lanczos (`crop_lanczos_image`), else (resize) as they are (pixel_values resizes)."""
+    if pipeline == "libero":
+        return np.stack([libero_image(im, rotate=False) for im in as_numpy(images)])
+    if pipeline == "crop_lanczos":
+        return np.stack([crop_lanczos_image(im, rotate=False) for im in as_numpy(images)])
+    return images
 
 
 # ---------------------------------------------------------------- model
@@ -706,8 +734,8 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
 
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()
-        if cfg.image_pipeline not in ("auto", "libero", "resize"):
-            raise ValueError(f"image_pipeline must be auto, libero or resize, got {cfg.image_pipeline!r}")
+        if cfg.image_pipeline not in ("auto", "libero", "resize", "crop_lanczos"):
+            raise ValueError(f"image_pipeline must be auto, libero, resize or crop_lanczos, got {cfg.image_pipeline!r}")
         if cfg.action_chunk != ACTION_CHUNK:
             raise ValueError(f"OpenVLA-OFT predicts {ACTION_CHUNK} actions per call; set action_chunk: "
                              f"{ACTION_CHUNK} (got {cfg.action_chunk})")
@@ -766,8 +794,7 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         from models.vla_backbone import autocast
 
         images, instructions = check_image_obs(obs, instructions)
-        if self.cfg.image_pipeline == "libero":
-            images = np.stack([libero_image(im, rotate=False) for im in as_numpy(images)])
+        images = apply_image_pipeline(images, self.cfg.image_pipeline)
         with autocast(self.device, self.cfg.bf16):
             return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
 
@@ -949,5 +976,5 @@ def check_image_obs(obs, instructions):
 
 __all__ = ["OpenVLAOFTConfig", "OpenVLAOFTPolicy", "OFTActionTokenizer", "OFTCore", "pixel_values", "prompt_text",
            "meta_network", "weights_dtype",
-           "libero_image",
+           "libero_image", "crop_lanczos_image", "apply_image_pipeline",
            "unnorm_stats", "write_published", "load_published_weights", "VIT_ARCHS"]

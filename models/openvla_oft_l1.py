@@ -38,8 +38,8 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OpenVLAOFTL1Config
-from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, check_image_obs, as_numpy,
-                                libero_image, pixel_values)
+from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, apply_image_pipeline, check_image_obs, as_numpy,
+                                pixel_values)
 from models.saved import HEAD, PROPRIO, PolicyLoadError, component_files, no_rl_message
 
 PROPRIO_DIM = 8
@@ -212,8 +212,7 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
             if "wrist" not in obs:
                 raise ValueError("this checkpoint reads the wrist camera: obs needs a 'wrist' image batch")
             views.append(obs["wrist"])
-        if self.cfg.image_pipeline == "libero":
-            views = [np.stack([libero_image(im, rotate=False) for im in as_numpy(v)]) for v in views]
+        views = [apply_image_pipeline(v, self.cfg.image_pipeline) for v in views]
         pixels = torch.cat([pixel_values(v, self.device) for v in views], dim=1)
         with autocast(self.device, self.cfg.bf16):
             extra = None

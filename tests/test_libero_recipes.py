@@ -20,7 +20,8 @@ OFT = ["init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.bf16_weights=fal
 TOKEN = ["init.mode=scratch", "policy.hidden_size=64", "policy.num_layers=1"]  # the tiny token policy, untrained
 STRUCTURE = {"mini_batch_unit", "loss_agg_mode", "refill", "ratio_unit", "gae_unit", "adam_beta1", "adam_beta2",
              "weight_decay", "ppo_epochs", "update_epochs", "clip_ratio_c", "clip_ratio_high", "loss_remove_clip",
-             "n", "flow_sar_loss_variant"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
+             "n", "flow_sar_loss_variant", "value_loss", "huber_delta", "value_loss_coef",
+             "grad_clip_mode", "advantage_scale", "scope"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
 KEEP_ALL = "algorithm.accuracy_lower_bound=0.0"  # an untrained policy fails every group: keep them so the update runs
 
 
@@ -68,12 +69,14 @@ CASES = {
                             {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
     "gae_ppo_libero_cpu.yaml": ("train_gae_ppo.py", None, [*TOKEN, "env.max_steps=32"],
                                 {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
-    # 2 episodes x 4 chunk-steps in one mini-batch of 8 (the config's 2048 scaled), 4 epochs: 4 steps (beta2 0.95)
+    # the padded grid: 2 episodes x 4 chunk-steps (20 / 5) = 8 rows in one mini-batch of 8 (the config's 2048 scaled),
+    # 4 epochs: 4 steps however short the episodes (beta2 0.95, episode-ratio, Huber, no dual clip, joint clip)
     "gae_ppo_libero_pi0.yaml": ("train_gae_ppo.py", pi0_folder, ["env.max_steps=20", "rollout.episodes_per_iteration=2",
                                                                   "train.ppo_mini_batch_size=8",
                                                                   "train.ppo_micro_batch_size=4"],
                                 {"rollout/env_steps": 40, "train/optimizer_steps": 4}),
-    # 2 prompts x n 1 (RLinf's group size 1) x 4 chunk-steps in mini-batches of 4, 4 epochs: 8 steps
+    # the padded grid: 2 prompts x n 1 (RLinf's group size 1) x 4 chunk-steps = 8 rows in mini-batches of 4, 4
+    # epochs: 8 steps however short the episodes
     "flowsar_libero.yaml": ("train_flowsar.py", pi0_folder, ["env.max_steps=20", "rollout.prompts_per_iteration=2",
                                                              "train.mini_batch_size=4", "train.micro_batch_size=4"],
                             {"rollout/env_steps": 40, "train/optimizer_steps": 8}),
