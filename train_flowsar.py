@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
-                           parse_cli, ranged)
+from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
+                           exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
 from models.configs import FlowPolicyConfig
 
@@ -64,6 +64,8 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
 class TrainConfig:
     GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
     iterations: int = ranged(80, "[1, inf)")
+    total_timesteps: Optional[int] = ranged(None, "[1, inf)")  # --timesteps: also stop at the end of the iteration
+                                                                # that reaches this many env steps (all processes)
     lr: float = ranged(3e-4, "[0, inf)")  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
     lr_warmup_steps: int = ranged(0, "[0, inf)")  # linear warmup over the first N optimizer steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
@@ -99,7 +101,10 @@ class Config:
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/flowsar.yaml", __doc__, script="flowsar")
+    cfg = parse_cli(Config, "configs/flowsar.yaml", __doc__, script="flowsar",
+                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+                        "--timesteps": dict(type=int, key="train.total_timesteps",
+                                            help="stop after this many env steps (or train.iterations, if first)")})
 
 import numpy as np
 import torch
@@ -340,7 +345,10 @@ if __name__ == "__main__":
                           f"{alg.flow_sar_ema_schedule} EMA")
         mb = cfg.train.micro_batch_size
 
+        budget = cfg.train.total_timesteps
         for iteration in run.iterations():
+            if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
+                break
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
@@ -453,10 +461,12 @@ if __name__ == "__main__":
             metrics["train/optimizer_steps"] = float(len(stats.get("grad_norm", [])))  # this update's optimizer steps
 
             # 6. end of iteration: evaluation when due, logging, checkpoint (theta_old in modules/ema.safetensors;
-            #    fsdp: in shards/)
+            #    fsdp: in shards/); stop on the env-step budget
+            last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "train/flow_sar_loss",
                                                       "train/flow_sar_E_pos", "train/flow_sar_E_neg",
-                                                      "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"]):
+                                                      "train/flow_sar_ema_beta", "train/grad_norm", "time/iteration"],
+                                 last=last):
                 break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from common.config import (ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config, exit_on_bad_config,
-                           parse_cli, ranged)
+from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
+                           exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig, max_steps
 from models.configs import TokenPolicyConfig
 
@@ -82,6 +82,8 @@ class AlgorithmConfig:
 @dataclass
 class TrainConfig:
     iterations: int = ranged(60, "[1, inf)")
+    total_timesteps: Optional[int] = ranged(None, "[1, inf)")  # --timesteps: also stop at the end of the iteration
+                                                                # that reaches this many env steps (all processes)
     lr: float = ranged(1e-4, "[0, inf)")
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
@@ -117,7 +119,10 @@ class Config:
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
 if __name__ == "__main__":
-    cfg = parse_cli(Config, "configs/luffy.yaml", __doc__, script="luffy")
+    cfg = parse_cli(Config, "configs/luffy.yaml", __doc__, script="luffy",
+                    resumable=RESUMABLE + ("train.total_timesteps",), flags={
+                        "--timesteps": dict(type=int, key="train.total_timesteps",
+                                            help="stop after this many env steps (or train.iterations, if first)")})
 
 import numpy as np
 import torch
@@ -372,7 +377,10 @@ if __name__ == "__main__":
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
         warned_short = False  # env.max_steps too short for the demos: said once
 
+        budget = cfg.train.total_timesteps
         for iteration in run.iterations():
+            if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
+                break
             t_iter = time.perf_counter()
             metrics = run.begin_iteration(iteration)
 
@@ -523,10 +531,12 @@ if __name__ == "__main__":
             metrics.update(mean_stats(stats))
             metrics["train/optimizer_steps"] = float(len(stats["grad_norm"]))  # this update's policy optimizer steps
 
-            # 7. end of iteration: evaluation when due, logging, checkpoint
+            # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
+            last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
                                                       "val/success_rate", "val/sampled_success_rate",
                                                       "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",
-                                                      "train/off_policy_prob", "train/grad_norm", "time/iteration"]):
+                                                      "train/off_policy_prob", "train/grad_norm", "time/iteration"],
+                                 last=last):
                 break  # Ctrl-C / SIGTERM: every process stops (this iteration saved)

@@ -222,11 +222,13 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
 ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
         "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
         "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
-        "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", [])}  # + the expert's demos of the practice states
+        "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", []),  # + the expert's demos of the practice states
+        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", [])}  # a value head and GAE
 PRACTICE_TRIALS = 40  # the heldout protocol's practice init states 0..39 on LIBERO (envs/protocols.py): LUFFY's demos
-ITERATION_CAP = 1000  # train.iterations of an --arms run: the env-step budget stops it first (an iteration is >= 32
-                      # episodes, so 1000 of them are > 3 M env steps)
-COMPARISONS = (("grpo", "srpo"), ("grpo", "luffy"), ("control", "grpo"), ("control", "srpo"), ("control", "luffy"))  # (a, b): b - a, when both arms ran
+ITERATION_CAP = 100_000  # train.iterations of an --arms run: the env-step budget stops it first (GAE-PPO's
+                         # iterations are 2 episodes, ~300 env steps; the others' >= 32 episodes)
+COMPARISONS = (("grpo", "srpo"), ("grpo", "luffy"), ("grpo", "gae_ppo"),  # (a, b): b - a, when both arms ran
+               ("control", "grpo"), ("control", "srpo"), ("control", "luffy"), ("control", "gae_ppo"))
 
 
 def recipe_temperature(config: str) -> float:
@@ -388,7 +390,7 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
     low, high = start["interval"]["greedy"]
     ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
                                                f"[{low:.2f}, {high:.2f}]")
-    colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "control": "0.45"}
+    colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "gae_ppo": "C3", "control": "0.45"}
     for i, (arm, seeds) in enumerate(arms.items()):
         color = colors.get(arm, f"C{i + 2}")
         curves = []

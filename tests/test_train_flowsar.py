@@ -236,3 +236,13 @@ def test_libero_config_one_short_iteration_with_a_saved_tiny_pi0(tmp_path):
     (row,) = read_metrics(run_dir)
     assert row["rollout/env_steps"] == 32 and row["rollout/mean_length"] == 16 and "train/flow_sar_loss" in row
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "ema.safetensors"))
+
+
+def test_the_env_step_budget_stops_the_run_and_a_resume_past_it_does_nothing(tmp_path):
+    """train.total_timesteps (--timesteps), as train_srpo.py: the iteration that reaches the budget is the last, and
+    it is evaluated and saved; benchmarks/libero_learning.py's arms run to an env-step budget."""
+    run(["train.iterations=10", "--timesteps", "1", "eval.every=5", "eval.trials_per_task=1"], tmp_path)
+    (run_dir,) = run_dirs(tmp_path)
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [0, 1] and "val/success_rate" in rows[1]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000001"]

@@ -271,3 +271,14 @@ def test_libero_cpu_recipe_replays_the_experts_practice_demos(tmp_path):
     (row,) = read_metrics(only_run(tmp_path / "runs"))
     assert row["demos/success_rate"] == 1.0 and row["demos/dropped"] == 0.0  # both replays succeed
     assert row["demos/in_update"] == 2.0 and "train/pg_loss" in row  # one demo per group, in the update
+
+
+def test_the_env_step_budget_stops_the_run(tmp_path):
+    """train.total_timesteps (--timesteps), as train_srpo.py: the iteration that reaches the budget is the last,
+    evaluated and saved (benchmarks/libero_learning.py --arms luffy runs to an env-step budget)."""
+    run(["train.iterations=10", "--timesteps", "1", "eval.every=5", "eval.trials_per_task=1",
+         "eval.samples_per_trial=0"], tmp_path)
+    run_dir = only_run(tmp_path / "runs")
+    rows = read_metrics(run_dir)
+    assert [r["iteration"] for r in rows] == [0, 1] and "val/success_rate" in rows[1]
+    assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000001"]
