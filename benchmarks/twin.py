@@ -10,7 +10,7 @@ start-up, demo recording and the first block's warm-up are left out):
   rl         train_srpo.py on tabletop task 0 from a scratch policy, every group updated (no accuracy filter: a
              scratch policy's groups would all be dropped, leaving no update to time), no evaluation: 1 / time/iteration
   libero_rl  train_srpo.py on real LIBERO (libero_object task 0) at benchmarks/libero_loop.py's CPU-scale setting
-             (tiny token policy, 64 px, 2 simulator workers, streamed, 1 init state x 8 episodes of <= 100 steps), from
+             (tiny token policy, 64 px, 2 simulator workers, streamed, 1 init state x 8 episodes of <= 50 steps), from
              a scratch policy: an SFT start takes longer than the whole benchmark on 2 cores (and the thread count
              does not depend on the start). Skipped, with the reason, where LIBERO is not importable.
 Modes:
@@ -54,7 +54,7 @@ def command(job: str, out_dir: str, args: argparse.Namespace) -> List[str]:
                 f"train.iterations={args.rl_iterations}", "algorithm.filter_accuracy=false", "eval.every=0",
                 "log.checkpoint_every=1000"]
     return [sys.executable, "train_srpo.py", "--task-id", "0", *common, "env.suite=libero_object", "env.image_size=64",
-            "env.fast_render=true", "env.max_steps=100", "env.num_envs=2", "env.pipeline=true", "init.mode=scratch",
+            "env.fast_render=true", "env.max_steps=50", "env.num_envs=2", "env.pipeline=true", "init.mode=scratch",
             "policy.preset=tiny", "policy.hidden_size=128", "policy.image_size=64", "reward.mode=binary",
             "reward.encoder.kind=pixels", "rollout.n=8", "rollout.prompts_per_iteration=1", "rollout.temperature=0.5",
             f"train.iterations={args.libero_iterations}", "train.ppo_mini_batch_size=16",
@@ -108,9 +108,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", nargs="+", default=list(JOBS), choices=JOBS)
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    p.add_argument("--sft-steps", type=int, default=150, help="SFT steps (5 metrics rows; the last 4 are timed)")
+    p.add_argument("--sft-steps", type=int, default=100, help="SFT steps (5 metrics rows; the last 4 are timed)")
     p.add_argument("--rl-iterations", type=int, default=3, help="tabletop RL iterations (the first is not timed)")
-    p.add_argument("--libero-iterations", type=int, default=3, help="LIBERO RL iterations (the first is not timed)")
+    p.add_argument("--libero-iterations", type=int, default=2, help="LIBERO RL iterations (the first is not timed)")
     p.add_argument("--out", default="plots/twin.json")
     args = p.parse_args()
     print(f"{usable_cores()} cores; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
