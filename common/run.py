@@ -285,8 +285,9 @@ class Run:
                                  resume_iteration=self.start_iteration if self.resume_path else None)
             params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
             print(f"[{self.script}] run {self.run_dir} | {params:,} trainable params | device {self.device} "
-                  f"x{self.world} | {threads.header(*self.threads)} | tasks {list(self.cfg.env.task_ids)}{banner}"
-                  + (f" | resumed at {self.schedule.position(self.start_iteration)}" if self.resume_path else ""),
+                  f"x{self.world} | tasks {list(self.cfg.env.task_ids)}{banner}"
+                  + (f" | resumed at {self.schedule.position(self.start_iteration)}" if self.resume_path else "")
+                  + f" | {threads.header(*self.threads)}",
                   flush=True)
 
     def iterations(self) -> range:

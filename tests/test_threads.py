@@ -111,12 +111,11 @@ def test_the_header_shows_the_count_and_a_resume_reuses_it(tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     n = usable_cores()
-    assert f"| torch threads {n} (auto: {n} cores; OMP_WAIT_POLICY=PASSIVE) |" in out.stdout
+    assert f"| torch threads {n} (auto: {n} cores; OMP_WAIT_POLICY=PASSIVE)\n" in out.stdout  # the header's end
     (run_dir,) = [os.path.join(tmp_path, d) for d in os.listdir(tmp_path) if d != "plots"]
     with open(os.path.join(run_dir, "config.yaml")) as f:
         assert f"  threads: {n}\n" in f.read()
     out = subprocess.run([sys.executable, "train_srpo.py", "--resume", run_dir, "train.iterations=2"], cwd=ROOT,
                          env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert f"| torch threads {n} (train.threads={n}; OMP_WAIT_POLICY=PASSIVE) |" in out.stdout
-    assert "resumed at iteration 1" in out.stdout
+    assert f"| resumed at iteration 1 | torch threads {n} (train.threads={n}; OMP_WAIT_POLICY=PASSIVE)\n" in out.stdout
