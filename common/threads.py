@@ -16,8 +16,8 @@ lazily and never spins.
 
 The rule: the cores this process may use (os.sched_getaffinity: a taskset or a container's cpuset, not the machine's
 count), shared among the run's processes (`world`), less the simulator worker processes that step while torch
-computes (`workers`; the streamed rollout narrows its own pool the same way, common/rollout.py policy_threads), at
-least 1; a run on a GPU computes there, so 1 host thread (its cores go to the simulator and other work). An explicit
+computes (`workers`: a run's workers step only during its rollout, so Run passes 0 and the streamed rollout narrows
+the pool by them with this same rule, common/rollout.py policy_threads; the update keeps every thread), at least 1; a run on a GPU computes there, so 1 host thread (its cores go to the simulator and other work). An explicit
 count wins: the config key (train.threads > 0, evaluate.py --threads), then OMP_NUM_THREADS; never more threads than
 the process's cores. The count chosen is saved with the run (config.yaml's train.threads) and so reused on resume;
 a run with one thread is bitwise reproducible (tests/test_run_plumbing.py).
