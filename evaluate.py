@@ -103,10 +103,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                         "an outcomes.json of an earlier --heldout-set evaluation; writes paired.json: --checkpoint "
                         "minus OTHER with its paired bootstrap 95%% interval")
     p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = auto (common/threads.py: the cores "
+                   "this process may use, 1 on a GPU; OMP_NUM_THREADS when set)")
     args = p.parse_args(argv)
     for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
                              ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),
-                             ("--gifs", args.gifs, 0)):
+                             ("--gifs", args.gifs, 0), ("--threads", args.threads, 0)):
         if value is not None and value < low:
             raise SystemExit(f"error: {flag} {value}: must be >= {low}")
     from common.heldout import MAX_SET_SIZE
@@ -135,6 +137,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 # the command line before the imports below: --help and a bad value answer in ~0.1 s (torch takes seconds to load)
 if __name__ == "__main__":
     args = parse_args()
+
+from common import threads  # before torch: its OpenMP threads sleep when they wait (common/threads.py)
 
 import numpy as np
 import torch
@@ -475,6 +479,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     if args.gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"evaluate: {threads.header(*threads.set_threads(getattr(args, 'threads', 0), device=device, key='--threads'))}",
+          flush=True)
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     policy = load_saved_policy(args.checkpoint, device=device)

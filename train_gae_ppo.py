@@ -107,6 +107,8 @@ class TrainConfig:
     critic_max_grad_norm: float = ranged(1.0, "(0, inf)")
     grad_clip_mode: str = "separate"  # separate: actor and critic gradients clipped on their own | joint: one norm
                                       # over both, clipped to actor_max_grad_norm (RLinf's one model)
+    threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
+                                         # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value

@@ -96,6 +96,8 @@ class TrainConfig:
                                                            # with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = ranged(1.0, "(0, inf)")
+    threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
+                                         # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     recompute_old_log_prob: bool = True  # on-policy rows (demo rows have none); False = the rollout's log-probs

@@ -71,6 +71,8 @@ class SFTConfig:
 
 @dataclass
 class TrainSection:  # how the processes share the work: the RL scripts' train.strategy and train.fsdp_offload keys
+    threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
+                                         # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
 

@@ -1,4 +1,4 @@
-"""The processes of a run: accelerate's Accelerator (CPU when there is no GPU, one share of the cores per process),
+"""The processes of a run: accelerate's Accelerator (CPU when there is no GPU; each process's threads: common/threads.py),
 gathering Python objects from every process, and a clean end of the process group.
 
     accelerator = make_accelerator()      # refuses a launch that asked for N processes but started 1
@@ -48,11 +48,7 @@ def make_accelerator():
                           "config it runs one): use `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml "
                           f"...` (or 8gpu.yaml, ...), or `accelerate launch --multi_gpu --num_processes N {QUIET_LAUNCH} "
                           "...` (works on CPU machines too)")
-    if accelerator.device.type == "cpu":  # one share of the cores per process (OMP_NUM_THREADS wins when set)
-        world = accelerator.num_processes
-        omp = os.environ.get("OMP_NUM_THREADS", "")
-        torch.set_num_threads(int(omp) if omp.isdigit() and int(omp) > 0 else max(1, (os.cpu_count() or 1) // world))
-    return accelerator
+    return accelerator  # torch's threads: common/threads.py (Run sets them)
 
 
 def gather_objects(world: int, items: List) -> List:

@@ -9,7 +9,6 @@ the world-model reward. `flatten_steps` turns the valid policy steps into the ro
 """
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from dataclasses import dataclass, field, fields, replace
@@ -529,8 +528,9 @@ def policy_threads(vec_env, policy, threads: int) -> int:
     params = next(iter(policy.parameters()), None) if hasattr(policy, "parameters") else None
     if not hasattr(vec_env, "processes") or params is None or params.device.type != "cpu":
         return threads
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, min(threads, cores - vec_env.num_envs))
+    from common.threads import choose_threads, usable_cores  # the run's thread rule (its cores less the workers)
+
+    return min(threads, choose_threads(usable_cores(), workers=vec_env.num_envs)[0])
 
 
 def scatter_calls(calls: List[Dict[str, np.ndarray]], key: str, shape: tuple, dtype) -> np.ndarray:

@@ -31,6 +31,7 @@ What `start_run` reads from a script's config (tests/test_configs_shipped.py loa
     env: envs.EnvConfig                            the run name (suite, task_ids) and the vector env
     log: LogConfig                                 folders, wandb, checkpoint cadence
     train.strategy, train.fsdp_offload             ddp or fsdp (common/fsdp.py)
+    train.threads                                  torch's CPU threads (common/threads.py; 0 = auto)
 and, for the RL scripts' `Schedule.for_rl`: train.iterations, eval: EvalConfig, rollout.train_trials. train_sft.py
 gives its own Schedule (an iteration is a block of sft.log_every steps).
 """
@@ -50,7 +51,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 import numpy as np
 import torch
 
-from common import fsdp, memory_plan, provenance
+from common import fsdp, memory_plan, provenance, threads
 from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states,
                                untrusted_message)
 from common.config import ConfigError, save_config, script_file
@@ -145,6 +146,9 @@ class Run:
         self.is_main, self.rank, self.world, self.device = (acc.is_main_process, acc.process_index,
                                                             acc.num_processes, acc.device)
         memory_plan.check(cfg, script, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
+        self.threads = threads.set_threads(getattr(cfg.train, "threads", 0), self.world, self.device.type)
+        if hasattr(cfg.train, "threads"):  # the count chosen goes in config.yaml: a resume reads it back
+            cfg.train.threads = self.threads[0]
         random.seed(cfg.seed + self.rank)
         np.random.seed(cfg.seed + self.rank)
         torch.manual_seed(cfg.seed + self.rank)
@@ -282,7 +286,8 @@ class Run:
             params = sum(p.numel() for p in policy.parameters() if p.requires_grad)
             print(f"[{self.script}] run {self.run_dir} | {params:,} trainable params | device {self.device} "
                   f"x{self.world} | tasks {list(self.cfg.env.task_ids)}{banner}"
-                  + (f" | resumed at {self.schedule.position(self.start_iteration)}" if self.resume_path else ""),
+                  + (f" | resumed at {self.schedule.position(self.start_iteration)}" if self.resume_path else "")
+                  + f" | {threads.header(*self.threads)}",
                   flush=True)
 
     def iterations(self) -> range:

@@ -29,6 +29,7 @@ def test_evaluate_subprocess_writes_table_json_png_gif(tmp_path):
                            "--out-dir", str(out)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
+    assert "evaluate: torch threads 1 (OMP_NUM_THREADS=1; OMP_WAIT_POLICY=PASSIVE)" in lines  # common/threads.py
     assert any(l.split()[:1] == ["0"] and "put the red block on the blue plate" in l for l in lines)
     assert any(l.startswith("mean") and l.count("%") == 2 for l in lines)  # greedy and sampled columns
     results = json.loads((out / "results.json").read_text())
@@ -146,6 +147,7 @@ def test_an_sft_policy_is_evaluated_on_the_trials_train_sft_evaluated(tmp_path):
     ("--num-envs", "0", "--num-envs 0: must be >= 1"), ("--max-steps", "0", "--max-steps 0: must be >= 1"),
     ("--trials", "-1", "--trials -1: must be >= 1"), ("--trial-start", "-3", "--trial-start -3: must be >= 0"),
     ("--gifs", "-1", "--gifs -1: must be >= 0"), ("--temperature", "0", "--temperature 0.0: must be > 0"),
+    ("--threads", "-1", "--threads -1: must be >= 0"),
 ])
 def test_nonsense_values_stop_with_one_line(tmp_path, flag, value, message):
     with pytest.raises(SystemExit) as e:
