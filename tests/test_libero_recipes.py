@@ -92,6 +92,12 @@ CASES = {
                                                           "train.ppo_micro_batch_size=4"],
                           {"rollout/env_steps": 2 * 2 * 32 + 2 * 12, "demos/dropped": 2,
                            "train/optimizer_steps": 2}),
+    # the CPU arm (tiny token policy): the same, in its own mini-batches of 2 trajectories (the config's 16 scaled)
+    "luffy_libero_cpu.yaml": ("train_luffy.py", luffy_demos, [*TOKEN, "env.max_steps=32", "rollout.n=3",
+                                                              "rollout.prompts_per_iteration=2",
+                                                              "train.ppo_mini_batch_size=2"],
+                              {"rollout/env_steps": 2 * 2 * 32 + 2 * 12, "demos/dropped": 2,
+                               "train/optimizer_steps": 2}),
 }
 
 
