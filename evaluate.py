@@ -102,7 +102,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="with --heldout-set: a second checkpoint evaluated on the same states with the same seeds, or "
                         "an outcomes.json of an earlier --heldout-set evaluation; writes paired.json: --checkpoint "
                         "minus OTHER with its paired bootstrap 95%% interval")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
+    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (no such GPU: an error; leave it out to run on the CPU)")
     args = p.parse_args(argv)
     for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
                              ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),
@@ -470,7 +470,9 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     check_writable(out_dir, f"--out-dir {out_dir}")
 
     if args.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        from common.distributed import select_gpu
+
+        select_gpu(args.gpu)  # no such GPU: one line (a ValueError, as every check here)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)

@@ -150,6 +150,7 @@ from common.demos import demos_to_samples, generate_expert_demos, load_hdf5_demo
 from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
 from common.run_folder import replace_folder, sibling_lock
+from common.sft_record import write_made_by
 from common.train import adamw, optimizer_step
 from models.policy import policy_class
 from models.saved import TRAIN_CONFIG
@@ -204,9 +205,11 @@ def family_sections(policy: PolicySection) -> List[Any]:
     return [getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name in FAMILIES]
 
 
-def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None) -> None:
+def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None,
+                score: Optional[Dict[str, Any]] = None) -> None:
     """Copy a saved policy folder to `dst` (replacing it; written beside it first, then moved into place); with `cfg`,
-    the run's config (marked with `run_dir`, the run that exported it) and suite version go beside the weights."""
+    the run's config (marked with `run_dir`, the run that exported it), suite version and what made it (made_by.yaml:
+    commit, command line, `score`'s held-out success; common/sft_record.py) go beside the weights."""
     tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
@@ -215,6 +218,7 @@ def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optio
         with open(os.path.join(tmp, EXPORTED_BY), "w") as f:
             f.write(os.path.realpath(run_dir or "") + "\n")
         envs.write_suite_version(tmp, cfg.env.suite)
+        write_made_by(tmp, score)
     replace_folder(tmp, dst)  # the old folder is never missing (another run may be loading it)
 
 
@@ -238,7 +242,7 @@ def check_output_path(path: Optional[str], run_dir: Optional[str]) -> None:
                           f"it; choose another sft.output_path (or remove that folder yourself)")
 
 
-def export_policy(best: str, cfg: Config, run_dir: str) -> None:
+def export_policy(best: str, cfg: Config, run_dir: str, score: Optional[Dict[str, Any]] = None) -> None:
     """The best policy to sft.output_path, one exporter at a time (a lock beside it), checked again under the lock:
     another run may have written that folder since this run started (ConfigError; this run's best/ stays)."""
     lock = sibling_lock(cfg.sft.output_path, "export")
@@ -248,7 +252,7 @@ def export_policy(best: str, cfg: Config, run_dir: str) -> None:
             check_output_path(cfg.sft.output_path, run_dir)
         except ConfigError as e:
             raise ConfigError(f"{e} (written since this run started; its best policy stays in {best})") from None
-        copy_policy(best, cfg.sft.output_path, cfg, run_dir)
+        copy_policy(best, cfg.sft.output_path, cfg, run_dir, score)
     finally:
         lock.release()
 
@@ -383,7 +387,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
         best = run.state["best"]
         if run.is_main and cfg.sft.output_path and not run.stopped:
             with run.uninterrupted():
-                export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir)
+                export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir, best)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
                   f"{cfg.sft.output_path}", flush=True)
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],

@@ -389,7 +389,7 @@ def build_arg_parser(description: str, default_config: str,
     p.add_argument("--config", default=None, help=f"YAML config file (default {default_config})")
     p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
     p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (CPU when no GPU is present)")
+    p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (no such GPU: an error; leave it out to run on the CPU)")
     p.add_argument("--seed", type=int, default=None, help="random seed (sets seed=...)")
     p.add_argument("--no-wandb", action="store_true", help="switch wandb off (metrics still go to JSONL and PNG)")
     p.add_argument("--resume", nargs="?", const="auto", default=None,
@@ -494,8 +494,10 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
         value = getattr(args, name.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.append(f"{spec['key']}={value}")
-    if args.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)  # must happen before CUDA is initialised
+    if args.gpu is not None and not args.dry_run:  # (a --dry-run plans for a GPU machine from any machine)
+        from common.distributed import select_gpu
+
+        select_gpu(args.gpu)  # must happen before CUDA is initialised; no such GPU: one line
     config_path = resolve_config_path(args.config, default_config)
     if args.resume is None:
         return load_config(schema, config_path, overrides)

@@ -1,0 +1,102 @@
+"""What a new user meets first (issue 70): the README's first command never reuses an SFT start made otherwise in
+silence, `--gpu N` without that GPU stops in one line, and every script's --help gives every key a meaning."""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tests.scripts import ENV, ROOT, run_script
+
+SFT_SMALL = ["sft.num_demos=2", "sft.eval_trials=2", "env.num_envs=2"]
+RL_SMALL = ["env.num_envs=4", "env.max_steps=8", "rollout.n=2", "rollout.prompts_per_iteration=2", "eval.every=0",
+            "train.iterations=1", "reward.encoder.kind=pixels", "--no-wandb"]
+
+
+def test_auto_sft_does_not_reuse_a_start_made_with_other_arguments(tmp_path):
+    """A 2-step start at the default folder (checkpoints/sft_tabletop_task0, what `train_sft.py --task-id 0 ...`
+    writes); then the README's command with init.sft_args asking for 3 steps: it says the folder was made with
+    sft.steps=2, trains its own start into the keyed folder beside it, and its [init] line names that start and what
+    made it. A second run with the same arguments reuses the keyed start without training."""
+    made = run_script(os.path.join(ROOT, "train_sft.py"), ["--task-id", "0", "sft.steps=2", "--no-wandb",
+                                                           *SFT_SMALL], outputs=tmp_path, cwd=str(tmp_path))
+    default = os.path.join("checkpoints", "sft_tabletop_task0")
+    with open(tmp_path / default / "made_by.yaml") as f:
+        record = yaml.safe_load(f)
+    assert record["command"].startswith("python train_sft.py --task-id 0 sft.steps=2"), record
+    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?|unknown", record["commit"]) and record["step"] == 2
+    assert 0.0 <= record["heldout_success"] <= 1.0, made.stdout[-500:]
+
+    sft_args = "init.sft_args=[sft.steps=3,sft.num_demos=2,sft.eval_trials=2,env.num_envs=2]"
+    first = run_script(os.path.join(ROOT, "train_srpo.py"), ["--task-id", "0", sft_args, *RL_SMALL],
+                       outputs=tmp_path, cwd=str(tmp_path))
+    lines = first.stdout.splitlines()
+    keyed = [d for d in os.listdir(tmp_path / "checkpoints") if d.startswith("sft_tabletop_task0__")]
+    assert len(keyed) == 1 and re.fullmatch(r"sft_tabletop_task0__[0-9a-f]{8}", keyed[0]), keyed
+    keyed_path = os.path.join("checkpoints", keyed[0])
+    refused = [ln for ln in lines if ln.startswith(f"[init] {default} was made with")]
+    assert len(refused) == 1 and "sft.steps=2 (auto_sft: 3)" in refused[0] and "not reusing it" in refused[0]
+    assert f"this run's SFT start is {keyed_path}" in refused[0]
+    assert any(ln.startswith(f"[init] no SFT checkpoint at {keyed_path}; running: python ") and
+               f"train_sft.py --task-ids 0 policy.type=token " in ln for ln in lines), first.stdout[-3000:]
+    start = [ln for ln in lines if ln.startswith("[init] start: ")]
+    assert len(start) == 1 and start[0].startswith(f"[init] start: {keyed_path}, made by `python train_sft.py "
+                                                   f"--task-ids 0 ")
+    assert "sft.steps=3" in start[0] and "held-out success" in start[0] and "at step 3" in start[0]
+    with open(tmp_path / keyed_path / "made_by.yaml") as f:
+        assert yaml.safe_load(f)["step"] == 3
+    with open(tmp_path / default / "made_by.yaml") as f:  # the other start is left as it was
+        assert yaml.safe_load(f)["step"] == 2
+
+    again = run_script(os.path.join(ROOT, "train_srpo.py"), ["--task-id", "0", sft_args, *RL_SMALL],
+                       outputs=tmp_path, cwd=str(tmp_path))
+    assert "running: python train_sft.py" not in again.stdout
+    assert f"[init] start: {keyed_path}, made by" in again.stdout
+
+
+def test_a_named_init_path_made_otherwise_is_used_with_a_warning(tmp_path):
+    """init.path given (the user named the folder) and made with other arguments: used, never in silence."""
+    from common import sft_record
+
+    folder = tmp_path / "start"
+    folder.mkdir()
+    saved = sft_record.sft_config(["--task-ids", "0", "sft.steps=2", f"sft.output_path={folder}"])
+    from common.config import save_config
+    save_config(saved, str(folder / "train_config.yaml"), script="train_sft")
+    assert sft_record.differences(sft_record.sft_config(["--task-ids", "0", "sft.steps=2"]), str(folder)) == []
+    assert sft_record.differences(sft_record.sft_config(["--task-ids", "0", "sft.steps=1000"]), str(folder)) == \
+        ["sft.steps=2 (auto_sft: 1000)"]
+    # a key given or left at its default is the same start; where it was written and logged is not what made it
+    assert sft_record.differences(sft_record.sft_config(["--task-ids", "0", "log.output_dir=elsewhere"]),
+                                  str(folder)) == ["sft.steps=2 (auto_sft: 1000)"]
+    assert sft_record.differences(sft_record.sft_config(["--task-ids", "1", "sft.steps=2"]), str(folder)) == \
+        ["env.task_ids=[0] (auto_sft: [1])"]
+    assert sft_record.differences(sft_record.sft_config([]), str(tmp_path)) is None  # no record there
+    one = sft_record.keyed_path("checkpoints/sft_tabletop_task0", sft_record.sft_config(["sft.steps=3"]))
+    assert one == sft_record.keyed_path("checkpoints/sft_tabletop_task0",
+                                        sft_record.sft_config(["sft.steps=3", "log.output_dir=x"]))
+    assert one != sft_record.keyed_path("checkpoints/sft_tabletop_task0", sft_record.sft_config(["sft.steps=4"]))
+    assert sft_record.describe(str(tmp_path)).startswith("no record of what made it")
+
+
+@pytest.mark.parametrize("script,gpu", [("train_srpo.py", "0"), ("train_sft.py", "3"), ("evaluate.py", "0")])
+def test_gpu_flag_without_that_gpu_stops_in_one_line(script, gpu):
+    """`--gpu N` on a machine where torch sees no CUDA device N: one line, exit 1, never a silent CPU run."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    args = ["--checkpoint", "checkpoints/none"] if script == "evaluate.py" else ["--task-id", "0"]
+    out = subprocess.run([sys.executable, os.path.join(ROOT, script), *args, "--gpu", gpu], cwd=ROOT, env=ENV,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr == f"error: --gpu {gpu}: no CUDA device on this machine; drop --gpu to run on the CPU\n"
+
+
+def test_gpu_flag_with_dry_run_plans_without_a_gpu():
+    """--dry-run plans a GPU machine's memory from any machine: --gpu is not checked there."""
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", "0", "--gpu", "0",
+                          "--dry-run"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
