@@ -54,15 +54,15 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
     flow_sar_loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
     flow_sar_kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
     flow_sar_t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
-    flow_sar_t_max: float = ranged(0.8, "(0, 1)")
+    flow_sar_t_max: float = ranged(0.8, "(0, 1)")  # upper end of the training flow time t
     flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
                                                    # then renormalised per episode
-    flow_sar_w_max: float = ranged(1.0, "[0, 1]")
+    flow_sar_w_max: float = ranged(1.0, "[0, 1]")  # upper clip of the credit weights (1 = none)
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = ranged(80, "[1, inf)")
+    iterations: int = ranged(80, "[1, inf)")  # at most this many iterations
     lr: float = ranged(3e-4, "[0, inf)")  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
     lr_warmup_steps: int = ranged(0, "[0, inf)")  # linear warmup over the first N optimizer steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
@@ -75,14 +75,14 @@ class TrainConfig:
                                                        # with train.mini_batch_unit=trajectory
     micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                       # accumulation), also self-annotation
-    grad_clip: float = ranged(1.0, "(0, inf)")
+    grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
 
 
 @dataclass
 class Config:
-    seed: int = ranged(1, "[0, inf)")
+    seed: int = ranged(1, "[0, inf)")  # seeds torch, numpy and the rollout's sampling (--seed)
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys

@@ -44,15 +44,15 @@ class SFTConfig:
                               # LIBERO's demos are); false = from trials 0..num_demos-1
     demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed
                                                  # xyz deltas (labels stay clean: DART)
-    demo_seed: int = ranged(0, "[0, inf)")
+    demo_seed: int = ranged(0, "[0, inf)")  # seed of the expert's demo noise (sft.demo_noise)
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
     steps: int = ranged(1000, "[1, inf)", "0 steps would export the untrained policy as the best one")  # gradient steps
-    batch_size: int = ranged(16, "[1, 65536]")
-    lr: float = ranged(1e-3, "[0, inf)")
-    weight_decay: float = ranged(0.0, "[0, inf)")
+    batch_size: int = ranged(16, "[1, 65536]")  # samples per gradient step (all processes together)
+    lr: float = ranged(1e-3, "[0, inf)")  # AdamW peak learning rate
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     warmup_steps: int = ranged(20, "[0, inf)")  # linear LR warm-up, then cosine decay to lr * min_lr_ratio
-    min_lr_ratio: float = ranged(0.1, "[0, 1]")
-    max_grad_norm: float = ranged(1.0, "(0, inf)")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # the cosine decay ends at lr * min_lr_ratio
+    max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     augment_shift: int = ranged(4, "[0, 256]")  # DrQ random shift: pad each camera image by this many pixels
                                                 # (edge-replicated) and crop back at a random offset, per
                                                 # sample and camera; 0 = off (task 0 held-out 15% -> 40%)
@@ -77,8 +77,8 @@ class TrainSection:  # how the processes share the work: the RL scripts' train.s
 
 @dataclass
 class Config:
-    seed: int = ranged(0, "[0, inf)")
-    resume: Optional[str] = None
+    seed: int = ranged(0, "[0, inf)")  # seeds the initial weights, the batches and the augmentation (--seed)
+    resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=20))
     log: LogConfig = field(default_factory=lambda: LogConfig(wandb=False))
     policy: PolicySection = field(default_factory=PolicySection)

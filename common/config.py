@@ -34,7 +34,7 @@ class LogConfig:
     run_name: Optional[str] = None  # None = "<script>__<suite>__t<tasks>__s<seed>__<timestamp>"
     wandb: bool = True  # --no-wandb switches it off
     wandb_mode: str = "offline"  # offline (no network needed) | online
-    wandb_project: str = "vla-rl"
+    wandb_project: str = "vla-rl"  # wandb project the run is logged under
     plot_every: int = ranged(1, "[0, inf)")  # write PNG panels every N updates
     checkpoint_every: int = ranged(5, "[1, inf)")  # save a checkpoint every N updates (and at the end)
     keep_checkpoints: int = ranged(2, "[1, inf)")  # how many recent checkpoints to keep
@@ -335,7 +335,7 @@ def saved_script(run_dir: str) -> Optional[str]:
 
 def field_comments(cls: type) -> Dict[str, str]:
     """Field name -> its one-line meaning: the comment after the field in the dataclass source (comment-only lines
-    right below it continue it)."""
+    right below it, indented deeper than the fields, continue it)."""
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):  # a class made at run time (`_with_section`): its base's comments
@@ -349,7 +349,8 @@ def field_comments(cls: type) -> Dict[str, str]:
         if field_line:
             name = field_line.group(1)
             out[name] = comment
-        elif name is not None and line.strip().startswith("#"):
+        elif name is not None and line.strip().startswith("#") and line.startswith("     "):  # (a comment at the
+            # fields' indentation heads the next fields: not this one's)
             out[name] = f"{out[name]} {line.strip()[1:].strip()}".strip()
         else:
             name = None
