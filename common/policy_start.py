@@ -152,6 +152,8 @@ def initial_policy(run: Any, kind: str):
         if cls.published:
             raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
                               f"papers' checkpoints) and set init.path to its folder")
+        if not _has_demos(cfg):
+            raise ConfigError(_libero_start_message(cfg, path))
         if cfg.init.mode != "auto_sft":
             cmd = sft_command(cfg, path, family)
             shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
@@ -190,6 +192,25 @@ def initial_policy(run: Any, kind: str):
     cfg.policy = policy.cfg
     cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.action_chunk
     return _checked(run, policy.to(run.device))
+
+
+def _has_demos(cfg: Any) -> bool:
+    """Whether the auto-SFT command has demos to train on: the embedded suite's scripted expert, or HDF5 files given
+    through init.sft_args (sft.demo_paths=...)."""
+    import envs
+
+    return envs.is_tabletop(cfg.env.suite) or any(a.startswith("sft.demo_paths=") for a in cfg.init.sft_args)
+
+
+def _libero_start_message(cfg: Any, path: str) -> str:
+    """No SFT start at `path` on a suite without a scripted expert in train_sft.py: how to make one (demos first)."""
+    suite, ids = cfg.env.suite, " ".join(str(t) for t in cfg.env.task_ids)
+    return (f"no SFT checkpoint at {path}, and {suite} has no demos train_sft.py can make by itself: record demos with "
+            f"`python benchmarks/libero_expert.py --record 50 --suite {suite} --task-ids {ids} --out data/libero_demos/` "
+            f"and train the start with `python train_sft.py --config configs/sft_libero.yaml --task-ids {ids} "
+            f"env.suite={suite} sft.demo_paths=[...the .hdf5 files] sft.output_path={path}` (or both in one: "
+            f"`python benchmarks/libero_learning.py --suite {suite} --task-id {cfg.env.task_ids[0]} --sft-only --out D`, "
+            f"then init.path=D/sft; docs/libero.md), or set init.path=<an SFT start>")
 
 
 def _auto_sft_path(run: Any, path: str, family: str) -> str:

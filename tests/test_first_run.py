@@ -129,3 +129,55 @@ def test_every_key_in_help_has_a_meaning(script):
     assert [k for k, meaning in keys if not meaning] == []
     expert = [m for k, m in keys if k.startswith("env.expert_noise=")]
     assert expert == ["tabletop: std of Gaussian noise added to the scripted expert's actions"]
+
+
+def script_error(script, *args, cwd=ROOT):
+    out = subprocess.run([sys.executable, os.path.join(ROOT, script), *args], cwd=cwd, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode != 0 and out.stdout == "" and len(out.stderr.splitlines()) == 1, out.stderr[-2000:]
+    return out.stderr.strip()
+
+
+@pytest.mark.parametrize("typo,meant", [("--task_id", "--task-id"), ("--gpus", "--gpu"), ("--no_wandb", "--no-wandb")])
+def test_a_mistyped_flag_gets_one_line_with_did_you_mean(typo, meant):
+    line = script_error("train_srpo.py", typo, "0")
+    assert line.startswith(f"error: command line: unknown flag {typo}; did you mean {meant}")
+    assert "usage:" not in line
+
+
+def test_unknown_keys_say_whose_config_and_where_the_shipped_file_is(tmp_path):
+    line = script_error("train_srpo.py", "--config", "configs/sft.yaml")
+    assert line.startswith("error: configs/sft.yaml: unknown key 'policy.token' for train_srpo.py (configs/sft.yaml "
+                           "is a config of train_sft.py: python train_sft.py --config configs/sft.yaml); did you mean "
+                           "'policy.use_wrist', 'policy.hidden_size'?")
+    line = script_error("train_srpo.py", "--config", "srpo.yaml", cwd=str(tmp_path))  # not here, but shipped
+    assert line == ("error: config file not found: srpo.yaml (did you mean --config configs/srpo.yaml? the configs/ "
+                    "folder lists the shipped ones)")
+    # the policy's width is policy.token.hidden_size in train_sft.py, policy.hidden_size in the RL scripts
+    line = script_error("train_sft.py", "--task-id", "0", "policy.hidden_size=128")
+    assert line.startswith("error: command line: unknown key 'policy.hidden_size' for train_sft.py; did you mean "
+                           "'policy.token.hidden_size', 'policy.flow.hidden_size'?")
+
+
+def test_a_libero_run_without_an_sft_start_names_the_commands_that_make_one():
+    line = script_error("train_srpo.py", "--config", "configs/srpo_libero_cpu.yaml", "--task-id", "0",
+                        "init.path=checkpoints/none_here", "--no-wandb", "log.output_dir=/nonexistent/runs")
+    assert "no SFT checkpoint at checkpoints/none_here, and libero_spatial has no demos" in line
+    assert "python benchmarks/libero_expert.py --record 50 --suite libero_spatial --task-ids 0" in line
+    assert "python benchmarks/libero_learning.py --suite libero_spatial --task-id 0 --sft-only --out D" in line
+
+
+def test_test_all_and_evaluate_help_read_right():
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "test_all.py"), "--help"], env=ENV, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0 and len(out.stdout.splitlines()) < 20 and "--all" in out.stdout
+    assert "pytest" in out.stdout and "file_or_dir" not in out.stdout
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "evaluate.py"), "--help"], env=ENV, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "side by side. options:" in text  # the description is the docstring's whole first sentence
+    assert "(default: None)" not in text and "(default: False)" not in text
+    for option in re.split(r"\s(?=--[a-z-]+ )", text.split("options:", 1)[1]):  # one default per option
+        assert option.count("default") <= 1, option
+    assert "--gifs GIFS successful and failed episodes each in the GIF (0 = none) (default 2)" in text
