@@ -181,3 +181,42 @@ def test_test_all_and_evaluate_help_read_right():
     for option in re.split(r"\s(?=--[a-z-]+ )", text.split("options:", 1)[1]):  # one default per option
         assert option.count("default") <= 1, option
     assert "--gifs GIFS successful and failed episodes each in the GIF (0 = none) (default 2)" in text
+
+
+LOGGED = re.compile(r"[\"']((?:charts|rollout|val|sampling|reward|demos|train|sft|time|eval|perf)/[A-Za-z0-9_]+)[\"']")
+
+
+def documented_metrics():
+    """Regexes of the metric keys docs/metrics.md's table names: `a/x`, `y` (y inherits a/), `{a,b}` alternatives,
+    `{t}` a task id, `*` any ending."""
+    with open(os.path.join(ROOT, "docs", "metrics.md")) as f:
+        rows = [line for line in f if line.startswith("| `")]
+    patterns = []
+    for row in rows:
+        prefix = ""
+        for name in re.findall(r"`([^`]+)`", row.split(" | ")[0]):
+            if "/" in name:
+                prefix = name.split("/", 1)[0] + "/"
+            else:
+                name = prefix + name
+            regex = re.escape(name).replace(r"\{t\}", r"\d+").replace(r"\*", r"\w+")
+            regex = re.sub(r"\\\{([\w,]+)\\\}", lambda m: "(" + m.group(1).replace(",", "|") + ")", regex)
+            patterns.append(re.compile(regex + r"\Z"))
+    return patterns
+
+
+def test_every_metric_the_scripts_log_is_documented():
+    """Every `section/key` string the scripts and their shared code write (train_*.py, common/, models/) is a row of
+    docs/metrics.md (time/rollout_build_s and SFT's charts/step once were not)."""
+    files = [os.path.join(ROOT, f) for f in os.listdir(ROOT) if f.startswith("train_") and f.endswith(".py")]
+    for folder in ("common", "models"):
+        files += [os.path.join(ROOT, folder, f) for f in os.listdir(os.path.join(ROOT, folder)) if f.endswith(".py")]
+    logged = set()
+    for path in files:
+        with open(path) as f:
+            logged |= {k for k in LOGGED.findall(f.read()) if not k.endswith("_")}  # (a "reward/failure_" is a
+            # panel's prefix)
+    assert {"charts/step", "time/rollout_build_s", "train/pg_loss", "val/success_rate"} <= logged
+    patterns = documented_metrics()
+    assert len(patterns) > 60
+    assert sorted(k for k in logged if not any(p.match(k) for p in patterns)) == []
