@@ -137,8 +137,7 @@ def initial_policy(run: Any, kind: str):
     if cfg.init.mode == "scratch":
         if cls.published:
             raise ConfigError(f"policy.type={family} starts from a published checkpoint, not from scratch: set "
-                              f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
-                              f"checkpoints)")
+                              f"init.mode=checkpoint init.path=<the checkpoint folder> (docs/checkpoints.md)")
         cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
         torch.manual_seed(cfg.seed)  # the same initial weights on every process ...
         policy = cls(cfg.policy).to(run.device)
@@ -150,8 +149,8 @@ def initial_policy(run: Any, kind: str):
         path = _auto_sft_path(run, path, family)
     if not os.path.isdir(path):
         if cls.published:
-            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
-                              f"papers' checkpoints) and set init.path to its folder")
+            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (docs/checkpoints.md) and "
+                              f"set init.path to its folder")
         if not _has_demos(cfg):
             raise ConfigError(_libero_start_message(cfg, path))
         if cfg.init.mode != "auto_sft":

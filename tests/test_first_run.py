@@ -220,3 +220,66 @@ def test_every_metric_the_scripts_log_is_documented():
     patterns = documented_metrics()
     assert len(patterns) > 60
     assert sorted(k for k in logged if not any(p.match(k) for p in patterns)) == []
+
+
+def _sources():
+    """(path, text) of the code and docs a user reads: the scripts, common/, models/, envs/, benchmarks/, configs/,
+    README.md and docs/."""
+    out = []
+    for folder, _, names in os.walk(ROOT):
+        rel = os.path.relpath(folder, ROOT)
+        if rel != "." and rel.split(os.sep)[0] not in ("common", "models", "envs", "benchmarks", "configs", "docs"):
+            continue
+        for name in names:
+            if name.endswith((".py", ".md", ".yaml")) and (rel != "." or name.startswith(("train_", "README")) or
+                                                            name in ("evaluate.py", "test_all.py")):
+                with open(os.path.join(folder, name)) as f:
+                    out.append((os.path.relpath(os.path.join(folder, name), ROOT), f.read()))
+    return out
+
+
+def _headings(doc):
+    with open(os.path.join(ROOT, doc)) as f:
+        return [re.sub(r"`|\*\*|\[([^\]]*)\]\([^)]*\)", r"\1", h).strip()
+                for h in re.findall(r"^#+\s+(.+?)\s*$", f.read(), re.M)]
+
+
+def test_every_pointer_to_a_doc_resolves():
+    """Every docs/*.md path the code, configs and docs name exists; every `docs/x.md, "Heading"` (and README's
+    `README: Heading`) names a heading there (error messages once sent users to README sections that had moved);
+    every ../shared/specs/*.md the code cites is one of the shared specs (when they are beside the checkout); no doc
+    cites a specs/ file as if it were in this repository."""
+    sources = _sources()
+    assert len(sources) > 100
+    missing = []
+    for path, text in sources:
+        if path.startswith("docs/notebook/"):  # the dated history: its pointers are as they were that day
+            continue
+        for doc in set(re.findall(r"\bdocs/[A-Za-z0-9_/.-]+?\.md\b", text)):
+            if not os.path.isfile(os.path.join(ROOT, doc)):
+                missing.append(f"{path}: {doc}")
+        for doc, title in re.findall(r"\b(docs/[a-z_/]+\.md|README)[,:]? \(?\"([A-Z][^\"]{2,70})\"", text):
+            doc, title = ("README.md" if doc == "README" else doc), " ".join(title.split())
+            if not any(h.startswith(title.rstrip("?")) for h in _headings(doc)):
+                missing.append(f"{path}: {doc} has no heading {title!r}")
+        for title in re.findall(r"\(README: ([A-Z][^)]{2,60})\)", text):
+            if not any(h.startswith(title) for h in _headings("README.md")):
+                missing.append(f"{path}: README.md has no heading {title!r}")
+        if path.endswith(".md"):
+            missing += [f"{path}: {m} is not in this repository" for m in re.findall(r"(?<![./\w])specs/\w+\.md", text)]
+    assert missing == [], missing
+    shared = next((d for d in (os.path.join(ROOT, "..", "shared", "specs"), os.path.join(ROOT, "..", "..", "shared",
+                                                                                          "specs")) if os.path.isdir(d)),
+                  None)
+    if shared is not None:
+        cited = {name for _, text in sources for name in re.findall(r"shared/specs/(\w+\.md)", text)}
+        assert cited and cited <= set(os.listdir(shared)), cited - set(os.listdir(shared))
+
+
+def test_the_error_messages_point_at_docs_that_exist():
+    """The one-line errors' pointers: README sections the code names (`README: ...`) were replaced by the docs that
+    hold them; an error naming docs/checkpoints.md names a file there is."""
+    with open(os.path.join(ROOT, "common", "policy_start.py")) as f:
+        text = f.read()
+    assert "(README:" not in text and text.count("(docs/checkpoints.md)") == 2
+    assert os.path.isfile(os.path.join(ROOT, "docs", "checkpoints.md"))
