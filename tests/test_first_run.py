@@ -283,3 +283,43 @@ def test_the_error_messages_point_at_docs_that_exist():
         text = f.read()
     assert "(README:" not in text and text.count("(docs/checkpoints.md)") == 2
     assert os.path.isfile(os.path.join(ROOT, "docs", "checkpoints.md"))
+
+
+def test_the_headline_figure_is_generated_from_committed_data(tmp_path):
+    """docs/headline_libero_spatial_t0.png is what benchmarks/headline_figure.py makes from the committed outcomes
+    (same size, the same pixels up to rendering noise), small, and README shows it beside its table."""
+    import matplotlib.image
+
+    from tests.scripts import load_benchmark
+
+    figure = load_benchmark("headline_figure")
+    committed = os.path.join(ROOT, "docs", "headline_libero_spatial_t0.png")
+    assert os.path.getsize(committed) < 100_000
+    made = figure.figure(str(tmp_path / "fig.png"))
+    a, b = matplotlib.image.imread(committed), matplotlib.image.imread(made)
+    assert a.shape == b.shape and abs(a - b).mean() < 0.01
+    ends = figure.runs()  # what it plots: every seed's end, read from the outcomes files
+    assert {arm: [s for s, _ in seeds] for arm, seeds in ends.items()} == {"control": [1, 2], "grpo": [1, 2, 3],
+                                                                           "srpo": [1, 2, 3]}
+    assert ends["srpo"][1][1][0] == 0.83 and figure.read(os.path.join(figure.DATA, "sft_outcomes.json"))[0] == 0.5
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    assert "](docs/headline_libero_spatial_t0.png)" in readme
+    for row in ("| GRPO (binary reward) | 3 | 0.50 -> 0.73 | +0.23 [+0.14, +0.32] |",
+                "| SRPO (progress reward) | 3 | 0.50 -> 0.79 | +0.29 [+0.20, +0.38] |",
+                "| control (shuffled reward, no signal) | 2 | 0.50 -> 0.54 | +0.04 [−0.07, +0.14] |"):
+        assert row in readme
+    with open(os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0", "table.md")) as f:
+        table = f.read()  # README's rows are the committed table's pooled rows
+    for pooled in ("**0.50 -> 0.73, +0.23 [+0.14, +0.32]**", "**0.50 -> 0.79, +0.29 [+0.20, +0.38]**",
+                   "**0.50 -> 0.54, +0.04 [-0.07, +0.14]**"):
+        assert pooled in table
+
+
+def test_readme_says_what_has_run_and_dates_its_timing():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert "no published checkpoint has been trained or evaluated with this code yet" in readme
+    assert "19 minutes (SFT 3.5, SRPO 15.5; measured 2026-11-26, before the current defaults" in readme
+    assert "download.pytorch.org" not in readme
+    assert "Every training script (`train_*.py`) takes `--config FILE`" in readme
