@@ -227,8 +227,8 @@ def _auto_sft_path(run: Any, path: str, family: str) -> str:
     if diff == []:
         return path
     if diff is None:
-        say(f"warning: {path} has no train_config.yaml to compare with init.sft_args={list(cfg.init.sft_args)}: "
-            f"using it as it is (init.mode=checkpoint says so and silences this)")
+        say(f"warning: {path} has no train_config.yaml this code reads, to compare with init.sft_args="
+            f"{list(cfg.init.sft_args)}: using it as it is (init.mode=checkpoint says so and silences this)")
         return path
     shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
     if cfg.init.path:
