@@ -1,7 +1,8 @@
 """What made an SFT start, recorded beside it, and whether it is the start an RL run's init.mode=auto_sft asks for.
 
 An exported SFT start (train_sft.py's sft.output_path) holds `train_config.yaml` (the SFT run's resolved config) and
-`made_by.yaml` (this file writes it: the code commit, the command line, the held-out score of the exported policy).
+`made_by.yaml` (this file writes it: the code commit and whether tracked files differed from it (common/provenance.py),
+the command line, the held-out score of the exported policy).
 `differences(expected, folder)` compares the folder's train_config.yaml with the config the RL run's auto-SFT command
 would train (both resolved through train_sft.py's Config, so `sft.steps=1000` given or left at its default is the
 same); the output folder, log and resume keys are not part of what made a start.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -27,23 +27,13 @@ MADE_BY = "made_by.yaml"  # in an exported SFT start: commit, command line, held
 NOT_WHAT_MADE_IT = ("log.", "resume", "sft.output_path")  # where it was written, not how
 
 
-def code_commit() -> str:
-    """The repository's commit (short hash, `+changes` when tracked files differ from it), or 'unknown' (no git)."""
-    try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("+changes" if dirty else "")) if sha else "unknown"
-
-
 def write_made_by(folder: str, best: Optional[Dict[str, Any]] = None, argv: Sequence[str] = ()) -> None:
     """`folder`/made_by.yaml: the commit, the command line and the exported policy's held-out score (`best`: step,
     success)."""
+    from common.provenance import code_state
+
     argv = list(argv) or [os.path.basename(sys.argv[0])] + sys.argv[1:]
-    record = {"commit": code_commit(), "command": "python " + " ".join(argv)}
+    record = {**code_state(), "command": "python " + " ".join(argv)}  # commit (None outside git), dirty
     if best is not None and best.get("success") is not None:
         record["heldout_success"] = round(float(best["success"]), 4)
         record["step"] = int(best.get("step") or 0)
@@ -67,7 +57,8 @@ def describe(folder: str) -> str:
         return "no record of what made it (made before starts recorded it, or not by train_sft.py)"
     score = f", held-out success {record['heldout_success']:.0%} at step {record.get('step')}" \
         if isinstance(record.get("heldout_success"), (int, float)) else ""
-    return f"made by `{record.get('command', '?')}` at commit {record.get('commit', 'unknown')}{score}"
+    commit = str(record.get("commit") or "unknown")[:10] + (" with uncommitted changes" if record.get("dirty") else "")
+    return f"made by `{record.get('command', '?')}` at commit {commit}{score}"
 
 
 def _train_sft_config_class() -> Any:
@@ -120,5 +111,4 @@ def keyed_path(path: str, expected: Any) -> str:
     return f"{path.rstrip('/')}__{hashlib.sha1(text.encode()).hexdigest()[:8]}"
 
 
-__all__ = ["MADE_BY", "code_commit", "write_made_by", "read_made_by", "describe", "sft_config", "differences",
-           "keyed_path"]
+__all__ = ["MADE_BY", "write_made_by", "read_made_by", "describe", "sft_config", "differences", "keyed_path"]

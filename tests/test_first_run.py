@@ -26,7 +26,8 @@ def test_auto_sft_does_not_reuse_a_start_made_with_other_arguments(tmp_path):
     with open(tmp_path / default / "made_by.yaml") as f:
         record = yaml.safe_load(f)
     assert record["command"].startswith("python train_sft.py --task-id 0 sft.steps=2"), record
-    assert re.fullmatch(r"[0-9a-f]{7,}(\+changes)?|unknown", record["commit"]) and record["step"] == 2
+    assert re.fullmatch(r"[0-9a-f]{40}", record["commit"]) and isinstance(record["dirty"], bool)
+    assert record["step"] == 2
     assert 0.0 <= record["heldout_success"] <= 1.0, made.stdout[-500:]
 
     sft_args = "init.sft_args=[sft.steps=3,sft.num_demos=2,sft.eval_trials=2,env.num_envs=2]"
