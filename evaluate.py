@@ -107,7 +107,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="with --heldout-set: a second checkpoint evaluated on the same states with the same seeds, or "
                         "an outcomes.json of an earlier --heldout-set evaluation; writes paired.json: --checkpoint "
                         "minus OTHER with its paired bootstrap 95%% interval")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (no such GPU: an error; leave it out to run on the CPU)")
+    p.add_argument("--gpu", type=int, default=None,
+                   help="CUDA device index (no such GPU: an error; leave it out to run on the CPU)")
     args = p.parse_args(argv)
     for flag, value, low in (("--trials", args.trials, 1), ("--trial-start", args.trial_start, 0),
                              ("--num-envs", args.num_envs, 1), ("--max-steps", args.max_steps, 1),

@@ -397,7 +397,8 @@ def build_arg_parser(description: str, default_config: str,
     p.add_argument("--config", default=None, help=f"YAML config file (default {default_config})")
     p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
     p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (no such GPU: an error; leave it out to run on the CPU)")
+    p.add_argument("--gpu", type=int, default=None,
+                   help="CUDA device index to use (no such GPU: an error; leave it out to run on the CPU)")
     p.add_argument("--seed", type=int, default=None, help="random seed (sets seed=...)")
     p.add_argument("--no-wandb", action="store_true", help="switch wandb off (metrics still go to JSONL and PNG)")
     p.add_argument("--resume", nargs="?", const="auto", default=None,

@@ -204,12 +204,13 @@ def _has_demos(cfg: Any) -> bool:
 def _libero_start_message(cfg: Any, path: str) -> str:
     """No SFT start at `path` on a suite without a scripted expert in train_sft.py: how to make one (demos first)."""
     suite, ids = cfg.env.suite, " ".join(str(t) for t in cfg.env.task_ids)
-    return (f"no SFT checkpoint at {path}, and {suite} has no demos train_sft.py can make by itself: record demos with "
-            f"`python benchmarks/libero_expert.py --record 50 --suite {suite} --task-ids {ids} --out data/libero_demos/` "
-            f"and train the start with `python train_sft.py --config configs/sft_libero.yaml --task-ids {ids} "
+    return (f"no SFT checkpoint at {path}, and {suite} has no demos train_sft.py can make by itself: record demos "
+            f"with `python benchmarks/libero_expert.py --record 50 --suite {suite} --task-ids {ids} --out "
+            f"data/libero_demos/` and train the start with `python train_sft.py --config configs/sft_libero.yaml "
+            f"--task-ids {ids} "
             f"env.suite={suite} sft.demo_paths=[...the .hdf5 files] sft.output_path={path}` (or both in one: "
-            f"`python benchmarks/libero_learning.py --suite {suite} --task-id {cfg.env.task_ids[0]} --sft-only --out D`, "
-            f"then init.path=D/sft; docs/libero.md), or set init.path=<an SFT start>")
+            f"`python benchmarks/libero_learning.py --suite {suite} --task-id {cfg.env.task_ids[0]} --sft-only --out "
+            f"D`, then init.path=D/sft; docs/libero.md), or set init.path=<an SFT start>")
 
 
 def _auto_sft_path(run: Any, path: str, family: str) -> str:

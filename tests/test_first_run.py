@@ -269,9 +269,8 @@ def test_every_pointer_to_a_doc_resolves():
         if path.endswith(".md"):
             missing += [f"{path}: {m} is not in this repository" for m in re.findall(r"(?<![./\w])specs/\w+\.md", text)]
     assert missing == [], missing
-    shared = next((d for d in (os.path.join(ROOT, "..", "shared", "specs"), os.path.join(ROOT, "..", "..", "shared",
-                                                                                          "specs")) if os.path.isdir(d)),
-                  None)
+    beside = [os.path.join(ROOT, *[".."] * up, "shared", "specs") for up in (1, 2)]
+    shared = next((d for d in beside if os.path.isdir(d)), None)
     if shared is not None:
         cited = {name for _, text in sources for name in re.findall(r"shared/specs/(\w+\.md)", text)}
         assert cited and cited <= set(os.listdir(shared)), cited - set(os.listdir(shared))
