@@ -51,10 +51,14 @@ PROTOCOL_NAMES = ("simplevla-rl", "siirl", "openvla-oft", "openpi", "rlinf", "he
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     """The command line, checked; a bad value exits with one line (`error: ...`)."""
-    class Help(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-        pass
+    class Help(argparse.RawDescriptionHelpFormatter):  # one default per option: the help's own, else argparse's
+        def _get_help_string(self, action):
+            text = action.help or ""
+            if "default" in text or action.default in (None, False) or action.default is argparse.SUPPRESS:
+                return text
+            return f"{text} (default %(default)s)"
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=Help,
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=Help,
                                 epilog=__doc__[__doc__.index("`--protocol`"):])
     p.add_argument("--checkpoint", required=True, help="policy folder, run folder or training checkpoint; or an "
                    "outcomes.json with --paired OTHER_outcomes.json: the paired comparison of two saved evaluations, "
@@ -80,7 +84,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
     p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
                    "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
-    p.add_argument("--num-envs", type=int, default=None, help="parallel environments")
+    p.add_argument("--num-envs", type=int, default=None,
+                   help="parallel environments (default: the checkpoint's env.num_envs, else 16)")
     p.add_argument("--max-steps", type=int, default=None,
                    help="episode limit (heldout only; default: the checkpoint's, else the suite's)")
     p.add_argument("--gifs", type=int, default=2, help="successful and failed episodes each in the GIF (0 = none)")
@@ -102,7 +107,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
                    help="with --heldout-set: a second checkpoint evaluated on the same states with the same seeds, or "
                         "an outcomes.json of an earlier --heldout-set evaluation; writes paired.json: --checkpoint "
                         "minus OTHER with its paired bootstrap 95%% interval")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index (CPU when no GPU is present)")
+    p.add_argument("--gpu", type=int, default=None,
+                   help="CUDA device index (no such GPU: an error; leave it out to run on the CPU)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads; 0 = auto (common/threads.py: the cores "
                    "this process may use, 1 on a GPU; OMP_NUM_THREADS when set)")
     args = p.parse_args(argv)
@@ -477,7 +483,9 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     check_writable(out_dir, f"--out-dir {out_dir}")
 
     if args.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        from common.distributed import select_gpu
+
+        select_gpu(args.gpu)  # no such GPU: one line (a ValueError, as every check here)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"evaluate: {threads.header(*threads.set_threads(getattr(args, 'threads', 0), device=device, key='--threads'))}",
           flush=True)

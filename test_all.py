@@ -59,7 +59,20 @@ def workers() -> List[str]:
     return ["-n", str(min(2, os.cpu_count() or 1))]
 
 
+USAGE = """usage: python test_all.py [--all] [PYTEST ARGS ...]
+
+  (nothing)     the fast tier: every test not marked slow, in two workers (minutes)
+  --all         the full tier CI runs (.ci/run): the fast tier plus the slow tests (learning tests over seeds,
+                multi-process and real-LIBERO runs)
+  PYTEST ARGS   one pytest run of a selection, e.g. `python test_all.py -k tabletop`, `python test_all.py --all -x`
+                (`python -m pytest --help` lists pytest's own options)
+"""
+
+
 def main(argv: List[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):  # this script's flags, not pytest's 400 lines
+        print(__doc__.split("\n\n")[0] + "\n\n" + USAGE, end="")
+        return 0
     os.chdir(ROOT)
     full = "--all" in argv
     rest = [a for a in argv if a != "--all"]

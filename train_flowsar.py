@@ -54,16 +54,16 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
     flow_sar_loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
     flow_sar_kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
     flow_sar_t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
-    flow_sar_t_max: float = ranged(0.8, "(0, 1)")
+    flow_sar_t_max: float = ranged(0.8, "(0, 1)")  # upper end of the training flow time t
     flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
                                                    # then renormalised per episode
-    flow_sar_w_max: float = ranged(1.0, "[0, 1]")
+    flow_sar_w_max: float = ranged(1.0, "[0, 1]")  # upper clip of the credit weights (1 = none)
 
 
 @dataclass
 class TrainConfig:
     GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
-    iterations: int = ranged(80, "[1, inf)")
+    iterations: int = ranged(80, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = ranged(None, "[1, inf)")  # --timesteps: also stop at the end of the iteration
                                                                 # that reaches this many env steps (all processes)
     lr: float = ranged(3e-4, "[0, inf)")  # the tiny policy's; the seed's pi0 recipe: 1e-6 (configs/flowsar_libero.yaml)
@@ -79,7 +79,7 @@ class TrainConfig:
                                                        # (mini_batch_unit=trajectory) or grid rows (grid)
     micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                       # accumulation), also self-annotation
-    grad_clip: float = ranged(1.0, "(0, inf)")
+    grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -88,7 +88,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = ranged(1, "[0, inf)")
+    seed: int = ranged(1, "[0, inf)")  # seeds torch, numpy and the rollout's sampling (--seed)
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys

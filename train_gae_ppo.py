@@ -57,21 +57,21 @@ class AlgorithmConfig:
     use_gae: bool = True  # false = the GAE-PPO reference's value-free baseline: discounted reward-to-go, no value head
     gamma: float = ranged(0.99, "[0, 1]")  # discount per policy step (one action chunk),
                                            # or per env action with gae_unit=action
-    gae_lambda: float = ranged(0.95, "[0, 1]")
+    gae_lambda: float = ranged(0.95, "[0, 1]")  # GAE lambda (1 = Monte-Carlo returns, 0 = one-step TD)
     gae_unit: str = "step"  # step: GAE over policy steps (gamma, lambda per chunk) | action: over env actions, each
                             # with its chunk's value and advantage per action (the GAE-PPO reference's buffer)
     ratio_unit: str = "token"  # token: one PPO ratio per action token | step: one per policy step, from the mean of
                                # its chunk's token log-probs (the GAE-PPO reference)
     normalize_advantages: bool = True  # (A - mean) / (std + 1e-8) over the iteration's policy steps (all processes)
-    clip_ratio_low: float = ranged(0.2, "[0, 1)")
-    clip_ratio_high: float = ranged(0.2, "[0, inf)")
+    clip_ratio_low: float = ranged(0.2, "[0, 1)")  # PPO clip: the ratio is kept >= 1 - clip_ratio_low
+    clip_ratio_high: float = ranged(0.2, "[0, inf)")  # PPO clip: the ratio is kept <= 1 + clip_ratio_high
     clip_ratio_c: Optional[float] = ranged(  # dual clip for negative advantages (> 1); null = none (RLinf's pi0)
         3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
     loss_agg_mode: str = "token-mean"  # how the policy (and value) loss averages over action tokens (common/losses.py
                                        # LOSS_AGG_MODES; traj-token-mean: each episode's token mean, then their mean;
                                        # episode-ratio: RLinf's masked_mean_ratio, each row x env.max_steps / its
                                        # episode's env steps, a mean over the mini-batch's (grid) rows, value too)
-    entropy_coeff: float = ranged(0.0, "[0, inf)")
+    entropy_coeff: float = ranged(0.0, "[0, inf)")  # loss -= entropy_coeff * entropy of the action tokens
     value_loss_coef: float = ranged(0.5, "[0, inf)")  # total = policy + value_loss_coef
                                                       # * value - entropy_coeff * entropy
     cliprange_value: Optional[float] = None  # clipped value loss around the rollout's values; null = unclipped
@@ -96,15 +96,15 @@ class TrainConfig:
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay (actor and critic)
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (actor and critic; torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (actor and critic; torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")
+    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes | grid: of the padded episodes x ceil(env.max_steps / chunk)
                                    # grid (RLinf's): a fixed count of optimizer steps, padding rows count
     ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, episodes (train.
                                                            # mini_batch_unit=trajectory) or grid rows (grid)
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
-    actor_max_grad_norm: float = ranged(1.0, "(0, inf)")
-    critic_max_grad_norm: float = ranged(1.0, "(0, inf)")
+    actor_max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the actor's gradient norm to this
+    critic_max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the critic's (value head's) gradient norm to this
     grad_clip_mode: str = "separate"  # separate: actor and critic gradients clipped on their own | joint: one norm
                                       # over both, clipped to actor_max_grad_norm (RLinf's one model)
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
@@ -117,7 +117,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = ranged(1, "[0, inf)")
+    seed: int = ranged(1, "[0, inf)")  # seeds torch, numpy and the rollout's sampling (--seed)
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft | flow) picks

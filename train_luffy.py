@@ -62,40 +62,40 @@ class AlgorithmConfig:
     clip_ratio: float = ranged(0.2, "(0, 1)")  # on-policy PPO clip range (cliprange)
     clip_upper_bound: float = ranged(100.0, "[1, inf)")  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
     on_policy_reshape: str = "no_reshape"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1 | p_div_p_0.5
-    on_policy_reshape_weight: float = 1.0
-    on_policy_reshape_pow_exp: float = 0.5
+    on_policy_reshape_weight: float = 1.0  # w in on_policy_reshape=p_logp: ratio + w * log-ratio
+    on_policy_reshape_pow_exp: float = 0.5  # e in on_policy_reshape=pow: ratio ** e
     off_policy_reshape: str = "p_div_p_0.1"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1|0.3|0.5
-    off_policy_reshape_weight: float = 1.0
-    off_policy_reshape_pow_exp: float = 0.5
+    off_policy_reshape_weight: float = 1.0  # w in off_policy_reshape=logp | p_logp: w * log p (+ p)
+    off_policy_reshape_pow_exp: float = 0.5  # e in off_policy_reshape=pow: p ** e
     off_max_clip: Optional[float] = None  # clamp of the off-policy ratio (null = none)
-    off_min_clip: Optional[float] = None
+    off_min_clip: Optional[float] = None  # lower clamp of the off-policy ratio (null = none)
     all_max_clip: Optional[float] = None  # tokens with p > this leave the loss (null = none)
     off_policy_target_probs: bool = False  # off ratio p / target_probs with target 1 (a deterministic demonstrator)
     loss_remove_token_mean: bool = True  # sum over tokens / tokens per step, instead of the token mean
     loss_remove_clip: bool = False  # true = no PPO clip on rollout tokens: LUFFY's recipe, with ~2 optimizer steps
                                     # per batch (configs/luffy_libero.yaml); here ~7 per iteration keep the clip
-    entropy_coeff: float = ranged(0.001, "[0, inf)")
+    entropy_coeff: float = ranged(0.001, "[0, inf)")  # loss -= entropy_coeff * entropy of the action tokens
     use_sft_multitask_loss: bool = False  # "RL w/ SFT loss": PPO on on-policy tokens + sft_loss_coef * NLL of demos
-    sft_loss_coef: float = ranged(1.0, "[0, inf)")
+    sft_loss_coef: float = ranged(1.0, "[0, inf)")  # with use_sft_multitask_loss: weight of the demos' NLL
 
 
 @dataclass
 class TrainConfig:
-    iterations: int = ranged(60, "[1, inf)")
+    iterations: int = ranged(60, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = ranged(None, "[1, inf)")  # --timesteps: also stop at the end of the iteration
                                                                 # that reaches this many env steps (all processes)
-    lr: float = ranged(1e-4, "[0, inf)")
+    lr: float = ranged(1e-4, "[0, inf)")  # AdamW learning rate (the tiny policy's)
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear warmup over the first N optimizer steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")
+    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (LUFFY's mini-batches of responses)
     ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
                                                            # with train.mini_batch_unit=trajectory
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
-    grad_clip: float = ranged(1.0, "(0, inf)")
+    grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -105,7 +105,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = ranged(1, "[0, inf)")
+    seed: int = ranged(1, "[0, inf)")  # seeds torch, numpy and the rollout's sampling (--seed)
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys

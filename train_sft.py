@@ -44,15 +44,15 @@ class SFTConfig:
                               # LIBERO's demos are); false = from trials 0..num_demos-1
     demo_noise: float = ranged(0.0, "[0, inf)")  # std of noise on the expert's executed
                                                  # xyz deltas (labels stay clean: DART)
-    demo_seed: int = ranged(0, "[0, inf)")
+    demo_seed: int = ranged(0, "[0, inf)")  # seed of the expert's demo noise (sft.demo_noise)
     demo_paths: List[str] = field(default_factory=list)  # LIBERO HDF5 demo files (used instead of the expert)
     steps: int = ranged(1000, "[1, inf)", "0 steps would export the untrained policy as the best one")  # gradient steps
-    batch_size: int = ranged(16, "[1, 65536]")
-    lr: float = ranged(1e-3, "[0, inf)")
-    weight_decay: float = ranged(0.0, "[0, inf)")
+    batch_size: int = ranged(16, "[1, 65536]")  # samples per gradient step (all processes together)
+    lr: float = ranged(1e-3, "[0, inf)")  # AdamW peak learning rate
+    weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     warmup_steps: int = ranged(20, "[0, inf)")  # linear LR warm-up, then cosine decay to lr * min_lr_ratio
-    min_lr_ratio: float = ranged(0.1, "[0, 1]")
-    max_grad_norm: float = ranged(1.0, "(0, inf)")
+    min_lr_ratio: float = ranged(0.1, "[0, 1]")  # the cosine decay ends at lr * min_lr_ratio
+    max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     augment_shift: int = ranged(4, "[0, 256]")  # DrQ random shift: pad each camera image by this many pixels
                                                 # (edge-replicated) and crop back at a random offset, per
                                                 # sample and camera; 0 = off (task 0 held-out 15% -> 40%)
@@ -79,8 +79,8 @@ class TrainSection:  # how the processes share the work: the RL scripts' train.s
 
 @dataclass
 class Config:
-    seed: int = ranged(0, "[0, inf)")
-    resume: Optional[str] = None
+    seed: int = ranged(0, "[0, inf)")  # seeds the initial weights, the batches and the augmentation (--seed)
+    resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=lambda: EnvConfig(num_envs=20))
     log: LogConfig = field(default_factory=lambda: LogConfig(wandb=False))
     policy: PolicySection = field(default_factory=PolicySection)
@@ -152,6 +152,7 @@ from common.demos import demos_to_samples, generate_expert_demos, load_hdf5_demo
 from common.fsdp import shard_policy, sharded
 from common.run import Schedule, start_run
 from common.run_folder import replace_folder, sibling_lock
+from common.sft_record import write_made_by
 from common.train import adamw, optimizer_step
 from models.policy import policy_class
 from models.saved import TRAIN_CONFIG
@@ -206,9 +207,11 @@ def family_sections(policy: PolicySection) -> List[Any]:
     return [getattr(policy, f.name) for f in dataclasses.fields(policy) if f.name in FAMILIES]
 
 
-def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None) -> None:
+def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optional[str] = None,
+                score: Optional[Dict[str, Any]] = None) -> None:
     """Copy a saved policy folder to `dst` (replacing it; written beside it first, then moved into place); with `cfg`,
-    the run's config (marked with `run_dir`, the run that exported it) and suite version go beside the weights."""
+    the run's config (marked with `run_dir`, the run that exported it), suite version and what made it (made_by.yaml:
+    commit, command line, `score`'s held-out success; common/sft_record.py) go beside the weights."""
     tmp = dst.rstrip("/") + f".tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
@@ -217,6 +220,7 @@ def copy_policy(src: str, dst: str, cfg: Optional[Config] = None, run_dir: Optio
         with open(os.path.join(tmp, EXPORTED_BY), "w") as f:
             f.write(os.path.realpath(run_dir or "") + "\n")
         envs.write_suite_version(tmp, cfg.env.suite)
+        write_made_by(tmp, score)
     replace_folder(tmp, dst)  # the old folder is never missing (another run may be loading it)
 
 
@@ -240,7 +244,7 @@ def check_output_path(path: Optional[str], run_dir: Optional[str]) -> None:
                           f"it; choose another sft.output_path (or remove that folder yourself)")
 
 
-def export_policy(best: str, cfg: Config, run_dir: str) -> None:
+def export_policy(best: str, cfg: Config, run_dir: str, score: Optional[Dict[str, Any]] = None) -> None:
     """The best policy to sft.output_path, one exporter at a time (a lock beside it), checked again under the lock:
     another run may have written that folder since this run started (ConfigError; this run's best/ stays)."""
     lock = sibling_lock(cfg.sft.output_path, "export")
@@ -250,7 +254,7 @@ def export_policy(best: str, cfg: Config, run_dir: str) -> None:
             check_output_path(cfg.sft.output_path, run_dir)
         except ConfigError as e:
             raise ConfigError(f"{e} (written since this run started; its best policy stays in {best})") from None
-        copy_policy(best, cfg.sft.output_path, cfg, run_dir)
+        copy_policy(best, cfg.sft.output_path, cfg, run_dir, score)
     finally:
         lock.release()
 
@@ -385,7 +389,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
         best = run.state["best"]
         if run.is_main and cfg.sft.output_path and not run.stopped:
             with run.uninterrupted():
-                export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir)
+                export_policy(os.path.join(run.run_dir, "best"), cfg, run.run_dir, best)
             print(f"[sft] best policy (step {best['step']}, val success {best['success']:.1%}) -> "
                   f"{cfg.sft.output_path}", flush=True)
     return {"val/success_rate": metrics.get("val/success_rate", float("nan")), "best_success": best["success"],

@@ -43,11 +43,13 @@ class RolloutConfig:
 class RewardConfig:
     mode: str = "srpo"  # srpo (world-model progress reward) | binary (plain GRPO: success 1, failure 0)
     encoder: EncoderConfig = field(default_factory=EncoderConfig)  # vjepa2 (default) or pixels
-    dbscan_eps: float = ranged(0.5, "(0, inf)")
-    dbscan_min_samples: int = ranged(2, "[1, inf)")
-    sigmoid_steepness: float = ranged(10.0, "(0, inf)")
-    sigmoid_offset: float = 0.5
-    max_failure_reward: float = ranged(0.6, "[0, 1]")
+    dbscan_eps: float = ranged(0.5, "(0, inf)")  # DBSCAN radius over a task's standardised success embeddings
+    dbscan_min_samples: int = ranged(2, "[1, inf)")  # DBSCAN: successes needed to form a cluster
+    sigmoid_steepness: float = ranged(10.0, "(0, inf)")  # k in a failure's reward max_failure_reward * sigmoid(k
+                                                         # (offset - d))
+    sigmoid_offset: float = 0.5  # offset in that sigmoid: the normalised distance d to the nearest success cluster at
+                                 # which it is 1/2
+    max_failure_reward: float = ranged(0.6, "[0, 1]")  # the most a failed episode can earn (a success earns 1)
     scope: str = "pooled"  # whose kept episodes form a task's success clusters and distance range: pooled (all of
                            # the update's, every round and process) | round (one rollout round on one process, as
                            # siiRL computes the reward per step and rank: siirl/execution/dag/builtin_pipelines.py:
@@ -62,11 +64,14 @@ class AlgorithmConfig:
     adv_estimator: str = "grpo"  # grpo | step_grpo | advanced_grpo
     norm_adv_by_std_in_grpo: bool = True  # False = Dr.GRPO (no division by the group std)
     filter_accuracy: bool = True  # dynamic sampling: keep prompts with lower <= mean success <= upper
-    accuracy_lower_bound: float = ranged(0.1, "[0, 1]")
-    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")
+    accuracy_lower_bound: float = ranged(0.1, "[0, 1]")  # dynamic sampling: drop prompts whose mean success is below
+                                                         # this
+    accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # dynamic sampling: drop prompts whose mean success is above
+                                                         # this
     filter_truncated: bool = False  # drop a prompt if any of its samples hit max_steps
-    clip_ratio_low: float = ranged(0.2, "[0, 1)")
-    clip_ratio_high: float = ranged(0.28, "[0, inf)")
+    clip_ratio_low: float = ranged(0.2, "[0, 1)")  # PPO clip: the ratio is kept >= 1 - clip_ratio_low
+    clip_ratio_high: float = ranged(0.28, "[0, inf)")  # PPO clip: the ratio is kept <= 1 + clip_ratio_high (DAPO's
+                                                       # clip-higher)
     clip_ratio_c: float = ranged(  # dual clip for negative advantages
         3.0, "(1, inf)", "the dual clip bounds a negative advantage's ratio at c, above 1 + clip")
     loss_agg_mode: str = "traj-token-mean"  # each episode's token mean, then the mean over the mini-batch's
@@ -75,9 +80,9 @@ class AlgorithmConfig:
                                             # failure outweighs a short success, so the update pushes executed
                                             # tokens down more than up and the policy spreads (docs/results.md
                                             # "Does the embedded default hold what it learns?")
-    entropy_coeff: float = ranged(0.0, "[0, inf)")
+    entropy_coeff: float = ranged(0.0, "[0, inf)")  # loss -= entropy_coeff * entropy of the action tokens
     use_kl_loss: bool = False  # KL to the policy RL started from (LoRA adapters off); needs policy.lora_rank > 0
-    kl_loss_coef: float = ranged(0.01, "[0, inf)")
+    kl_loss_coef: float = ranged(0.01, "[0, inf)")  # with use_kl_loss: loss += kl_loss_coef * KL
     kl_loss_type: str = "low_var_kl"  # low_var_kl | kl | abs | mse
 
 
@@ -97,7 +102,7 @@ class TrainConfig:
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")
+    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's kept episodes
     mini_batch_unit: str = "trajectory"  # trajectory: mini-batches of whole episodes (siiRL, SimpleVLA-RL) | step:
                                          # of policy steps shuffled across episodes (traj-token-mean then weighs
                                          # the episodes of each mini-batch alike, not of the whole batch)
@@ -106,7 +111,7 @@ class TrainConfig:
                                                           # + its chunk of action tokens) with mini_batch_unit=step
     ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                           # accumulation inside a mini-batch)
-    grad_clip: float = ranged(1.0, "(0, inf)")
+    grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -120,7 +125,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    seed: int = ranged(1, "[0, inf)")
+    seed: int = ranged(1, "[0, inf)")  # seeds torch, numpy and the rollout's sampling (--seed)
     resume: Optional[str] = None  # --resume: "auto" or a run folder
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: Any = field(default_factory=TokenPolicyConfig)  # policy.type (token (default) | openvla_oft) picks its keys

@@ -34,7 +34,7 @@ class LogConfig:
     run_name: Optional[str] = None  # None = "<script>__<suite>__t<tasks>__s<seed>__<timestamp>"
     wandb: bool = True  # --no-wandb switches it off
     wandb_mode: str = "offline"  # offline (no network needed) | online
-    wandb_project: str = "vla-rl"
+    wandb_project: str = "vla-rl"  # wandb project the run is logged under
     plot_every: int = ranged(1, "[0, inf)")  # write PNG panels every N updates
     checkpoint_every: int = ranged(5, "[1, inf)")  # save a checkpoint every N updates (and at the end)
     keep_checkpoints: int = ranged(2, "[1, inf)")  # how many recent checkpoints to keep
@@ -82,8 +82,13 @@ def _check_keys(data: Any, node: Any, prefix: str, source: str) -> None:
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in valid:
-            close = difflib.get_close_matches(str(key), list(valid), n=3, cutoff=0.5)
-            hint = f"did you mean {', '.join(repr(prefix + c) for c in close)}? " if close else ""
+            close = [prefix + c for c in difflib.get_close_matches(str(key), list(valid), n=3, cutoff=0.5)]
+            # the same key one level up or down: train_sft.py's policy.token.hidden_size is an RL script's
+            # policy.hidden_size, and the other way round
+            close = close or [f"{prefix}{name}.{key}" for name, sub in valid.items()
+                              if is_dataclass(sub) and key in _schema_keys(sub)]
+            close = close or ([prefix + k for k in value if k in valid][:3] if isinstance(value, dict) else [])
+            hint = f"did you mean {', '.join(repr(c) for c in close)}? " if close else ""
             section = f"'{prefix[:-1]}'" if prefix else "the top level"
             raise ConfigError(
                 f"{source}: unknown key '{full}'; {hint}valid keys in {section}: {', '.join(sorted(valid))}"
@@ -148,7 +153,9 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
     data: Dict[str, Any] = {}
     if path is not None:
         if not os.path.isfile(path):
-            raise ConfigError(f"config file not found: {path} (the configs/ folder lists the shipped ones)")
+            shipped = os.path.join("configs", os.path.basename(path))
+            hint = f"did you mean --config {shipped}? " if os.path.isfile(os.path.join(ROOT, shipped)) else ""
+            raise ConfigError(f"config file not found: {path} ({hint}the configs/ folder lists the shipped ones)")
         try:
             data = yaml_safe.load_file(path) or {}
         except OSError as e:
@@ -335,7 +342,7 @@ def saved_script(run_dir: str) -> Optional[str]:
 
 def field_comments(cls: type) -> Dict[str, str]:
     """Field name -> its one-line meaning: the comment after the field in the dataclass source (comment-only lines
-    right below it continue it)."""
+    right below it, indented deeper than the fields, continue it)."""
     try:
         lines = inspect.getsource(cls).splitlines()
     except (OSError, TypeError):  # a class made at run time (`_with_section`): its base's comments
@@ -349,7 +356,8 @@ def field_comments(cls: type) -> Dict[str, str]:
         if field_line:
             name = field_line.group(1)
             out[name] = comment
-        elif name is not None and line.strip().startswith("#"):
+        elif name is not None and line.strip().startswith("#") and line.startswith("     "):  # (a comment at the
+            # fields' indentation heads the next fields: not this one's)
             out[name] = f"{out[name]} {line.strip()[1:].strip()}".strip()
         else:
             name = None
@@ -385,12 +393,13 @@ def build_arg_parser(description: str, default_config: str,
         source = shown or default_config or "the defaults"
         epilog = (f"hyper-parameters: set any with section.key=value (shown: the value {source} gives{note})\n"
                   + "\n".join(hyperparameter_help(defaults)))
-    p = argparse.ArgumentParser(description=description, epilog=epilog,
+    p = _Parser(description=description, epilog=epilog,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help=f"YAML config file (default {default_config})")
     p.add_argument("--task-id", type=int, default=None, help="train on one task (sets env.task_ids=[ID])")
     p.add_argument("--task-ids", type=int, nargs="+", default=None, help="train on several tasks")
-    p.add_argument("--gpu", type=int, default=None, help="CUDA device index to use (CPU when no GPU is present)")
+    p.add_argument("--gpu", type=int, default=None,
+                   help="CUDA device index to use (no such GPU: an error; leave it out to run on the CPU)")
     p.add_argument("--seed", type=int, default=None, help="random seed (sets seed=...)")
     p.add_argument("--no-wandb", action="store_true", help="switch wandb off (metrics still go to JSONL and PNG)")
     p.add_argument("--resume", nargs="?", const="auto", default=None,
@@ -498,6 +507,48 @@ def resolve_for_help(cfg: Any) -> Tuple[Any, str]:
                  if changed else "")
 
 
+def config_owner(path: str) -> Optional[str]:
+    """The script a shipped-style config file is for: configs/sft_libero.yaml -> train_sft, configs/srpo.yaml -> srpo
+    (its name's longest script prefix), else None."""
+    name = os.path.basename(path).rsplit(".", 1)[0]
+    for script in sorted(SCRIPTS, key=len, reverse=True):
+        bare = script[len("train_"):] if script.startswith("train_") else script
+        if name == bare or name.startswith(bare + "_"):
+            return script
+    return None
+
+
+def _whose(error: ConfigError, script: Optional[str], config_path: Optional[str]) -> ConfigError:
+    """An unknown-key error that says whose config it is (the script's) and, for a file made for another script, how
+    to run that one."""
+    text = str(error)
+    if not script or "unknown key '" not in text:
+        return error
+    text = re.sub(r"unknown key '([^']*)'", lambda m: f"{m.group(0)} for {script_file(script)}", text, count=1)
+    owner = config_owner(config_path) if config_path else None
+    if owner and owner != script and text.startswith(f"{config_path}:"):
+        head, _, rest = text.partition("; ")
+        text = (f"{head} ({config_path} is a config of {script_file(owner)}: python {script_file(owner)} --config "
+                f"{config_path}); {rest}")
+    return ConfigError(text)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one line and a did-you-mean for a mistyped flag (--task_id, --gpus), instead of the usage."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments:"):
+            flags = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+            for token in message.split(":", 1)[1].split():
+                if token.startswith("-"):
+                    name = token.split("=")[0]
+                    close = difflib.get_close_matches(name.replace("_", "-"), flags, n=2, cutoff=0.6)
+                    hint = f"did you mean {' or '.join(close)}? " if close else ""
+                    raise SystemExit(f"error: command line: unknown flag {name}; {hint}({self.prog} --help lists "
+                                     f"the flags; keys are set as section.key=value)")
+        super().error(message)
+
+
 def _parse_cli(schema, default_config, description, argv, script, flags, resumable):
     argv = list(sys.argv[1:] if argv is None else argv)
     # `key=value` tokens are overrides wherever they stand (after --task-ids 0 1, after a bare --resume, ...)
@@ -532,11 +583,16 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
         value = getattr(args, name.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.append(f"{spec['key']}={value}")
-    if args.gpu is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(args.gpu)  # must happen before CUDA is initialised
+    if args.gpu is not None and not args.dry_run:  # (a --dry-run plans for a GPU machine from any machine)
+        from common.distributed import select_gpu
+
+        select_gpu(args.gpu)  # must happen before CUDA is initialised; no such GPU: one line
     config_path = resolve_config_path(args.config, default_config)
     if args.resume is None:
-        return load_config(schema, config_path, overrides)
+        try:
+            return load_config(schema, config_path, overrides)
+        except ConfigError as e:
+            raise _whose(e, script, args.config or default_config) from None
     if args.config is not None:
         raise ConfigError("--config cannot be combined with --resume: a resumed run reads its own config.yaml")
     cfg = load_config(schema, config_path, overrides)  # only to find the latest run for a bare --resume

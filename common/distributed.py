@@ -18,6 +18,7 @@ group and joins its threads (releasing the GIL) while the interpreter is whole.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import List
 
@@ -34,6 +35,21 @@ def launched_alone_for_several() -> bool:
     while a real multi-process launch gives every process its WORLD_SIZE."""
     env = os.environ
     return "ACCELERATE_USE_CPU" in env and "MASTER_PORT" in env and "WORLD_SIZE" not in env
+
+
+def select_gpu(index: int) -> None:
+    """`--gpu N`: only CUDA device N is visible to this process (set before CUDA starts); a ConfigError (one line)
+    when torch sees no CUDA device N here, instead of running on the CPU in silence."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    if index >= 0 and torch.cuda.device_count() > 0:  # device_count() reads CUDA_VISIBLE_DEVICES, caches nothing
+        return                                        # before CUDA is initialised
+    present = len([d for d in os.listdir("/dev") if re.fullmatch(r"nvidia\d+", d)]) if os.path.isdir("/dev") else 0
+    if torch.version.cuda is None or present == 0:
+        where = "no CUDA device on this machine" + (" (this torch is a CPU build)" if torch.version.cuda is None
+                                                     and present else "")
+    else:
+        where = f"no CUDA device {index} on this machine (it has {present}: --gpu 0..{present - 1})"
+    raise ConfigError(f"--gpu {index}: {where}; drop --gpu to run on the CPU")
 
 
 def make_accelerator():

@@ -6,7 +6,9 @@
                            says (`start_from`, models/policy.py): a policy this project saved keeps its architecture
                            and gets the run's LoRA; a published OpenVLA-OFT or pi0 folder runs with the YAML's keys
     init.mode=auto_sft     the same, after running train_sft.py to make that folder when it is missing (and
-                           continuing an interrupted one)
+                           continuing an interrupted one); a default folder that holds a start made with other
+                           arguments than the auto-SFT's (init.sft_args) is not reused: the asked-for start goes to
+                           <folder>__<hash of its SFT config> (`_auto_sft_path`; common/sft_record.py)
 
 Everything family-specific is the family's own (models/policy.py PolicyFamily); here only what every family shares:
 the kind of actions the script trains, the folder's family against `policy.type`, the auto-SFT subprocess, and
@@ -26,6 +28,7 @@ from common.config import ROOT, ConfigError
 from common.run import INTERRUPTED
 from common import yaml_safe
 from common.run_folder import run_order, sibling_lock
+from common.sft_record import describe, differences, keyed_path, sft_config
 
 SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",
                "flow": "train_flowsar.py or train_gae_ppo.py"}
@@ -135,8 +138,7 @@ def initial_policy(run: Any, kind: str):
     if cfg.init.mode == "scratch":
         if cls.published:
             raise ConfigError(f"policy.type={family} starts from a published checkpoint, not from scratch: set "
-                              f"init.mode=checkpoint init.path=<the checkpoint folder> (README: Start from the papers' "
-                              f"checkpoints)")
+                              f"init.mode=checkpoint init.path=<the checkpoint folder> (docs/checkpoints.md)")
         cfg.policy.image_size, cfg.policy.action_chunk = cfg.env.image_size, cfg.env.action_chunk
         torch.manual_seed(cfg.seed)  # the same initial weights on every process ...
         policy = cls(cfg.policy).to(run.device)
@@ -144,10 +146,14 @@ def initial_policy(run: Any, kind: str):
             torch.manual_seed(cfg.seed + run.rank)
         return _checked(run, policy)
     path = cfg.init.path or default_sft_path(family, cfg.env.suite, cfg.env.task_ids)
+    if cfg.init.mode == "auto_sft" and not cls.published:
+        path = _auto_sft_path(run, path, family)
     if not os.path.isdir(path):
         if cls.published:
-            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (README: Start from the "
-                              f"papers' checkpoints) and set init.path to its folder")
+            raise ConfigError(f"no {family} checkpoint at {path}: download a published one (docs/checkpoints.md) and "
+                              f"set init.path to its folder")
+        if not _has_demos(cfg):
+            raise ConfigError(_libero_start_message(cfg, path))
         if cfg.init.mode != "auto_sft":
             cmd = sft_command(cfg, path, family)
             shown = " ".join(["python", os.path.relpath(cmd[1])] + cmd[2:])
@@ -176,6 +182,8 @@ def initial_policy(run: Any, kind: str):
     if stale and run.is_main:
         print(f"[init] warning: {stale}", flush=True)
     say = (lambda line: print(f"[init] {line}", flush=True)) if run.is_main else (lambda line: None)
+    if not cls.published:
+        say(f"start: {path}, {describe(path)}")
     try:  # a statistics key, a wrong layout, a pi0.5 checkpoint, a truncated shard: one line
         with load_errors(path, family):
             policy = cls.start_from(path, cfg.policy, cfg.env, str(run.device), say)
@@ -184,6 +192,56 @@ def initial_policy(run: Any, kind: str):
     cfg.policy = policy.cfg
     cfg.env.image_size, cfg.env.action_chunk = policy.cfg.image_size, policy.action_chunk
     return _checked(run, policy.to(run.device))
+
+
+def _has_demos(cfg: Any) -> bool:
+    """Whether the auto-SFT command has demos to train on: the embedded suite's scripted expert, or HDF5 files given
+    through init.sft_args (sft.demo_paths=...)."""
+    import envs
+
+    return envs.is_tabletop(cfg.env.suite) or any(a.startswith("sft.demo_paths=") for a in cfg.init.sft_args)
+
+
+def _libero_start_message(cfg: Any, path: str) -> str:
+    """No SFT start at `path` on a suite without a scripted expert in train_sft.py: how to make one (demos first)."""
+    suite, ids = cfg.env.suite, " ".join(str(t) for t in cfg.env.task_ids)
+    return (f"no SFT checkpoint at {path}, and {suite} has no demos train_sft.py can make by itself: record demos "
+            f"with `python benchmarks/libero_expert.py --record 50 --suite {suite} --task-ids {ids} --out "
+            f"data/libero_demos/` and train the start with `python train_sft.py --config configs/sft_libero.yaml "
+            f"--task-ids {ids} "
+            f"env.suite={suite} sft.demo_paths=[...the .hdf5 files] sft.output_path={path}` (or both in one: "
+            f"`python benchmarks/libero_learning.py --suite {suite} --task-id {cfg.env.task_ids[0]} --sft-only --out "
+            f"D`, then init.path=D/sft; docs/libero.md), or set init.path=<an SFT start>")
+
+
+def _auto_sft_path(run: Any, path: str, family: str) -> str:
+    """init.mode=auto_sft: the folder of the SFT start that the auto-SFT command (init.sft_args included) makes.
+    `path` when it is missing or holds that start (its train_config.yaml, common/sft_record.py); a start there made
+    with other arguments is never reused in silence: with init.path given (you named the folder) it is used with a
+    warning; at the default folder this run trains (or reuses) the asked-for start in `path`__<hash of its config>
+    instead, and says so."""
+    cfg = run.cfg
+    if not os.path.isdir(path):
+        return path
+    expected = sft_config(sft_command(cfg, path, family)[2:])
+    diff = differences(expected, path)
+    say = (lambda line: print(f"[init] {line}", flush=True)) if run.is_main else (lambda line: None)
+    if diff == []:
+        return path
+    if diff is None:
+        say(f"warning: {path} has no train_config.yaml this code reads, to compare with init.sft_args="
+            f"{list(cfg.init.sft_args)}: using it as it is (init.mode=checkpoint says so and silences this)")
+        return path
+    shown = ", ".join(diff[:4]) + (f" and {len(diff) - 4} more" if len(diff) > 4 else "")
+    if cfg.init.path:
+        say(f"warning: init.path {path} was made with {shown}; using it because init.path names it (leave "
+            f"init.path out to have auto_sft train the start init.sft_args asks for)")
+        return path
+    keyed = keyed_path(path, expected)
+    say(f"{path} was made with {shown}, not what this run's auto-SFT trains (init.sft_args="
+        f"{list(cfg.init.sft_args)}): not reusing it; this run's SFT start is {keyed} "
+        f"(init.mode=checkpoint init.path={path} starts from the other one)")
+    return keyed
 
 
 def _checked(run: Any, policy: Any) -> Any:

@@ -27,8 +27,8 @@ class TokenPolicyConfig:
     num_heads: int = ranged(4, "[1, 1024]")  # tiny preset LM attention heads
     max_text_len: int = ranged(48, "[1, 8192]")  # instruction tokens kept (truncated beyond)
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on the LM attention projections
-    lora_alpha: int = ranged(16, "(0, inf)")
-    lora_dropout: float = ranged(0.0, "[0, 1)")
+    lora_alpha: int = ranged(16, "(0, inf)")  # LoRA scale: the adapter's update is multiplied by alpha / rank
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA adapters' input
     lora_vision: bool = False  # also put LoRA on the vision tower
     bf16: bool = True  # bf16 autocast on CUDA (log-probs are always computed in float32)
 
@@ -56,9 +56,9 @@ class FlowPolicyConfig:
     num_steps: int = ranged(10, "[1, 1000]")  # default Euler steps for sample()
     time_sampling: str = "beta"  # training t: beta (pi0: t = 0.999 * Beta(1.5, 1) + 0.001, favours noisy t) | uniform
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA (see the module docstring)
-    lora_alpha: int = ranged(16, "(0, inf)")
-    lora_dropout: float = ranged(0.0, "[0, 1)")
-    lora_vision: bool = False
+    lora_alpha: int = ranged(16, "(0, inf)")  # LoRA scale: the adapter's update is multiplied by alpha / rank
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA adapters' input
+    lora_vision: bool = False  # also put LoRA on the vision tower
     bf16: bool = True  # bf16 autocast on CUDA
     bf16_weights: bool = False  # frozen weights bf16 except openpi's fp32 set (patch/position embeddings, norms);
                                 # trainable ones fp32 (AdamW master weights); bf16 autocast
@@ -78,8 +78,8 @@ class OpenVLAOFTConfig:
                                                             # resized to 224 when different
     action_chunk: int = ranged(OFT_ACTION_CHUNK, "[1, 64]")  # fixed by the checkpoint (8 x 7 slots)
     lora_rank: int = ranged(0, "[0, 4096]")  # 0 = full fine-tuning; > 0 = LoRA on every linear layer except lm_head
-    lora_alpha: int = ranged(16, "(0, inf)")
-    lora_dropout: float = ranged(0.0, "[0, 1)")
+    lora_alpha: int = ranged(16, "(0, inf)")  # LoRA scale: the adapter's update is multiplied by alpha / rank
+    lora_dropout: float = ranged(0.0, "[0, 1)")  # dropout on the LoRA adapters' input
     bf16_weights: bool = False  # keep the weights in bf16 (the published dtype; OFT's evaluation); False = float32
     bf16: bool = True  # bf16 autocast on CUDA (SimpleVLA-RL's fp32 weights + bf16 compute); log-probs stay float32
     gradient_checkpointing: bool = False
@@ -116,7 +116,7 @@ class EncoderConfig:
 @dataclass
 class ValueHeadConfig:
     hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # the GAE-PPO reference: 4096->1024->512->1
-    dropout: float = ranged(0.0, "[0, 1)")
+    dropout: float = ranged(0.0, "[0, 1)")  # dropout between the value head's layers
 
 
 # family -> (module, policy class, config class, kind); the policy's module is imported on use (models/policy.py
