@@ -650,6 +650,10 @@ def main() -> None:
     p.add_argument("--heldout-seed", type=int, default=0, help="--arms: the seed the held-out states are drawn with")
     p.add_argument("--data-out", default=None, help="--arms: copy every policy's per-episode outcomes (compact "
                                                     "JSON) and the table to <data-out>/<suite>_t<task id>/")
+    p.add_argument("--sft-from", default=None, metavar="FOLDER",
+                   help="start from this saved SFT policy (e.g. the committed "
+                        "docs/data/libero_learning/libero_spatial_t0/sft_start_2026-12-07) instead of training one: "
+                        "copied to <out>/sft once; --demos and --sft-steps must say how it was made")
     p.add_argument("--sft-candidates", type=int, nargs="+", default=None, metavar="STEPS",
                    help="instead of --sft-steps: SFT lengths tried shortest first, the start chosen on the validation "
                         "set by the rule (the first with validation greedy >= --validation-min, else the longest); "
@@ -663,6 +667,10 @@ def main() -> None:
     p.add_argument("--sft-only", action="store_true", help="make (or reuse) the demos and the SFT start, evaluate "
                                                            "it on the --heldout-set and stop (no RL)")
     args = p.parse_args()
+    if args.sft_from and args.sft_candidates:
+        p.error("--sft-from and --sft-candidates: a start is either given or chosen; drop one")
+    if args.sft_from and not os.path.isfile(os.path.join(args.sft_from, "config.json")):
+        p.error(f"--sft-from {args.sft_from}: not a saved policy folder (no config.json)")
     for flag, value in (("--env-steps", args.env_steps), ("--heldout-set", args.heldout_set),
                         ("--demos", args.demos), ("--sft-steps", args.sft_steps)):
         if value < 1:
@@ -689,7 +697,7 @@ def main() -> None:
                      f"{', '.join(f'{k} {settings[k]}' for k in differ)}: give this SFT start its own --out")
     demo_dir = os.path.join(out, "demos")
     files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
-    if not files:
+    if not files and not args.sft_from:
         run([py, "benchmarks/libero_expert.py", "--record", str(args.demos), "--suite", args.suite, "--task-ids",
              str(args.task_id), "--out", demo_dir, "--image-size", str(args.image_size)], os.path.join(out, "demos.log"))
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
@@ -699,6 +707,13 @@ def main() -> None:
         sft = choose_sft(py, out, files[0], args, env)
         if args.sft_only:  # the choice only: the test set scores the start once, beside the arms' final policies
             return
+    elif args.sft_from:  # a committed start (docs/data/...): the runs start from exactly it
+        if not os.path.isdir(sft):
+            import shutil
+
+            shutil.copytree(args.sft_from, sft)
+            with open(made, "w") as f:
+                json.dump({**settings, "copied_from": os.path.abspath(args.sft_from)}, f)
     else:
         make_sft(py, out, sft, os.path.join(out, "sft_run"), files[0], args.sft_steps, args, env, made, "sft")
     if args.arms or args.sft_only:

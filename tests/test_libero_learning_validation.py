@@ -77,3 +77,43 @@ def test_drawn_only_evaluates_no_official_trial(tmp_path):
     assert result["outcomes"]["heldout_set"]["name"] == "tabletop_task0_trialsnone_n3_seed1"
     with pytest.raises(SystemExit, match="add --heldout-set N"):
         evaluate.main(["--checkpoint", WEAK, "--drawn-only"])
+
+
+def test_sft_from_copies_the_committed_start_once_and_records_no_demos(monkeypatch, tmp_path):
+    """--sft-from: the runs start from exactly a saved start (the one committed under docs/data/), copied to
+    <out>/sft once, without recording demos or training; sft_settings.json says where it came from."""
+    m = load_benchmark("libero_learning")
+    start = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0", "sft_start_2026-12-07")
+    called = []
+    monkeypatch.setattr(m, "run", lambda cmd, log: called.append(cmd))
+    monkeypatch.setattr(m, "run_arms", lambda args, out, sft, env, py: called.append(("arms", sft)))
+    monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--suite", "libero_spatial", "--demos", "100",
+                                      "--sft-steps", "1500", "--sft-from", start, "--sft-only", "--out",
+                                      str(tmp_path)])
+    m.main()
+    assert called == [("arms", str(tmp_path / "sft"))]  # no demos recorded, no SFT trained
+    with open(tmp_path / "sft" / "model.safetensors", "rb") as a, open(os.path.join(start, "model.safetensors"),
+                                                                          "rb") as b:
+        assert a.read() == b.read()
+    made = json.loads((tmp_path / "sft_settings.json").read_text())
+    assert made["sft_steps"] == 1500 and made["copied_from"] == start
+
+
+def test_the_committed_start_loads_and_its_outcomes_are_the_docs_numbers():
+    """docs/results.md: the start made again on 2026-12-07 (committed) scores 0.39 greedy / 0.55 sampled on the
+    table's 100-state set (the same sha256 as the lost start's outcomes), the 2-thread SFT 0.34 / 0.50; the start
+    loads as the tiny token policy and carries the provenance of the run that made it."""
+    from common.checkpoint import load_saved_policy
+
+    data = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0")
+    new, two, old = (heldout.read_outcomes(os.path.join(data, f"{n}_outcomes.json"))
+                     for n in ("sft_start_2026-12-07", "sft_2threads_2026-12-07", "sft"))
+    assert new["heldout_set"]["sha256"] == two["heldout_set"]["sha256"] == old["heldout_set"]["sha256"]
+    assert (new["success"]["greedy"], new["success"]["sampled"]) == pytest.approx((0.39, 0.55))
+    assert new["interval"]["greedy"] == pytest.approx([0.30, 0.48])
+    assert (two["success"]["greedy"], two["success"]["sampled"]) == pytest.approx((0.34, 0.50))
+    assert old["success"]["greedy"] == pytest.approx(0.50)
+    policy = load_saved_policy(os.path.join(data, "sft_start_2026-12-07"))
+    assert sum(p.numel() for p in policy.parameters()) > 400_000 and policy.cfg.image_size == 64
+    (entry,) = json.load(open(os.path.join(data, "sft_start_2026-12-07", "provenance.json")))
+    assert entry["dirty"] is False and len(entry["commit"]) == 40
