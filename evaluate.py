@@ -81,6 +81,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=None,
                    help="sampling temperature for --sampled (default 1.0; the rlinf protocol's OpenVLA-OFT "
                         "sampling: 1.6)")
+    p.add_argument("--flow-noise-level", type=float, default=None,
+                   help="a flow policy's --sampled episodes: the exploration noise of its rollouts (the checkpoint's "
+                        "rollout.flow_noise_level, else 0.5); greedy is the deterministic ODE (noise 0). Token "
+                        "policies sample at --temperature instead")
     p.add_argument("--suite", default=None, help="env suite (default: the checkpoint's training suite, else tabletop)")
     p.add_argument("--suites", default=None, help="robustness: 'robustness' (the base suite and all its perturbed "
                    "variants) or a comma list (tabletop,tabletop_lan,...); writes robustness.md/.json/.png and GIFs")
@@ -368,6 +372,17 @@ def heldout_paired(args: argparse.Namespace, suite: str) -> Optional[Dict[str, A
     return {"checkpoint": args.paired, "saved": saved, "practice": practice_trials(saved) if same_suite else 0}
 
 
+def flow_noise_level(args: argparse.Namespace, checkpoint: str, policy) -> Optional[float]:
+    """The exploration noise of a flow policy's sampled episodes: --flow-noise-level, else the run's
+    rollout.flow_noise_level (a FlowSAR run folder), else 0.5; None for a token policy (it samples at a temperature)."""
+    if getattr(policy, "kind", "token") != "flow":
+        return None
+    if args.flow_noise_level is not None:
+        return args.flow_noise_level
+    saved = (saved_train_config(checkpoint).get("rollout") or {}).get("flow_noise_level")
+    return float(saved) if saved else 0.5
+
+
 def heldout_policy_run(args: argparse.Namespace, checkpoint: str, policy, env_cfg: EnvConfig, protocol: Dict[str, Any],
                        task_ids: Sequence[int], hset: Dict[str, Any], set_path: str, temperature: float
                        ) -> Dict[str, Any]:
@@ -381,6 +396,7 @@ def heldout_policy_run(args: argparse.Namespace, checkpoint: str, policy, env_cf
     cfg.image_size = policy.cfg.image_size
     cfg.wrist_camera = env_cfg.wrist_camera or policy.reads_wrist_camera()
     starts, options = heldout.starts_and_options(hset)
+    noise = flow_noise_level(args, checkpoint, policy)
     torch.manual_seed(args.seed)  # every policy's episode i samples from the same generator seed (pipeline below)
     np.random.seed(args.seed)
     vec_env = envs.make_vector_env(cfg, min(cfg.num_envs, len(starts)))
@@ -388,14 +404,16 @@ def heldout_policy_run(args: argparse.Namespace, checkpoint: str, policy, env_cf
     try:
         _, batches = evaluate_policy(vec_env, policy, task_ids, [], samples_per_trial=int(args.sampled),
                                      temperature=temperature, greedy=True, progress=True,
-                                     flow_steps=protocol["flow_steps"], pairs=starts, reset_options=options,
+                                     flow_steps=protocol["flow_steps"], flow_noise_level=noise,
+                                     pairs=starts, reset_options=options,
                                      pipeline=True, desc=f"heldout {os.path.basename(os.path.normpath(checkpoint))}")
     finally:
         vec_env.close()
     return heldout.outcomes(
         hset, set_path, batches, checkpoint=checkpoint, iteration=checkpoint_iteration(checkpoint),
         policy_type=family_of_folder(resolve_policy_dir(checkpoint)), suite=cfg.suite, task_ids=list(task_ids),
-        seed=args.seed, temperature=temperature if args.sampled else None, protocol=protocol["name"],
+        seed=args.seed, temperature=temperature if args.sampled and noise is None else None,
+        flow_noise_level=noise if args.sampled else None, protocol=protocol["name"],
         env={k: getattr(cfg, k) for k in ("suite", "max_steps", "num_steps_wait", "wait_action", "fixture_seed",
                                           "image_size", "fast_render", "wrist_camera")},
         seconds=round(time.time() - t0, 1),
@@ -562,7 +580,8 @@ def _main(args: argparse.Namespace) -> Dict[str, Any]:
     try:
         metrics, batches = evaluate_policy(vec_env, policy, task_ids, trial_ids, samples_per_trial=samples,
                                            temperature=temperature, greedy=not sampled_protocol,
-                                           keep_frames=args.gifs > 0, progress=True, flow_steps=protocol["flow_steps"])
+                                           keep_frames=args.gifs > 0, progress=True, flow_steps=protocol["flow_steps"],
+                                           flow_noise_level=flow_noise_level(args, args.checkpoint, policy) or 0.0)
     finally:
         vec_env.close()
     elapsed = time.time() - t0

@@ -61,6 +61,14 @@ class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and default
 
 
 @dataclass
+class RewardConfig:
+    shuffle: bool = False  # control arm (no signal): the update's outcomes permuted at random among the episodes of
+                           # each task before the credit assignment (FlowSAR's groups are size 1: a task's episodes
+                           # are the group), so the update moves the policy as far but toward no outcome (seeded;
+                           # resumes exactly)
+
+
+@dataclass
 class TrainConfig:
     GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
     iterations: int = ranged(80, "[1, inf)")  # at most this many iterations
@@ -94,6 +102,7 @@ class Config:
     policy: Any = field(default_factory=FlowPolicyConfig)  # policy.type (flow) picks its keys
     init: InitConfig = field(default_factory=lambda: InitConfig(sft_args=["sft.num_demos=20", "sft.augment_shift=0"]))
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=5, samples_per_trial=0))
@@ -113,7 +122,8 @@ import torch
 import torch.nn.functional as F
 
 from common import fsdp
-from common.advantages import as_float, check_ndim, check_same_shape, executed_actions, masked_mean
+from common.advantages import (as_float, check_ndim, check_same_shape, executed_actions, masked_mean,
+                               shuffle_within_groups)
 from common.losses import on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
@@ -341,10 +351,13 @@ if __name__ == "__main__":
             ema.register_buffer(n.replace(".", "__"), p.detach().clone())
         run.state.setdefault("ema_updates", 0)  # i of the linear schedule (restored on resume)
         flow_kwargs = dict(flow_steps=cfg.rollout.flow_steps, flow_noise_level=cfg.rollout.flow_noise_level)
+        if cfg.reward.shuffle:  # the control arm's permutations: its own stream, saved and restored with checkpoints
+            shuffle_rng = run.rngs["shuffle"] = np.random.default_rng([cfg.seed, run.rank, 1])
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema},
                    evaluation=EvalSettings(**flow_kwargs),
                    banner=f" | {alg.flow_sar_loss_variant}, {alg.flow_sar_energy_type}, "
-                          f"{alg.flow_sar_ema_schedule} EMA")
+                          f"{alg.flow_sar_ema_schedule} EMA"
+                          + (" | outcomes shuffled within each task (control)" if cfg.reward.shuffle else ""))
         mb = cfg.train.micro_batch_size
 
         budget = cfg.train.total_timesteps
@@ -395,7 +408,10 @@ if __name__ == "__main__":
             errors = np.zeros(batch.step_mask.shape, np.float32)  # (B, T)
             if len(steps):
                 errors[steps.episode, steps.t] = steps.data["recon_error"]
-            rewards = torch.as_tensor(batch.complete, dtype=torch.float32)
+            outcomes = batch.complete.astype(np.float64)  # R in {0, 1} (rollout/success_rate logs the true ones)
+            if cfg.reward.shuffle:  # control arm: the outcomes permuted among each task's episodes of the update
+                outcomes = shuffle_within_groups(outcomes, np.asarray(batch.task_ids), shuffle_rng)
+            rewards = torch.as_tensor(outcomes, dtype=torch.float32)
             weights, labels = compute_flow_sar_weights(torch.as_tensor(errors).T, rewards, alg.flow_sar_temperature,
                                                        alg.flow_sar_w_min, alg.flow_sar_w_max,
                                                        step_mask=torch.as_tensor(batch.step_mask).T)
@@ -403,7 +419,7 @@ if __name__ == "__main__":
             steps.data["labels"] = labels.numpy()[steps.episode]
             if len(steps):  # how unevenly the credit is spread over an episode's steps (0: uniform)
                 metrics["train/flow_sar_weight_std"] = float(steps.data["weights"].std())
-            success_step = batch.complete[steps.episode]
+            success_step = batch.complete[steps.episode]  # the true outcomes (a control arm credits shuffled ones)
             for name, m in (("success", success_step), ("failure", ~success_step)):
                 if m.any():
                     metrics[f"train/flow_sar_recon_error_{name}"] = float(steps.data["recon_error"][m].mean())

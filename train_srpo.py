@@ -153,7 +153,7 @@ from scipy.special import expit
 from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
-from common.advantages import compute_advantage, make_action_mask, masked_mean
+from common.advantages import compute_advantage, make_action_mask, masked_mean, shuffle_within_groups
 from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -226,17 +226,6 @@ def reward_scope_names(task_names: Sequence[str], group_ids: np.ndarray, prompts
     if scope == "pooled":
         return list(task_names)
     return [f"{name}|{int(g) // prompts}" for name, g in zip(task_names, np.asarray(group_ids).tolist())]
-
-
-def shuffle_within_groups(scores: np.ndarray, group_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """reward.shuffle, the control arm: a copy of `scores` with each group's scores permuted among its episodes by
-    `rng`. Each group keeps its scores, so GRPO's group mean and std, and the advantages as a set, are those of the
-    true scores; only which episode gets which is random."""
-    out = np.array(scores, dtype=np.float64, copy=True)
-    for g in dict.fromkeys(np.asarray(group_ids).tolist()):  # groups in order of first appearance: seeded, stable
-        rows = np.flatnonzero(group_ids == g)
-        out[rows] = out[rows[rng.permutation(len(rows))]]
-    return out
 
 
 def check_config(cfg: Config) -> None:

@@ -223,12 +223,17 @@ ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # b
         "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
         "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
         "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", []),  # + the expert's demos of the practice states
-        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", [])}  # a value head and GAE
+        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", []),  # a value head and GAE
+        # --family flow: the tiny flow policy's arms
+        "flowsar": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", []),  # self-annotated credit
+        "flow_control": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", ["reward.shuffle=true"])}  # no signal
+FLOW_ARMS = ("flowsar", "flow_control")  # the arms that train a flow policy (--family flow); the others a token one
 PRACTICE_TRIALS = 40  # the heldout protocol's practice init states 0..39 on LIBERO (envs/protocols.py): LUFFY's demos
 ITERATION_CAP = 100_000  # train.iterations of an --arms run: the env-step budget stops it first (GAE-PPO's
                          # iterations are 2 episodes, ~300 env steps; the others' >= 32 episodes)
 COMPARISONS = (("grpo", "srpo"), ("grpo", "luffy"), ("grpo", "gae_ppo"),  # (a, b): b - a, when both arms ran
-               ("control", "grpo"), ("control", "srpo"), ("control", "luffy"), ("control", "gae_ppo"))
+               ("control", "grpo"), ("control", "srpo"), ("control", "luffy"), ("control", "gae_ppo"),
+               ("flow_control", "flowsar"))
 
 
 def recipe_temperature(config: str) -> float:
@@ -237,6 +242,18 @@ def recipe_temperature(config: str) -> float:
 
     with open(os.path.join(ROOT, config)) as f:
         return float(yaml.safe_load(f)["rollout"]["temperature"])
+
+
+def sampling(family: str) -> List[str]:
+    """evaluate.py's arguments for the sampled episodes of a `family` policy as its recipe samples: a token policy at
+    the GRPO CPU recipe's temperature, a flow policy at the FlowSAR CPU recipe's exploration noise (its greedy
+    episodes are the deterministic ODE)."""
+    import yaml
+
+    if family == "flow":
+        with open(os.path.join(ROOT, ARMS["flowsar"][1])) as f:
+            return ["--flow-noise-level", f"{float(yaml.safe_load(f)['rollout']['flow_noise_level']):g}"]
+    return ["--temperature", f"{recipe_temperature(ARMS['grpo'][1]):g}"]
 
 
 def budget_reached(runs: str, budget: int):
@@ -251,11 +268,13 @@ def budget_reached(runs: str, budget: int):
 
 
 def sft_header(out: str) -> Dict:
-    """The SFT start's last logged token accuracy and loss (nats per action token) from its run's metrics."""
+    """The SFT start's last logged token accuracy and loss (nats per action token) from its run's metrics; a flow
+    start's flow-matching loss instead."""
     rows = [r for path in sorted(glob.glob(os.path.join(out, "sft_run", "*", "metrics.jsonl")))
-            for r in rows_of(os.path.dirname(path)) if "sft/token_accuracy" in r]
-    return {"token_accuracy": rows[-1]["sft/token_accuracy"] if rows else None,
-            "loss": rows[-1].get("sft/loss") if rows else None}
+            for r in rows_of(os.path.dirname(path)) if "sft/token_accuracy" in r or "sft/flow_mse" in r]
+    last = rows[-1] if rows else {}
+    return {"token_accuracy": last.get("sft/token_accuracy"), "loss": last.get("sft/loss"),
+            "flow_mse": last.get("sft/flow_mse")}
 
 
 def arm_lift(start: Dict, ends: Dict[int, Dict], mode: str) -> Dict:
@@ -312,9 +331,10 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict) -> D
     modes = [m for m in ("greedy", "sampled") if m in start["episodes"]]
     n = start["heldout_set"]["states"]
     acc, loss = header.get("token_accuracy"), header.get("loss")
-    lines = [f"SFT start ({header.get('demos')} demos, {header.get('sft_steps')} steps): token accuracy "
-             + (f"{acc:.2f}" if acc is not None else "?") + ", " + (f"{loss:.2f} nats/token" if loss is not None else
-                                                                    "loss ?") + "; held-out "
+    fit = f"flow-matching loss {header['flow_mse']:.3f}" if header.get("flow_mse") is not None else \
+        "token accuracy " + (f"{acc:.2f}" if acc is not None else "?") + ", " + \
+        (f"{loss:.2f} nats/token" if loss is not None else "loss ?")
+    lines = [f"SFT start ({header.get('demos')} demos, {header.get('sft_steps')} steps): {fit}; held-out "
              + ", ".join(f"{m} {start['success'][m]:.2f} [{start['interval'][m][0]:.2f}, {start['interval'][m][1]:.2f}]"
                          for m in modes)
              + f" over {n} states ({start['heldout_set']['name']})", "",
@@ -390,7 +410,8 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
     low, high = start["interval"]["greedy"]
     ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
                                                f"[{low:.2f}, {high:.2f}]")
-    colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "gae_ppo": "C3", "control": "0.45"}
+    colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "gae_ppo": "C3", "flowsar": "C4", "control": "0.45",
+              "flow_control": "0.7"}
     for i, (arm, seeds) in enumerate(arms.items()):
         color = colors.get(arm, f"C{i + 2}")
         curves = []
@@ -420,9 +441,8 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
     print(f"curves: {path}")
 
 
-def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, temperature: float, paired=None
-                 ) -> Dict:
-    """`evaluate.py --heldout-set N` of one policy (greedy and sampled at the recipe's temperature, official trials
+def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, paired=None) -> Dict:
+    """`evaluate.py --heldout-set N` of one policy (greedy and sampled as its recipe samples, official trials
     40..49 plus drawn states, the set generated once into `set_file`); skipped when its outcomes.json is there and of the same
     training iteration. With `paired` (the start's outcomes.json) it also writes paired.json."""
     from common import heldout
@@ -434,7 +454,7 @@ def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, tem
     os.makedirs(folder, exist_ok=True)
     run([py, "evaluate.py", "--checkpoint", checkpoint, "--heldout-set", str(args.heldout_set), "--heldout-seed",
          str(args.heldout_seed), "--heldout-file", set_file,
-         "--trial-start", "40", "--trials", "10", "--sampled", "--temperature", f"{temperature:g}", "--num-envs", "2",
+         "--trial-start", "40", "--trials", "10", "--sampled", *sampling(args.family), "--num-envs", "2",
          "--gifs", "0", "--out-dir", folder] + (["--paired", paired] if paired else []),
         folder.rstrip("/") + ".log")
     return heldout.read_outcomes(found)
@@ -459,18 +479,17 @@ def arm_order(arms: List[str], seeds: List[int], control_seeds: Optional[List[in
     benchmark stopped part-way has compared the arms on its first seeds (not one arm on all seeds); the control arm
     only on `control_seeds` (default: the first of `seeds`; issue 56 asks for one control run)."""
     control = list(control_seeds) if control_seeds else seeds[:1]
-    order = [(arm, seed) for seed in seeds for arm in arms if arm != "control" or seed in control]
-    return order + [("control", seed) for seed in control if "control" in arms and seed not in seeds]
+    order = [(arm, seed) for seed in seeds for arm in arms if not arm.endswith("control") or seed in control]
+    return order + [(arm, seed) for arm in arms if arm.endswith("control") for seed in control if seed not in seeds]
 
 
 def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     """--arms: each arm x seed from the SFT start at the CPU-scale recipe up to --env-steps (resumed when stopped,
     extended when the budget grows), the SFT start and every final policy on one held-out set, the table, the PNG and
     (--data-out) the outcome files."""
-    temperature = recipe_temperature(ARMS["grpo"][1])
     heldout_dir = os.path.join(out, "heldout", f"n{args.heldout_set}_seed{args.heldout_seed}")
     set_file = os.path.join(heldout_dir, "heldout_set.json")  # generated by the first evaluation, read by the others
-    start = heldout_eval(py, sft, os.path.join(heldout_dir, "sft"), set_file, args, temperature)
+    start = heldout_eval(py, sft, os.path.join(heldout_dir, "sft"), set_file, args)
     header = {**sft_header(out), "demos": args.demos, "sft_steps": args.sft_steps}
     arms: Dict[str, Dict[int, Dict]] = {arm: {} for arm in ([] if args.sft_only else args.arms)}
     for arm, seed in arm_order(list(arms), args.seeds, args.control_seeds):
@@ -490,7 +509,7 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
                  *env, "env.num_envs=2", f"init.path={sft}", *extra, *limits, f"log.output_dir={runs}",
                  f"log.plots_dir={out}/plots"], os.path.join(out, f"cpu_{arm}_s{seed}.log"))
             run_dir = budget_reached(runs, args.env_steps)
-        end = heldout_eval(py, run_dir, os.path.join(heldout_dir, f"{arm}_s{seed}"), set_file, args, temperature,
+        end = heldout_eval(py, run_dir, os.path.join(heldout_dir, f"{arm}_s{seed}"), set_file, args,
                            paired=os.path.join(heldout_dir, "sft", "outcomes.json"))
         arms[arm][seed] = {"outcomes": end, "summary": summary(rows_of(run_dir)), "run_dir": run_dir}
     arms = {arm: dict(sorted(seeds.items())) for arm, seeds in arms.items() if seeds}
@@ -519,10 +538,20 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
                                        for seed, r in seeds.items()}}, args, out)
 
 
+SFT_POLICY = {  # train_sft.py's fresh policy per --family: the tiny token policy of docs/results.md's runs, or a tiny
+    # flow policy of the same width whose sampling is the FlowSAR CPU recipe's (flow-SDE exploration, 4 denoising
+    # steps: a saved policy carries these keys into RL, configs/flowsar_libero_cpu.yaml)
+    "token": ["policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0"],
+    "flow": ["policy.type=flow", "policy.flow.preset=tiny", "policy.flow.hidden_size=128", "policy.flow.num_heads=4",
+             "policy.flow.expert_dim=128", "policy.flow.lora_rank=0", "policy.flow.noise_method=flow_sde",
+             "policy.flow.num_steps=4"],
+}
+
+
 def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: int, args, env: List[str],
              made: str, log: str) -> None:
     """The SFT start in `sft` (skipped when there): `train_sft.py` on the demos for `steps` steps (seed 0, the tiny
-    token policy), its run folder under `run_root`, continued from its newest checkpoint when it was stopped; then
+    policy of --family: SFT_POLICY), its run folder under `run_root`, continued from its newest checkpoint when it was stopped; then
     what made it to `made` (JSON)."""
     if os.path.isdir(sft):
         return
@@ -539,15 +568,15 @@ def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: 
         run([py, "train_sft.py", "--config", "configs/sft_libero.yaml", "--task-id", str(args.task_id), *env,
              "env.num_envs=2", f"sft.demo_paths=[{demo_file}]", f"sft.num_demos={args.demos}",
              f"sft.steps={steps}", "sft.eval_every=0", "sft.checkpoint_every=250", "sft.eval_trials=1",
-             "sft.log_every=50",
-             "policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0",
+             "sft.log_every=50", *SFT_POLICY[args.family],
              f"sft.output_path={sft}", "seed=0", f"log.output_dir={run_root}", f"log.plots_dir={out}/plots"],
             os.path.join(out, f"{log}.log"))
     with open(made, "w") as f:
-        json.dump({"demos": args.demos, "sft_steps": steps, "image_size": args.image_size}, f)
+        json.dump({"demos": args.demos, "sft_steps": steps, "image_size": args.image_size,
+                   **({"family": "flow"} if args.family == "flow" else {})}, f)
 
 
-def validation_eval(py: str, checkpoint: str, folder: str, set_file: str, args, temperature: float) -> Dict:
+def validation_eval(py: str, checkpoint: str, folder: str, set_file: str, args) -> Dict:
     """One policy on the validation set (`evaluate.py --heldout-set --drawn-only`: --validation-set states drawn with
     --validation-seed, no official trial; greedy and sampled); skipped when its outcomes.json is there."""
     from common import heldout
@@ -557,7 +586,7 @@ def validation_eval(py: str, checkpoint: str, folder: str, set_file: str, args, 
         os.makedirs(folder, exist_ok=True)
         run([py, "evaluate.py", "--checkpoint", checkpoint, "--heldout-set", str(args.validation_set),
              "--heldout-seed", str(args.validation_seed), "--drawn-only", "--heldout-file", set_file, "--sampled",
-             "--temperature", f"{temperature:g}", "--num-envs", "2", "--gifs", "0", "--out-dir", folder],
+             *sampling(args.family), "--num-envs", "2", "--gifs", "0", "--out-dir", folder],
             folder.rstrip("/") + ".log")
     return heldout.read_outcomes(found)
 
@@ -584,7 +613,6 @@ def choose_sft(py: str, out: str, demo_file: str, args, env: List[str]) -> str:
     one passes. Writes <out>/sft_choice.json (every candidate's validation success, the rule, the choice); returns the
     chosen start's folder and sets args.sft_steps to its length."""
     check_disjoint(args)
-    temperature = recipe_temperature(ARMS["grpo"][1])
     folder = os.path.join(out, "validation", f"n{args.validation_set}_seed{args.validation_seed}")
     set_file = os.path.join(folder, "validation_set.json")
     scores: Dict[int, Dict] = {}
@@ -593,7 +621,7 @@ def choose_sft(py: str, out: str, demo_file: str, args, env: List[str]) -> str:
         sft = os.path.join(out, "sft_candidates", f"s{steps}")
         make_sft(py, out, sft, os.path.join(out, "sft_candidates", f"s{steps}_run"), demo_file, steps, args, env,
                  os.path.join(out, "sft_candidates", f"s{steps}_settings.json"), f"sft_s{steps}")
-        o = validation_eval(py, sft, os.path.join(folder, f"sft_s{steps}"), set_file, args, temperature)
+        o = validation_eval(py, sft, os.path.join(folder, f"sft_s{steps}"), set_file, args)
         scores[steps] = {m: {"success": o["success"][m], "interval": o["interval"][m]} for m in o["success"]}
         print(f"SFT {steps} steps on the validation set ({args.validation_set} drawn states, seed "
               f"{args.validation_seed}): " + ", ".join(f"{m} {v['success']:.2f} [{v['interval'][0]:.2f}, "
@@ -621,6 +649,9 @@ def main() -> None:
     p.add_argument("--demos", type=int, default=30, help="expert demos recorded and used for SFT")
     p.add_argument("--image-size", type=int, default=64)
     p.add_argument("--sft-steps", type=int, default=1500)
+    p.add_argument("--family", default="token", choices=sorted(SFT_POLICY),
+                   help="the tiny policy SFT trains and RL starts from: token (the grpo/srpo/control/luffy/gae_ppo "
+                        "arms) or flow (the flowsar and flow_control arms); give each family its own --out")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--reward", nargs="+", default=["srpo"], choices=["srpo", "binary"],
                    help="one RL arm each: srpo, binary (plain GRPO)")
@@ -667,6 +698,14 @@ def main() -> None:
     p.add_argument("--sft-only", action="store_true", help="make (or reuse) the demos and the SFT start, evaluate "
                                                            "it on the --heldout-set and stop (no RL)")
     args = p.parse_args()
+    if args.family == "flow" and not (args.arms or args.sft_only):
+        p.error("--family flow: give --arms flowsar flow_control (or --sft-only); --reward runs train_srpo.py's token "
+                "policy")
+    wrong = [a for a in args.arms or [] if (a in FLOW_ARMS) != (args.family == "flow")]
+    if wrong:
+        p.error(f"--arms {' '.join(wrong)}: {'flow' if wrong[0] in FLOW_ARMS else 'token'}-policy arms, but --family "
+                f"{args.family}: run them with --family {'flow' if wrong[0] in FLOW_ARMS else 'token'} (and an --out "
+                f"of their own)")
     if args.sft_from and args.sft_candidates:
         p.error("--sft-from and --sft-candidates: a start is either given or chosen; drop one")
     if args.sft_from and not os.path.isfile(os.path.join(args.sft_from, "config.json")):
@@ -686,7 +725,8 @@ def main() -> None:
                  f"{args.task_id}: give this task its own --out")
     py = sys.executable
     sft = os.path.join(out, "sft")
-    settings = {"demos": args.demos, "sft_steps": args.sft_steps, "image_size": args.image_size}
+    settings = {"demos": args.demos, "sft_steps": args.sft_steps, "image_size": args.image_size,
+                **({"family": "flow"} if args.family == "flow" else {})}
     made = os.path.join(out, "sft_settings.json")  # what the SFT start was made with (folders from before: absent)
     if os.path.isdir(sft) and os.path.isfile(made):
         with open(made) as f:

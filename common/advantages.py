@@ -312,9 +312,22 @@ def compute_advantage(name: str, episode_rewards: torch.Tensor, response_mask: t
     return compute_grpo_outcome_advantage_split(token_level_rewards, response_mask, index, **kwargs)
 
 
+def shuffle_within_groups(scores: np.ndarray, group_ids: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """reward.shuffle, the control arm (train_srpo.py: GRPO's groups; train_flowsar.py: a task's episodes of the
+    update): a copy of `scores` with each group's scores permuted among its episodes by `rng`. Each group keeps its
+    scores, so GRPO's group mean and std, and the advantages as a set, are those of the true scores; only which
+    episode gets which is random."""
+    out = np.array(scores, dtype=np.float64, copy=True)
+    for g in dict.fromkeys(np.asarray(group_ids).tolist()):  # groups in order of first appearance: seeded, stable
+        rows = np.flatnonzero(group_ids == g)
+        out[rows] = out[rows[rng.permutation(len(rows))]]
+    return out
+
+
 __all__: List[str] = [
     "as_float", "check_ndim", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
     "compute_gae", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
     "compute_step_grpo_advantage", "episode_to_token_rewards", "executed_actions", "make_action_mask",
-    "make_response_mask", "masked_mean", "masked_sum",
+    "make_response_mask", "masked_mean", "masked_sum", "shuffle_within_groups",
 ]
+

@@ -304,3 +304,32 @@ def test_arms_seeds_and_states_bootstrap_on_hand_values():
     assert (r["diff"], r["low"], r["high"]) == (0.5, 0.0, 1.0) and (r["seeds_a"], r["seeds_b"]) == (1, 2)
     with pytest.raises(ValueError, match="same states"):
         heldout.arms_seeds_and_states_bootstrap(np.zeros((1, 2)), np.zeros((1, 3)))
+
+
+def test_a_flow_policys_sampled_episodes_explore_at_the_recipes_noise(tmp_path, monkeypatch):
+    """A flow policy's --sampled episodes run at --flow-noise-level (else its run's rollout.flow_noise_level, else 0.5)
+    while greedy stays the deterministic ODE (noise 0); a token policy samples at a temperature (no noise level). The
+    level reaches the rollout and the outcomes record it."""
+    from models.configs import FlowPolicyConfig
+    from models.flow_policy import FlowPolicy
+
+    ns = SimpleNamespace
+    assert evaluate.flow_noise_level(ns(flow_noise_level=0.3), WEAK, ns(kind="token")) is None
+    assert evaluate.flow_noise_level(ns(flow_noise_level=0.3), WEAK, ns(kind="flow")) == 0.3
+    torch.manual_seed(0)
+    FlowPolicy(FlowPolicyConfig(hidden_size=32, num_layers=1, num_heads=2, expert_dim=32)).save(str(tmp_path / "flow"))
+    assert evaluate.flow_noise_level(ns(flow_noise_level=None), str(tmp_path / "flow"), ns(kind="flow")) == 0.5
+    seen = []
+    real = evaluate.evaluate_policy
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["flow_noise_level"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluate, "evaluate_policy", spy)
+    result = evaluate.main(["--checkpoint", str(tmp_path / "flow"), "--heldout-set", "4", "--trial-start", "46",
+                            "--sampled", "--flow-noise-level", "0.7", "--max-steps", "8", "--heldout-file",
+                            str(tmp_path / "set.json"), "--out-dir", str(tmp_path / "out"), "--gifs", "0"])
+    o = result["outcomes"]
+    assert seen == [0.7] and o["flow_noise_level"] == 0.7 and o["temperature"] is None
+    assert [len(o["episodes"][m]) for m in ("greedy", "sampled")] == [4, 4]

@@ -1,5 +1,7 @@
 """benchmarks/libero_learning.py's table: start / best / mean of the last three evaluations, env steps and wall time,
 from hand-made metrics rows (what train_srpo.py writes), and its PNG."""
+import sys
+
 import pytest
 
 from tests.scripts import ROOT, load_benchmark
@@ -249,6 +251,24 @@ def test_the_arms_run_seed_by_seed_and_the_control_on_one_seed():
     assert m.arm_order(["grpo", "control"], [1, 2], [2, 5]) == [("grpo", 1), ("grpo", 2), ("control", 2),
                                                                 ("control", 5)]
     assert m.arm_order(["srpo"], [4, 1], [9]) == [("srpo", 4), ("srpo", 1)]
+    # the flow family's control (FlowSAR with its outcomes shuffled) follows --control-seeds as the token one does
+    assert m.arm_order(["flowsar", "flow_control"], [1, 2], [1, 2, 3]) == [
+        ("flowsar", 1), ("flow_control", 1), ("flowsar", 2), ("flow_control", 2), ("flow_control", 3)]
+
+
+def test_each_family_samples_as_its_recipe_and_takes_only_its_arms(monkeypatch, tmp_path, capsys):
+    """Held-out sampled episodes: a token policy at the GRPO CPU recipe's temperature, a flow policy at the FlowSAR CPU
+    recipe's exploration noise; a flow arm with the token family (or the reverse) is refused in one line."""
+    m = load_benchmark("libero_learning")
+    assert m.sampling("token") == ["--temperature", "0.5"]
+    assert m.sampling("flow") == ["--flow-noise-level", "0.5"]
+    assert m.ARMS["flow_control"][2] == ["reward.shuffle=true"] and set(m.FLOW_ARMS) == {"flowsar", "flow_control"}
+    for family, arm in (("token", "flowsar"), ("flow", "grpo")):
+        monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--family", family, "--arms", arm, "--out",
+                                          str(tmp_path)])
+        with pytest.raises(SystemExit):
+            m.main()
+        assert f"--arms {arm}:" in capsys.readouterr().err
 
 
 def test_docs_real_libero_arms_rows_from_the_committed_outcomes():

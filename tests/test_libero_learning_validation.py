@@ -28,7 +28,7 @@ def fake_chain(monkeypatch, tmp_path, greedy_by_steps):
         trained.append(steps)
         os.makedirs(sft, exist_ok=True)
 
-    def validation_eval(py, checkpoint, folder, set_file, args, temperature):
+    def validation_eval(py, checkpoint, folder, set_file, args):
         steps = int(os.path.basename(checkpoint)[1:])
         assert args.validation_seed != args.heldout_seed and "validation" in folder
         g = greedy_by_steps[steps]

@@ -36,6 +36,17 @@ def pi0_folder(tmp_path):
             "env.image_size=64"]
 
 
+def tiny_flow(tmp_path):
+    """A tiny flow policy as libero_learning.py --family flow's SFT saves one (flow-SDE, 4 denoising steps, 64 px,
+    8-action chunks), untrained: the init arguments."""
+    from models.configs import FlowPolicyConfig
+    from models.flow_policy import FlowPolicy
+
+    FlowPolicy(FlowPolicyConfig(hidden_size=32, num_layers=1, num_heads=2, expert_dim=32, noise_method="flow_sde",
+                                num_steps=4)).save(str(tmp_path / "flow"))
+    return ["init.mode=checkpoint", f"init.path={tmp_path}/flow"]
+
+
 def luffy_demos(tmp_path):
     """Two HDF5 demos of libero_spatial task 0 from LIBERO's own starts (12 open-gripper no-ops: replayed, they fail
     and are dropped, as tests/test_train_luffy.py's): the demos argument."""
@@ -85,6 +96,11 @@ CASES = {
                                                                    "train.mini_batch_size=4",
                                                                    "train.micro_batch_size=4"],
                                   {"rollout/env_steps": 40, "train/optimizer_steps": 8}),
+    # the CPU arm (tiny flow policy): 2 prompts x n 1 x 4 chunk-steps (32 / 8) = 8 grid rows in mini-batches of 4, 4
+    # epochs: 8 steps (the config's 800 rows / 267 scaled); flow-SDE exploration at 0.5
+    "flowsar_libero_cpu.yaml": ("train_flowsar.py", tiny_flow, ["env.max_steps=32", "rollout.prompts_per_iteration=2",
+                                                                "train.mini_batch_size=4", "train.micro_batch_size=4"],
+                                {"rollout/env_steps": 64, "train/optimizer_steps": 8}),
     # 2 demo prompts x (2 rollouts + 1 demo, dropped: it fails on replay) = 4 trajectories in mini-batches of 2
     "luffy_libero.yaml": ("train_luffy.py", luffy_demos, [*OFT, "policy.lora_rank=4", "env.max_steps=32",
                                                           "rollout.n=3", "rollout.prompts_per_iteration=2",

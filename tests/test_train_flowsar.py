@@ -98,12 +98,16 @@ def load_tensors(path):
     return load_file(path)
 
 
-def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path):
+@pytest.mark.parametrize("control", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path, control):
     """3 iterations straight vs 2 + --resume 1: the policy and theta_old (modules/ema.safetensors) are bitwise equal;
-    the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's train/flow_sar_* metrics are logged."""
+    the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's train/flow_sar_* metrics are logged.
+    The control arm (reward.shuffle: outcomes permuted among the task's episodes) resumes its permutations too."""
     common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2",
-              "algorithm.flow_sar_loss_variant=softplus_kl", "algorithm.flow_sar_ema_schedule=linear"]  # the seed's
-    run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
+              "algorithm.flow_sar_loss_variant=softplus_kl", "algorithm.flow_sar_ema_schedule=linear",  # the seed's
+              f"reward.shuffle={str(control).lower()}"]
+    out = run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
+    assert ("outcomes shuffled within each task (control)" in out.stdout) == control
     run([*common, "train.iterations=2", "log.run_name=resumed"], tmp_path)
     resumed_dir = str(tmp_path / "runs" / "resumed")
     assert sorted(os.listdir(os.path.join(resumed_dir, "checkpoints"))) == ["iter_000001", "iter_000002"]

@@ -285,7 +285,7 @@ def test_reward_shuffle_permutes_scores_within_groups_so_advantages_are_a_permut
     import torch
 
     from common.advantages import compute_advantage
-    from train_srpo import shuffle_within_groups
+    from common.advantages import shuffle_within_groups
 
     scores = np.array([1.0, 0.0, 0.0, 0.0, 0.2, 1.0, 1.0, 0.2])
     groups = np.array([3, 3, 3, 3, 7, 7, 7, 7])
