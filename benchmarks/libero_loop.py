@@ -16,6 +16,11 @@
    (physics + render, resets, idle workers, the policy's share), reward, update, evaluation.
 3. A policy as slow as the physics (--latency-ms physics, as rollout_pipeline.py): the rollout alone (no update),
    blocks against streaming, with the stand-in sleeping that long per call.
+4. With --sft and --heldout N: the held-out evaluation as `evaluate.py --heldout-set N` runs it (`evaluate_policy` on
+   the set's states, greedy then sampled, streamed), in this process: its env steps/s with the simulator builds left
+   out, against a ceiling measured just before and after it.
+The last lines sum up what issue 71 asks of the loop from an SFT start (episodes that end early): training + in-run
+evaluation end to end, the in-run evaluation alone and the held-out evaluation, each / its ceiling (goal >= 0.85).
 Every figure is read against a ceiling measured in the same run (each training run's against the mean of two taken
 just before and just after it, as a shared machine's load drifts): compare the ratios, not the seconds. Needs real
 LIBERO; --sft is an SFT folder (benchmarks/libero_learning.py makes one), else the policy starts from scratch (every
@@ -109,6 +114,36 @@ def rollout_rates(args) -> Dict[str, float]:
     return out
 
 
+def heldout_rate(args, tmp: str) -> Dict[str, float]:
+    """Part 4: the SFT policy on --heldout N states (official trials 40..49 and drawn ones, held-out seed 0), greedy
+    and sampled at T 0.5, as evaluate.py --heldout-set runs them; env steps/s without the simulator builds."""
+    import torch
+
+    from common import heldout
+    from common.checkpoint import load_saved_policy
+    from common.evaluation import evaluate_policy
+    from envs import make_vector_env
+
+    policy = load_saved_policy(args.sft)
+    cfg = env_config(args, args.workers)
+    hset, _, _ = heldout.load_or_build(os.path.join(tmp, "heldout_set.json"), cfg, [args.task_id],
+                                       list(range(40, 50)), args.heldout, 0)
+    starts, options = heldout.starts_and_options(hset)
+    env = make_vector_env(cfg)
+    try:
+        torch.manual_seed(0)
+        t0 = time.perf_counter()
+        _, batches = evaluate_policy(env, policy, [args.task_id], [], samples_per_trial=1, temperature=0.5,
+                                     greedy=True, pairs=starts, reset_options=options, pipeline=True)
+        wall = time.perf_counter() - t0
+    finally:
+        env.close()
+    steps = sum(b.stats["rollout/env_steps"] for b in batches.values())
+    build = sum(b.stats["time/rollout_build_s"] for b in batches.values()) / args.workers
+    success = {m: float(b.complete.mean()) for m, b in batches.items()}
+    return {"steps": steps, "wall": wall, "build": build, "rate": steps / (wall - build), **success}
+
+
 def train_command(args, pipeline: bool, out_dir: str) -> List[str]:
     """train_srpo.py at benchmarks/libero_learning.py's CPU-scale setting."""
     init = ["init.mode=checkpoint", f"init.path={args.sft}"] if args.sft else \
@@ -165,6 +200,11 @@ def profile_run(args, pipeline: bool, tmp: str) -> Dict[str, float]:
     return p
 
 
+def eval_rate(p: Dict[str, float]) -> float:
+    """The in-run evaluations' env steps per second of their wall time, the simulator builds left out."""
+    return p["eval_steps"] / max(p["eval"] - p["eval_build"], 1e-9)
+
+
 def print_profiles(profiles: Dict[str, Dict[str, float]]) -> None:
     names = list(profiles)
     print("\n| seconds (share of the process's wall) | " + " | ".join(names) + " |")
@@ -192,6 +232,9 @@ def print_profiles(profiles: Dict[str, Dict[str, float]]) -> None:
             ("rollout alone, builds left out", lambda p: p["train_steps"], lambda p: p["rollout"] - p["build"])):
         rates = [(steps_of(profiles[n]) / secs_of(profiles[n]), profiles[n]["ceiling"]) for n in names]
         print(f"| {label} | " + " | ".join(f"{r:.1f} = **{r / c:.0%}** of the ceiling" for r, c in rates) + " |")
+    print("| in-run evaluation env steps/s, builds left out | " + " | ".join(
+        f"{eval_rate(profiles[n]):.1f} = **{eval_rate(profiles[n]) / profiles[n]['ceiling']:.0%}** of the ceiling"
+        for n in names) + " |")
     for label, keys, less in (("workers' time stepping, process wall (load-robust: the run's own stepping rate)",
                                 ("physics", "eval_physics"), ()),
                                ("the same, steady state", ("physics", "eval_physics"),
@@ -226,6 +269,8 @@ def main() -> None:
     p.add_argument("--ceiling-episodes", type=int, default=2, help="episodes per worker for the ceiling")
     p.add_argument("--latency-ms", nargs="*", default=["physics"], help="stand-in policy latencies (ms or physics)")
     p.add_argument("--modes", nargs="+", default=["blocks", "streamed"], choices=["blocks", "streamed"])
+    p.add_argument("--heldout", type=int, default=0, metavar="N",
+                   help="with --sft: also time the held-out evaluation of N states (evaluate.py --heldout-set N)")
     args = p.parse_args()
     print(f"# {args.suite} task {args.task_id}, {args.image_size} px, {args.workers} workers, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
@@ -240,9 +285,26 @@ def main() -> None:
             profiles[f"{mode} (env.pipeline={str(mode == 'streamed').lower()})"] = p
             print(f"{mode}: {p['wall']:.0f} s; ceiling {before:.1f} before, {after:.1f} after; load average "
                   f"{os.getloadavg()[0]:.1f}", flush=True)
+        held = None
+        if args.sft and args.heldout:
+            before = ceiling(args)
+            held = heldout_rate(args, tmp)
+            held["ceiling"] = (before + ceiling(args)) / 2
+            print(f"held-out evaluation: {held['steps']:.0f} env steps in {held['wall']:.0f} s ({held['build']:.0f} s "
+                  f"building the simulators), greedy {held['greedy']:.2f}, sampled {held['sampled']:.2f}; "
+                  f"ceiling {held['ceiling']:.1f}", flush=True)
     print(f"\n# load average {os.getloadavg()[0]:.1f} at end; the ceiling of each column: the mean of the two "
           f"measured just before and after its run")
     print_profiles(profiles)
+    streamed = next((q for n, q in profiles.items() if n.startswith("streamed")), None)
+    if streamed is not None:  # issue 71's three ratios, each against the ceiling measured around it
+        print(f"\nend to end (training + in-run evaluation, process wall) / ceiling: "
+              f"{(streamed['train_steps'] + streamed['eval_steps']) / streamed['wall'] / streamed['ceiling']:.2f} "
+              f"(goal >= 0.85)")
+        print(f"in-run evaluation (builds left out) / ceiling: {eval_rate(streamed) / streamed['ceiling']:.2f} "
+              f"(goal >= 0.85)")
+    if held is not None:
+        print(f"held-out evaluation (builds left out) / ceiling: {held['rate'] / held['ceiling']:.2f} (goal >= 0.85)")
 
 
 if __name__ == "__main__":
