@@ -113,8 +113,8 @@ import torch
 import torch.nn.functional as F
 
 from common import fsdp
-from common.advantages import as_float, check_ndim, check_same_shape, executed_actions, masked_mean
-from common.losses import on_host
+from common.advantages import executed_actions
+from common.masking import as_float, check_ndim, check_same_shape, masked_mean, on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run

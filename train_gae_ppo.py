@@ -147,7 +147,9 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import compute_gae, executed_actions, make_action_mask, masked_mean
+from common.advantages import compute_gae, executed_actions, make_action_mask
+from common.checkpoint import module_file
+from common.masking import masked_mean
 from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
@@ -308,10 +310,10 @@ if __name__ == "__main__":
     exit_on_bad_config(check_config, cfg)
     with start_run(cfg, "gae_ppo") as run:
         device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
-        if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, "modules",
-                                                                            "value_head.safetensors")):
-            raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
-                              f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
+        value_file = module_file("value_head")  # where a checkpoint keeps the value head
+        if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, value_file)):
+            raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head ({value_file}) "
+                              f"but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
         flow = action_kind(cfg.policy.type) == "flow"  # the flow-SDE step's density is the log-prob, else tokens'
         policy = shard_policy(run, initial_policy(run, "flow" if flow else "token"))  # train.strategy
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init

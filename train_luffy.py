@@ -129,10 +129,11 @@ if __name__ == "__main__":
 import numpy as np
 import torch
 
-from common.advantages import check_same_shape, compute_advantage, make_action_mask, masked_mean, masked_sum
+from common.advantages import compute_advantage, make_action_mask
 from common.demos import load_hdf5_demos, rollout_demos
 from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
-from common.losses import agg_loss, on_host
+from common.losses import agg_loss
+from common.masking import check_same_shape, masked_mean, masked_sum, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy

@@ -153,9 +153,10 @@ from scipy.special import expit
 from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
-from common.advantages import compute_advantage, make_action_mask, masked_mean
+from common.advantages import compute_advantage, make_action_mask
 from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
+from common.masking import masked_mean
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy

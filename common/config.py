@@ -20,7 +20,8 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
 from common.scripts import SCRIPTS, script_file  # noqa: F401 - script_file re-exported
-from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials, ranged  # noqa: F401 - re-exported
+from base.config_fields import ConfigError, ranged  # noqa: F401 - re-exported
+from envs.suites import EnvConfig, check_env_config, num_trials  # noqa: F401 - re-exported
 from common import memory_plan, yaml_safe
 from models.configs import FAMILIES, config_class
 

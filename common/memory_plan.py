@@ -43,7 +43,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 from models.memory import Model, Stack
 
 GIB = 2 ** 30

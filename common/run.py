@@ -52,8 +52,8 @@ import numpy as np
 import torch
 
 from common import fsdp, memory_plan, provenance, threads
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states,
-                               untrusted_message)
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_run_checkpoint,
+                               read_rng_state, read_rng_states, save_run_checkpoint, untrusted_message)
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
 from common.evaluation import eval_trials, evaluate_policy
@@ -256,8 +256,8 @@ class Run:
         self.evaluation = evaluation if evaluation is not None else EvalSettings()
         if self.resume_path is not None:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
-                self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
-                                                                   self._tracked["modules"], rank=self.rank)
+                self.start_iteration, extra = load_run_checkpoint(self.resume_path, policy, optimizers, schedulers,
+                                                              self._tracked["modules"], rank=self.rank)
             except (ValueError, CheckpointError) as e:  # a corrupt file: one line naming it, not a full disk
                 raise ConfigError(str(e)) from None
             saved_rng = read_rng_state(self.resume_path, self.rank)
@@ -421,10 +421,10 @@ class Run:
         self._saving = True
         error = path = None
         try:
-            path = fsdp.save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
-                                        t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
-                                        extra={"run_name": self.run_name, "state": self.state},
-                                        keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+            path = save_run_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
+                                       t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
+                                       extra={"run_name": self.run_name, "state": self.state},
+                                       keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
         except CheckpointError as e:
             error = str(e)
         finally:

@@ -15,7 +15,7 @@ import pytest
 import envs
 from common.demos import load_hdf5_demos, select_task_demos
 from envs import EnvConfig
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 
 OBJECT_0 = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
 OBJECT_1 = "pick_up_the_cream_cheese_and_place_it_in_the_basket"

@@ -74,7 +74,6 @@ class ToyFolder:
 
 class ToyPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyConfig
-    kind = "token"
 
     def __init__(self, cfg=None, action_tokenizer=None):
         super().__init__()
@@ -169,7 +168,6 @@ class ToyFlowConfig:
 
 class ToyFlowPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyFlowConfig
-    kind = "flow"
 
     def __init__(self, cfg=None, action_tokenizer=None):
         super().__init__()
