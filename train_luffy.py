@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from common import memory_plan
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig, max_steps
@@ -89,12 +90,12 @@ class TrainConfig:
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
+    update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (LUFFY's mini-batches of responses)
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
                                                            # with train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
@@ -117,6 +118,10 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy and the update's batches (no other model)."""
+        return memory_plan.rl_parts(self, world, "train_luffy.py")
+
 
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
@@ -125,6 +130,7 @@ if __name__ == "__main__":
                     resumable=RESUMABLE + ("train.total_timesteps",), flags={
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)")})
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
@@ -376,7 +382,7 @@ if __name__ == "__main__":
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
-        mb, alg = cfg.train.ppo_micro_batch_size, cfg.algorithm
+        mb, alg = cfg.train.micro_batch_size, cfg.algorithm
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
         warned_short = False  # env.max_steps too short for the demos: said once
 
@@ -512,8 +518,8 @@ if __name__ == "__main__":
             if sum(kept_counts) > 0:
                 with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
                     by_trajectory = cfg.train.mini_batch_unit == "trajectory"
-                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                               cfg.train.ppo_epochs, run.gather,
+                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.mini_batch_size,
+                                               cfg.train.update_epochs, run.gather,
                                                episodes=steps.episode if by_trajectory and steps else None):
                         optimizer.zero_grad(set_to_none=True)
                         micro = micro_batches(steps, mb_inds, mb, pad)

@@ -145,7 +145,7 @@ class Run:
         acc = self.accelerator
         self.is_main, self.rank, self.world, self.device = (acc.is_main_process, acc.process_index,
                                                             acc.num_processes, acc.device)
-        memory_plan.check(cfg, script, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
+        memory_plan.check(cfg, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
         self.threads = threads.set_threads(getattr(cfg.train, "threads", 0), self.world, self.device.type)
         if hasattr(cfg.train, "threads"):  # the count chosen goes in config.yaml: a resume reads it back
             cfg.train.threads = self.threads[0]
