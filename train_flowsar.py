@@ -333,7 +333,8 @@ def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module,
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
         policy = fsdp.shard_policy(run, initial_policy(run, "flow"))  # train.strategy
@@ -355,6 +356,7 @@ if __name__ == "__main__":
         mb = cfg.train.micro_batch_size
 
         budget = cfg.train.total_timesteps
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -368,7 +370,8 @@ if __name__ == "__main__":
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
                                      desc=f"rollout {iteration}", **flow_kwargs)
             metrics["time/rollout"] = time.perf_counter() - t0
-            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.should_stop():  # a safe stop point, before the update
                 break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
@@ -451,7 +454,7 @@ if __name__ == "__main__":
                             flow_t=part.tensor("flow_t", device), element_mask=ran)
                         (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's rows
                         logged = loss_metrics if weight else logged
-                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip, policy=policy)
                     if logged is not None:  # this process's last micro-batch's loss terms and the gradient norm
                         for k, v in {**logged, "grad_norm": grad_norm}.items():
                             stats.setdefault(k, []).append(v)
@@ -473,6 +476,7 @@ if __name__ == "__main__":
             #    fsdp: in shards/); stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "train/flow_sar_loss",
                                                       "train/flow_sar_E_pos", "train/flow_sar_E_neg",

@@ -161,6 +161,7 @@ from common.checkpoint import module_file
 from common.masking import masked_mean
 from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
+from common import fsdp
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
@@ -316,7 +317,8 @@ def save_update_png(run, done: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "gae_ppo") as run:
         device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
         value_file = module_file("value_head")  # where a checkpoint keeps the value head
@@ -340,6 +342,7 @@ if __name__ == "__main__":
         temp, mb, budget = cfg.rollout.temperature, cfg.train.micro_batch_size, cfg.train.total_timesteps
         noise = cfg.rollout.flow_noise_level
 
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -354,7 +357,8 @@ if __name__ == "__main__":
                                      flow_noise_level=noise, keep_chain=True, progress=run.is_main,
                                      desc=f"rollout {iteration}")  # keep_chain: what a flow update recomputes
             metrics["time/rollout"] = time.perf_counter() - t0
-            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.should_stop():  # a safe stop point, before the update
                 break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
@@ -504,6 +508,7 @@ if __name__ == "__main__":
                     if move_actor:
                         stats["grad_norm"].append(actor_norm)
                         actor_opt.step()
+                        fsdp.after_step(policy)  # fsdp: the gathered weights from the new shards
                         actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = actor_sched.get_last_lr()[0]  # the policy's learning rate, as in every script
@@ -515,6 +520,7 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
                                                       "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
                                                       "train/value_loss", "train/explained_variance",

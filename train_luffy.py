@@ -368,7 +368,8 @@ def load_libero_prompts(cfg: Config) -> List[dict]:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
@@ -387,6 +388,7 @@ if __name__ == "__main__":
         warned_short = False  # env.max_steps too short for the demos: said once
 
         budget = cfg.train.total_timesteps
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -419,8 +421,9 @@ if __name__ == "__main__":
                 demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
                                            demo_actions, reset_options) if n_off else None
                 round_metrics: dict = {}
-                if run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
-                                       round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
+                                       round_metrics, time.perf_counter() - t0)
+                if run.should_stop():  # a safe stop point per round
                     break
                 env_steps += round_metrics["rollout/env_steps"]
 
@@ -534,7 +537,7 @@ if __name__ == "__main__":
                                 if k in out and weight:
                                     stats[k].append(out[k].detach())  # read once after the update: no host sync
                         stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
-                                                                 cfg.train.grad_clip))
+                                                                 cfg.train.grad_clip, policy=policy))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))
@@ -543,6 +546,7 @@ if __name__ == "__main__":
             # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
                                                       "val/success_rate", "val/sampled_success_rate",
                                                       "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",

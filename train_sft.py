@@ -146,8 +146,7 @@ def parse(argv: Optional[List[str]] = None) -> Config:
     """The config from configs/sft.yaml + the command line, checked: a bad value exits with one line."""
     cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__, argv, script="train_sft",
                             resumable=("resume", "log.", "sft.output_path"))
-    exit_on_bad_config(check_config, cfg)
-    return cfg
+    return exit_on_bad_config(check_config, cfg)  # values checked: the config the run uses
 
 
 # the command line before the imports below: --help and a bad value answer in ~1 s (torch takes seconds to load)
@@ -364,7 +363,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
                     loss, info = policy.sft_loss(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm)
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm, policy=policy)
                     for k, v in {**info, "train/grad_norm": float(grad_norm),
                                  "train/lr": scheduler.get_last_lr()[0]}.items():
                         window.setdefault(k, []).append(float(v))

@@ -285,10 +285,11 @@ def cosine_resume_note(run_dir: str, iterations: int) -> Optional[str]:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
     note = cfg.resume and cfg.train.lr_schedule == "cosine" and cosine_resume_note(cfg.resume, cfg.train.iterations)
     if note:
         print(note, flush=True)
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "srpo") as run:
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
@@ -307,6 +308,7 @@ if __name__ == "__main__":
         temp, mb = cfg.rollout.temperature, cfg.train.micro_batch_size
         P, agg, budget = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode, cfg.train.total_timesteps
 
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -328,7 +330,8 @@ if __name__ == "__main__":
                                          desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
                 batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
                 round_metrics: dict = {}
-                if run.count_env_steps(batch, round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)
+                if run.should_stop():  # a safe stop point per round
                     break
                 env_steps += round_metrics["rollout/env_steps"]
                 task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
@@ -482,7 +485,7 @@ if __name__ == "__main__":
                             if cfg.algorithm.use_kl_loss:
                                 stats["kl_loss"].append(kl_loss.detach())
                         stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
-                                                                 cfg.train.grad_clip, lr_scale=lr_scale))
+                                                                 cfg.train.grad_clip, lr_scale, policy))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0] * lr_scale
             metrics.update(mean_stats(stats))
@@ -491,6 +494,7 @@ if __name__ == "__main__":
             # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "sampling/kept_fraction",
                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",

@@ -227,7 +227,7 @@ def part_fsdp(offload, micro=4):
              gpu_allocated_gib=round(torch.cuda.memory_allocated() / 2 ** 30, 2))
 
     def step():
-        optimizer_step(run, params, opt, sched, max_norm=1.0)
+        optimizer_step(run, params, opt, sched, max_norm=1.0, policy=policy)
         opt.zero_grad(set_to_none=True)
 
     with fsdp.sharded(policy):  # the update mode: layers gathered one by one in forward and backward

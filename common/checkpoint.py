@@ -520,19 +520,19 @@ def save_run_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: D
                         gather: Optional[Any] = None, **kwargs: Any) -> Optional[str]:
     """A run's checkpoint, its policy sharded or not (every script's checkpoint goes through it, common/run.py Run.save;
     the one place that asks common/fsdp.py for shards). Not sharded: process 0 writes everything (`save_checkpoint`),
-    other processes return None at once. Sharded (every process calls it, with `gather`, in the rollout mode): the
-    full weights are gathered parameter by parameter into a CPU copy on process 0, which writes policy/ from it;
-    every process writes into shards/ its shards of the trainable weights, of the optimizers that step them and of
-    the modules that hold shards (`fsdp.holds_dtensors`); the rest is written as under ddp, and the weights are gathered again after (a failed write too). `kwargs`: save_checkpoint's config,
-    extra, keep_last, rng_states."""
+    other processes return None at once. Sharded (every process calls it, with `gather`, in the rollout mode): the full
+    weights are gathered parameter by parameter into a CPU copy on process 0, which writes policy/ from it; every
+    process writes into shards/ its shards of the trainable weights, of the optimizers that step them and of the modules
+    that hold shards (`fsdp.holds_dtensors`); the rest is written as under ddp, and the weights are gathered again after
+    (a failed write too). `kwargs`: save_checkpoint's config, extra, keep_last, rng_states."""
     if not fsdp.is_sharded(policy):
         return save_checkpoint(run_dir, iteration, policy, optimizers, schedulers, modules, **kwargs) \
             if rank == 0 else None
     sharded_opts = {k: o for k, o in optimizers.items() if fsdp.holds_shards(policy, o)}
     held = {k: m for k, m in (modules or {}).items() if fsdp.holds_dtensors(m)}
     # an optimizer that never stepped (no update yet: dynamic sampling kept no group) has no state to shard; torch's
-    # get_optimizer_state_dict would make some with a zero-lr step (whose post-hook gathers the weights mid-save)
-    # and its AdamW step count 1 would make the resumed run differ: it is recorded as fresh instead
+    # get_optimizer_state_dict would make some with a zero-lr step, and its AdamW step count 1 would make the resumed
+    # run differ: it is recorded as fresh instead
     fresh = sorted(k for k, o in sharded_opts.items() if not o.state)
 
     def write_shards(folder: str) -> None:

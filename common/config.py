@@ -6,6 +6,7 @@ unknown key or wrong type into a one-line `ConfigError` naming the key, the file
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import inspect
 import os
@@ -255,8 +256,8 @@ def check_ranges(cfg: Any, prefix: str = "") -> None:
 def check_run_config(cfg: Any) -> None:
     """ConfigError (one line with the fix) for the env/rollout/train/eval/log keys every RL script shares (the one
     update vocabulary: train.update_epochs, mini_batch_size, micro_batch_size, mini_batch_unit, strategy; rollout.
-    train_trials), every key's range (declared beside its field), and unknown task ids. Reads the suites' static facts (envs/suites.py): no simulator
-    is imported."""
+    train_trials), every key's range (declared beside its field), and unknown task ids. Reads the suites' static facts
+    (envs/suites.py): no simulator is imported."""
     check_ranges(cfg)
     if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
         raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
@@ -466,11 +467,12 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
     return cfg
 
 
-def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
-    """Run a script's value checks on its parsed config; a bad value exits with one line (`error: ...`) naming the
-    fix, no traceback. The checks resolve eval.protocol in place (apply_protocol): every key that changed is printed
-    first, `key: given -> used` (the main process only), and the resolved config is the one the run saves and a
-    resume reads."""
+def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> T:
+    """A script's value checks run on a copy of its parsed config, which is returned: the checks resolve eval.protocol
+    (apply_protocol: keys left at their defaults take the protocol's values), and every key that changed is printed,
+    `key: given -> used` (the main process only); the returned config is the one the run saves and a resume reads. A
+    bad value exits with one line (`error: ...`) naming the fix, no traceback."""
+    cfg = copy.deepcopy(cfg)
     before = flatten_config(cfg) if is_dataclass(cfg) else {}
     try:
         check(cfg)
@@ -479,6 +481,7 @@ def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
     lines = resolved_lines(before, cfg)
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
+    return cfg
 
 
 def resolved_lines(before: Dict[str, Any], cfg: Any) -> List[str]:

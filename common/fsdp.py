@@ -28,12 +28,12 @@ weights stay gathered through the update too (a few % of a VLA's weights) and ar
 optimizer step.
 
 Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp; every script saves and resumes
-through its `save_run_checkpoint` / `load_run_checkpoint`, which ask this module for the shards under fsdp): `policy/` holds the full weights (the fp32
-master copy where the policy keeps fp32 weights, as under ddp), written by process 0 from a CPU copy gathered
-parameter by parameter (`DTensor.full_tensor`; one process loads the folder: evaluate.py, init.path); `shards/` is a
-torch.distributed.checkpoint folder where every process writes its own shards of the trainable weights, of the
-optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`), which a resume at the same
-world size reads back into place (`load_shards`).
+through its `save_run_checkpoint` / `load_run_checkpoint`, which ask this module for the shards under fsdp): `policy/`
+holds the full weights (the fp32 master copy where the policy keeps fp32 weights, as under ddp), written by process 0
+from a CPU copy gathered parameter by parameter (`DTensor.full_tensor`; one process loads the folder: evaluate.py,
+init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
+trainable weights, of the optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`),
+which a resume at the same world size reads back into place (`load_shards`).
 """
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def sharded(policy: torch.nn.Module) -> Iterator[None]:
     policy.reset_iter_state()
     for m in fsdp_modules(policy)[:-1]:
         m.set_reshard_after_forward(RESHARD_AFTER_FORWARD, recurse=False)
-    policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`_after_step`)
+    policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`after_step`)
     sharding(policy).updating = True
     yield
     gather_weights(policy)
@@ -205,9 +205,12 @@ def sync_gradients(policy: torch.nn.Module, last: bool) -> None:
         policy.set_requires_gradient_sync(last or sharding(policy).reduce_every)
 
 
-def _after_step(policy: torch.nn.Module) -> None:
-    """After an optimizer step moved the shards: in the update the root's gathered weights from its new shards (the
-    layers gather theirs in their next forward); else every module's."""
+def after_step(policy: torch.nn.Module) -> None:
+    """After an optimizer step moved the shards (common/train.py optimizer_step calls it; no hook watches the
+    optimizers): in the update the root's gathered weights from its new shards (the layers gather theirs in their
+    next forward); else every module's. Not sharded: nothing."""
+    if not is_sharded(policy):
+        return
     if sharding(policy).updating:
         policy.reshard()
         policy.unshard()
@@ -216,17 +219,14 @@ def _after_step(policy: torch.nn.Module) -> None:
 
 
 def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-    """After the optimizers are built on the shards (and a resume has read its shards back): keep the gathered
-    weights up to date after each optimizer step that moves the shards, and enter the rollout mode (collective).
-    Run.attach calls it."""
+    """After the optimizers are built on the shards (and a resume has read its shards back): check one holds the
+    shards and enter the rollout mode (collective). Run.attach calls it. Each optimizer step that moves the shards is
+    followed by `after_step` (explicitly: common/train.py optimizer_step)."""
     if not is_sharded(policy):
         return
     if not any(holds_shards(policy, opt) for opt in optimizers):
         raise RuntimeError("train.strategy=fsdp: no optimizer holds the policy's shards (build it on "
                            "policy.parameters() after shard_policy, before Run.attach)")
-    for opt in optimizers:
-        if holds_shards(policy, opt):
-            opt.register_step_post_hook(lambda *_: _after_step(policy))
     gather_weights(policy)
 
 
