@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from common import memory_plan
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
@@ -40,24 +41,24 @@ class RolloutConfig:
 
 @dataclass
 class AlgorithmConfig:  # RLinf's FlowSAR write-up, section 5: names and defaults (two differ for the tiny policy, marked)
-    flow_sar_beta: float = ranged(1.0, "(0, 1]")  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
-    flow_sar_temperature: float = ranged(0.5, "(0, inf)")  # credit-assignment softmax temperature
+    beta: float = ranged(1.0, "(0, 1]")  # mirror trust region: v+- = (1 -+ beta) v_old +- beta v_theta
+    temperature: float = ranged(0.5, "(0, inf)")  # credit-assignment softmax temperature
                                                            # (smaller = more extreme weights)
-    flow_sar_tau_mid: float = ranged(0.5, "(0, 1)")  # self-annotation time tau: x = (1 - tau)
+    tau_mid: float = ranged(0.5, "(0, 1)")  # self-annotation time tau: x = (1 - tau)
                                                      # a + tau eps, a_hat = x - tau v_old
-    flow_sar_ema_schedule: str = "fixed"  # fixed (beta = flow_sar_ema_beta) | linear (min(eta_rate * i, eta_max);
+    ema_schedule: str = "fixed"  # fixed (beta = ema_beta) | linear (min(eta_rate * i, eta_max);
                                           # the seed's default)
-    flow_sar_ema_beta: float = ranged(0.995, "[0, 1]")  # fixed schedule only
-    flow_sar_ema_eta_rate: float = ranged(0.001, "[0, 1]")  # linear schedule only
-    flow_sar_ema_eta_max: float = ranged(0.5, "[0, 1]")  # linear schedule only
-    flow_sar_energy_type: str = "mse"  # mse (ODE) | sde (energies / 2t, Mahalanobis)
-    flow_sar_loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
-    flow_sar_kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
-    flow_sar_t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
-    flow_sar_t_max: float = ranged(0.8, "(0, 1)")  # upper end of the training flow time t
-    flow_sar_w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
+    ema_beta: float = ranged(0.995, "[0, 1]")  # fixed schedule only
+    ema_eta_rate: float = ranged(0.001, "[0, 1]")  # linear schedule only
+    ema_eta_max: float = ranged(0.5, "[0, 1]")  # linear schedule only
+    energy_type: str = "mse"  # mse (ODE) | sde (energies / 2t, Mahalanobis)
+    loss_variant: str = "mse_branch"  # mse_branch (DiffusionNFT) | softplus_kl (pi-StepNFT; the seed's)
+    kl_coeff: float = ranged(1.0, "[0, inf)")  # softplus_kl only: kl_coeff * mean (v_theta - v_old)^2
+    t_min: float = ranged(0.2, "(0, 1)")  # training flow time t ~ U[t_min, t_max]
+    t_max: float = ranged(0.8, "(0, 1)")  # upper end of the training flow time t
+    w_min: float = ranged(0.0, "[0, 1]")  # weight clipping (0 and 1 = no clipping),
                                                    # then renormalised per episode
-    flow_sar_w_max: float = ranged(1.0, "[0, 1]")  # upper clip of the credit weights (1 = none)
+    w_max: float = ranged(1.0, "[0, 1]")  # upper clip of the credit weights (1 = none)
 
 
 @dataclass
@@ -108,6 +109,11 @@ class Config:
     eval: EvalConfig = field(default_factory=lambda: EvalConfig(every=5, samples_per_trial=0))
     log: LogConfig = field(default_factory=LogConfig)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy, the update's batches and the EMA copy of
+        the trainable weights (theta_old) beside it."""
+        return memory_plan.rl_parts(self, world, "train_flowsar.py", extras=memory_plan.ema_extra)
+
 
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
@@ -116,15 +122,15 @@ if __name__ == "__main__":
                     resumable=RESUMABLE + ("train.total_timesteps",), flags={
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)")})
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from common import fsdp
-from common.advantages import (as_float, check_ndim, check_same_shape, executed_actions, masked_mean,
-                               shuffle_within_groups)
-from common.losses import on_host
+from common.advantages import executed_actions, shuffle_within_groups
+from common.masking import as_float, check_ndim, check_same_shape, masked_mean, on_host
 from common.rollout import collect_rollouts, flatten_steps
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
@@ -297,17 +303,17 @@ def check_config(cfg: Config) -> None:
     """Errors a researcher would otherwise meet minutes into a run, as one line with the fix."""
     check_run_config(cfg)
     a = cfg.algorithm
-    if a.flow_sar_loss_variant not in LOSS_VARIANTS:
-        raise ConfigError(f"algorithm.flow_sar_loss_variant={a.flow_sar_loss_variant!r}: use mse_branch or softplus_kl")
-    if a.flow_sar_energy_type not in ENERGY_TYPES:
-        raise ConfigError(f"algorithm.flow_sar_energy_type={a.flow_sar_energy_type!r}: use mse or sde")
-    if a.flow_sar_ema_schedule not in EMA_SCHEDULES:
-        raise ConfigError(f"algorithm.flow_sar_ema_schedule={a.flow_sar_ema_schedule!r}: use fixed or linear")
-    if not a.flow_sar_t_min < a.flow_sar_t_max:  # (each in (0, 1): its range)
-        raise ConfigError(f"algorithm.flow_sar_t_min={a.flow_sar_t_min}, flow_sar_t_max={a.flow_sar_t_max}: need "
+    if a.loss_variant not in LOSS_VARIANTS:
+        raise ConfigError(f"algorithm.loss_variant={a.loss_variant!r}: use mse_branch or softplus_kl")
+    if a.energy_type not in ENERGY_TYPES:
+        raise ConfigError(f"algorithm.energy_type={a.energy_type!r}: use mse or sde")
+    if a.ema_schedule not in EMA_SCHEDULES:
+        raise ConfigError(f"algorithm.ema_schedule={a.ema_schedule!r}: use fixed or linear")
+    if not a.t_min < a.t_max:  # (each in (0, 1): its range)
+        raise ConfigError(f"algorithm.t_min={a.t_min}, t_max={a.t_max}: need "
                           f"0 <= t_min < t_max <= 1 (t = 0 clean, t = 1 noise; the seed uses 0.2 and 0.8)")
-    if a.flow_sar_w_min > a.flow_sar_w_max or a.flow_sar_w_max <= 0:  # (each in [0, 1]: its range)
-        raise ConfigError(f"algorithm.flow_sar_w_min={a.flow_sar_w_min}, flow_sar_w_max={a.flow_sar_w_max}: need "
+    if a.w_min > a.w_max or a.w_max <= 0:  # (each in [0, 1]: its range)
+        raise ConfigError(f"algorithm.w_min={a.w_min}, w_max={a.w_max}: need "
                           f"0 <= w_min <= w_max and w_max > 0 (0 and 1 = no clipping)")
 
 
@@ -336,7 +342,8 @@ def reference_weights(params: List[torch.nn.Parameter], ema: torch.nn.Module,
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "flowsar") as run:
         device, alg = run.device, cfg.algorithm
         policy = fsdp.shard_policy(run, initial_policy(run, "flow"))  # train.strategy
@@ -355,12 +362,13 @@ if __name__ == "__main__":
             shuffle_rng = run.rngs["shuffle"] = np.random.default_rng([cfg.seed, run.rank, 1])
         run.attach(policy, {"actor": optimizer}, {"actor": scheduler}, modules={"ema": ema},
                    evaluation=EvalSettings(**flow_kwargs),
-                   banner=f" | {alg.flow_sar_loss_variant}, {alg.flow_sar_energy_type}, "
-                          f"{alg.flow_sar_ema_schedule} EMA"
+                   banner=f" | {alg.loss_variant}, {alg.energy_type}, "
+                          f"{alg.ema_schedule} EMA"
                           + (" | outcomes shuffled within each task (control)" if cfg.reward.shuffle else ""))
         mb = cfg.train.micro_batch_size
 
         budget = cfg.train.total_timesteps
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -374,7 +382,8 @@ if __name__ == "__main__":
             batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, progress=run.is_main,
                                      desc=f"rollout {iteration}", **flow_kwargs)
             metrics["time/rollout"] = time.perf_counter() - t0
-            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.should_stop():  # a safe stop point, before the update
                 break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
@@ -397,7 +406,7 @@ if __name__ == "__main__":
                     prefix = policy.prefix(part.obs, part.instructions)  # one prefix, two expert passes
                     out = compute_flow_sar_self_annotation(
                         part.tensor("a", device), lambda x, t: policy.velocity(None, None, x, t, prefix),
-                        alg.flow_sar_tau_mid, alg.flow_sar_t_min, alg.flow_sar_t_max)
+                        alg.tau_mid, alg.t_min, alg.t_max)
                     for k, v in out.items():
                         annotation[k].append(v)  # on the device: one copy to the host after the loop
             steps.data.update({k: torch.cat(v).cpu().numpy() for k, v in annotation.items() if v})
@@ -412,8 +421,8 @@ if __name__ == "__main__":
             if cfg.reward.shuffle:  # control arm: the outcomes permuted among each task's episodes of the update
                 outcomes = shuffle_within_groups(outcomes, np.asarray(batch.task_ids), shuffle_rng)
             rewards = torch.as_tensor(outcomes, dtype=torch.float32)
-            weights, labels = compute_flow_sar_weights(torch.as_tensor(errors).T, rewards, alg.flow_sar_temperature,
-                                                       alg.flow_sar_w_min, alg.flow_sar_w_max,
+            weights, labels = compute_flow_sar_weights(torch.as_tensor(errors).T, rewards, alg.temperature,
+                                                       alg.w_min, alg.w_max,
                                                        step_mask=torch.as_tensor(batch.step_mask).T)
             steps.data["weights"] = weights.T.numpy()[steps.episode, steps.t]
             steps.data["labels"] = labels.numpy()[steps.episode]
@@ -455,20 +464,20 @@ if __name__ == "__main__":
                             part.tensor("executed", device)[:, None, None]
                         loss, loss_metrics = compute_flow_sar_loss(
                             v_theta[ex], part.tensor("v_old", device)[ex], u_target[ex], part.tensor("weights", device),
-                            part.tensor("labels", device), alg.flow_sar_beta, energy_type=alg.flow_sar_energy_type,
-                            loss_variant=alg.flow_sar_loss_variant, kl_coeff=alg.flow_sar_kl_coeff,
+                            part.tensor("labels", device), alg.beta, energy_type=alg.energy_type,
+                            loss_variant=alg.loss_variant, kl_coeff=alg.kl_coeff,
                             flow_t=part.tensor("flow_t", device), element_mask=ran)
                         (loss * weight).backward()  # weight: this micro-batch's share of the mini-batch's rows
                         logged = loss_metrics if weight else logged
-                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip)
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.train.grad_clip, policy=policy)
                     if logged is not None:  # this process's last micro-batch's loss terms and the gradient norm
                         for k, v in {**logged, "grad_norm": grad_norm}.items():
                             stats.setdefault(k, []).append(v)
 
             # 5. EMA: theta_old <- beta_i theta_old + (1 - beta_i) theta, once per update (fsdp: shard by shard)
             run.state["ema_updates"] += 1
-            ema_beta = flow_sar_ema_beta(alg.flow_sar_ema_schedule, run.state["ema_updates"], alg.flow_sar_ema_beta,
-                                         alg.flow_sar_ema_eta_rate, alg.flow_sar_ema_eta_max)
+            ema_beta = flow_sar_ema_beta(alg.ema_schedule, run.state["ema_updates"], alg.ema_beta,
+                                         alg.ema_eta_rate, alg.ema_eta_max)
             with torch.no_grad():
                 for e, p in zip(ema.buffers(), params):
                     e.lerp_(p.detach(), 1.0 - ema_beta)
@@ -482,6 +491,7 @@ if __name__ == "__main__":
             #    fsdp: in shards/); stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "train/flow_sar_loss",
                                                       "train/flow_sar_E_pos", "train/flow_sar_E_neg",

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, List, Optional, Tuple
 
+from common import memory_plan
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
@@ -37,8 +38,8 @@ from models.configs import TokenPolicyConfig, ValueHeadConfig
 
 @dataclass
 class RolloutConfig:
-    episodes_per_iteration: int = ranged(64, "[1, 1048576]")  # episodes per iteration and process, each
-                                                              # from a random practice (task, trial)
+    prompts_per_iteration: int = ranged(64, "[1, 1048576]")  # episodes per iteration and process: one per
+                                                             # (task, trial) start, each a random practice one
     temperature: float = ranged(1.0, "(0, inf)")  # rollout sampling temperature; log-probs
                                                   # use the same (token policies)
     flow_noise_level: float = ranged(0.5, "[0, inf)")  # flow policies: the flow-SDE step's
@@ -89,24 +90,24 @@ class TrainConfig:
     GRID_MINI_BATCHES = True  # (a class constant, not a key) train.mini_batch_unit=grid is implemented here
     iterations: int = ranged(60, "[1, inf)")  # at most this many iterations
     total_timesteps: Optional[int] = None  # --timesteps: also stop once this many env steps were collected (all procs)
-    actor_lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for
+    lr: float = ranged(1e-4, "[0, inf)")  # the tiny policy's; the reference: 1e-5 for
                                                 # LoRA on a 7B VLA (configs/gae_ppo_libero.yaml)
     critic_lr: float = ranged(1e-3, "[0, inf)")  # the GAE-PPO reference: 3e-4
     lr_warmup_steps: int = ranged(50, "[0, inf)")  # linear actor-lr warmup over the first N actor steps
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay (actor and critic)
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (actor and critic; torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (actor and critic; torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
+    update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes | grid: of the padded episodes x ceil(env.max_steps / chunk)
                                    # grid (RLinf's): a fixed count of optimizer steps, padding rows count
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, episodes (train.
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, episodes (train.
                                                            # mini_batch_unit=trajectory) or grid rows (grid)
-    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
-    actor_max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the actor's gradient norm to this
-    critic_max_grad_norm: float = ranged(1.0, "(0, inf)")  # clip the critic's (value head's) gradient norm to this
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
+    grad_clip: float = ranged(1.0, "(0, inf)")  # clip the actor's gradient norm to this
+    critic_grad_clip: float = ranged(1.0, "(0, inf)")  # clip the critic's (value head's) gradient norm to this
     grad_clip_mode: str = "separate"  # separate: actor and critic gradients clipped on their own | joint: one norm
-                                      # over both, clipped to actor_max_grad_norm (RLinf's one model)
+                                      # over both, clipped to grad_clip (RLinf's one model)
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
     strategy: str = "ddp"  # ddp: a full replica per process | fsdp: weights + optimizer state sharded (common/fsdp.py)
@@ -131,6 +132,13 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy, the update's batches and, with
+        algorithm.use_gae, the value head."""
+        return memory_plan.rl_parts(self, world, "train_gae_ppo.py", extras=lambda model, *_: memory_plan.
+                                    value_head_extra(model, self.value_head.hidden_dims) if self.algorithm.use_gae
+                                    else [])
+
 
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
@@ -140,16 +148,20 @@ if __name__ == "__main__":
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)"),
                         "--num-envs": dict(type=int, key="env.num_envs", help="parallel environments"),
-                        "--actor-lr": dict(type=float, key="train.actor_lr", help="policy (actor) learning rate"),
+                        "--actor-lr": dict(type=float, key="train.lr", help="policy (actor) learning rate"),
                         "--critic-lr": dict(type=float, key="train.critic_lr", help="value head learning rate"),
                         "--log-interval": dict(type=int, key="log.plot_every", help="PNG panels every N updates")})
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
 
-from common.advantages import compute_gae, executed_actions, make_action_mask, masked_mean
+from common.advantages import compute_gae, executed_actions, make_action_mask
+from common.checkpoint import module_file
+from common.masking import masked_mean
 from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
 from common.rollout import collect_rollouts, flatten_steps
+from common import fsdp
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
@@ -269,13 +281,13 @@ def clip_gradients(actor_params: List[torch.nn.Parameter], critic_params: List[t
                    train: TrainConfig) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Clip the gradients in place; (actor norm, critic norm or None without a critic), before clipping.
     train.grad_clip_mode=separate: each to its own max norm; joint: one norm over both, clipped to
-    actor_max_grad_norm, as RLinf clips its one model holding the policy and the value head
+    grad_clip, as RLinf clips its one model holding the policy and the value head
     (rlinf/hybrid_engines/fsdp/strategy/fsdp.py:364-369@a3816b5): both returned norms are that one."""
     if train.grad_clip_mode == "joint" and critic_params:
-        joint = torch.nn.utils.clip_grad_norm_(actor_params + critic_params, train.actor_max_grad_norm)
+        joint = torch.nn.utils.clip_grad_norm_(actor_params + critic_params, train.grad_clip)
         return joint, joint
-    critic = torch.nn.utils.clip_grad_norm_(critic_params, train.critic_max_grad_norm) if critic_params else None
-    return full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, train.actor_max_grad_norm)), critic
+    critic = torch.nn.utils.clip_grad_norm_(critic_params, train.critic_grad_clip) if critic_params else None
+    return full_tensor(torch.nn.utils.clip_grad_norm_(actor_params, train.grad_clip)), critic
 
 
 def explained_variance(y_pred: np.ndarray, y_true: np.ndarray) -> float:
@@ -291,7 +303,7 @@ def make_optimizers(policy: torch.nn.Module, value_head: Optional[ValueHead], tr
     optimizer holds its own parameters."""
     actor_params = [p for p in policy.parameters() if p.requires_grad]
     critic_params = list(value_head.parameters()) if value_head is not None else []
-    actor, actor_sched = adamw_with_warmup(actor_params, train.actor_lr, train.weight_decay, train.lr_warmup_steps,
+    actor, actor_sched = adamw_with_warmup(actor_params, train.lr, train.weight_decay, train.lr_warmup_steps,
                                            adam_betas(train))
     critic = adamw(critic_params, train.critic_lr, train.weight_decay, adam_betas(train)) if critic_params else None
     return actor_params, critic_params, actor, critic, actor_sched
@@ -305,13 +317,14 @@ def save_update_png(run, done: int) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "gae_ppo") as run:
         device, alg, use_gae = run.device, cfg.algorithm, cfg.algorithm.use_gae
-        if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, "modules",
-                                                                            "value_head.safetensors")):
-            raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head (modules/value_head."
-                              f"safetensors) but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
+        value_file = module_file("value_head")  # where a checkpoint keeps the value head
+        if run.resume_path and use_gae and not os.path.isfile(os.path.join(run.resume_path, value_file)):
+            raise ConfigError(f"--resume: checkpoint {run.resume_path} has no value head ({value_file}) "
+                              f"but algorithm.use_gae is true: resume a GAE-PPO run, or start a new one")
         flow = action_kind(cfg.policy.type) == "flow"  # the flow-SDE step's density is the log-prob, else tokens'
         policy = shard_policy(run, initial_policy(run, "flow" if flow else "token"))  # train.strategy
         with torch.random.fork_rng(devices=[]):  # the same value head on every process, whatever the policy's init
@@ -326,9 +339,10 @@ if __name__ == "__main__":
                           f"{cfg.train.iterations} iterations" + (f" or {cfg.train.total_timesteps:,} env steps"
                                                                   if cfg.train.total_timesteps else ""))
         A = 1 if flow else policy.action_chunk * ACTION_DIM  # log-probs per policy step (flow: the chunk's one)
-        temp, mb, budget = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size, cfg.train.total_timesteps
+        temp, mb, budget = cfg.rollout.temperature, cfg.train.micro_batch_size, cfg.train.total_timesteps
         noise = cfg.rollout.flow_noise_level
 
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -336,14 +350,15 @@ if __name__ == "__main__":
             metrics = run.begin_iteration(iteration)
 
             # 1. rollout: random practice (task, trial) prompts, temperature sampling, hidden state per policy step
-            tasks, trials = sample_prompts(run, cfg.rollout.episodes_per_iteration)
+            tasks, trials = sample_prompts(run, cfg.rollout.prompts_per_iteration)
             policy.eval()
             t0 = time.perf_counter()
             batch = collect_rollouts(run.envs, policy, tasks, trials, temperature=temp, keep_hidden=use_gae,
                                      flow_noise_level=noise, keep_chain=True, progress=run.is_main,
                                      desc=f"rollout {iteration}")  # keep_chain: what a flow update recomputes
             metrics["time/rollout"] = time.perf_counter() - t0
-            if run.count_env_steps(batch, metrics, metrics["time/rollout"]):  # a safe stop point, before the update
+            run.count_env_steps(batch, metrics, metrics["time/rollout"])
+            if run.should_stop():  # a safe stop point, before the update
                 break
             rollout_metrics(run, batch, metrics)
             batch = batch.select(~batch.invalid)  # episodes of a crashed simulator worker never enter an update
@@ -421,13 +436,13 @@ if __name__ == "__main__":
                 value_head.train()
             stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
                                      "value_clipfrac", "grad_norm", "critic_grad_norm")}
-            unit, size = cfg.train.mini_batch_unit, cfg.train.ppo_mini_batch_size
+            unit, size = cfg.train.mini_batch_unit, cfg.train.mini_batch_size
             if unit == "grid":  # RLinf's padded grid: each episode ceil(episode limit / chunk) rows, valid or not
                 per_episode = max([math.ceil(max_steps(cfg.env, t) / policy.action_chunk) for t in cfg.env.task_ids])
                 batches = grid_minibatches(steps.episode * per_episode + steps.t, len(batch) * per_episode, size,
-                                           cfg.train.ppo_epochs, run.gather)
+                                           cfg.train.update_epochs, run.gather)
             else:
-                batches = minibatches(len(steps), size, cfg.train.ppo_epochs, run.gather,
+                batches = minibatches(len(steps), size, cfg.train.update_epochs, run.gather,
                                       episodes=steps.episode if unit == "trajectory" else None)
             with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
                 for mb_inds in batches:
@@ -493,6 +508,7 @@ if __name__ == "__main__":
                     if move_actor:
                         stats["grad_norm"].append(actor_norm)
                         actor_opt.step()
+                        fsdp.after_step(policy)  # fsdp: the gathered weights from the new shards
                         actor_sched.step()
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = actor_sched.get_last_lr()[0]  # the policy's learning rate, as in every script
@@ -504,6 +520,7 @@ if __name__ == "__main__":
             # 6. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "charts/env_steps", "rollout/success_rate",
                                                       "val/success_rate", "val/sampled_success_rate", "train/pg_loss",
                                                       "train/value_loss", "train/explained_variance",

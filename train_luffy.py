@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from common import memory_plan
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig, max_steps
@@ -89,12 +90,12 @@ class TrainConfig:
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
+    update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's policy steps
     mini_batch_unit: str = "step"  # step: mini-batches of policy steps shuffled across episodes | trajectory: of
                                    # whole episodes (LUFFY's mini-batches of responses)
-    ppo_mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
+    mini_batch_size: int = ranged(64, "[1, 1048576]")  # per optimizer step: policy steps, or episodes
                                                            # with train.mini_batch_unit=trajectory
-    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient accumulation)
     grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
                                          # / processes; 1 on a GPU); config.yaml keeps the count chosen
@@ -117,6 +118,10 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy and the update's batches (no other model)."""
+        return memory_plan.rl_parts(self, world, "train_luffy.py")
+
 
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
@@ -125,14 +130,16 @@ if __name__ == "__main__":
                     resumable=RESUMABLE + ("train.total_timesteps",), flags={
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)")})
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
 
-from common.advantages import check_same_shape, compute_advantage, make_action_mask, masked_mean, masked_sum
+from common.advantages import compute_advantage, make_action_mask
 from common.demos import load_hdf5_demos, rollout_demos
 from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
-from common.losses import agg_loss, on_host
+from common.losses import agg_loss
+from common.masking import check_same_shape, masked_mean, masked_sum, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
@@ -361,7 +368,8 @@ def load_libero_prompts(cfg: Config) -> List[dict]:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "luffy") as run:
         device = run.device
         libero_prompts = load_libero_prompts(cfg) if cfg.env.suite != "tabletop" else None
@@ -375,11 +383,12 @@ if __name__ == "__main__":
                           + (f" | {len(libero_prompts)} HDF5 demos" if libero_prompts else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
-        mb, alg = cfg.train.ppo_micro_batch_size, cfg.algorithm
+        mb, alg = cfg.train.micro_batch_size, cfg.algorithm
         P, n_on, n_off = cfg.rollout.prompts_per_iteration, cfg.rollout.n - cfg.rollout.n_off, cfg.rollout.n_off
         warned_short = False  # env.max_steps too short for the demos: said once
 
         budget = cfg.train.total_timesteps
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -412,8 +421,9 @@ if __name__ == "__main__":
                 demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
                                            demo_actions, reset_options) if n_off else None
                 round_metrics: dict = {}
-                if run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
-                                       round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
+                                       round_metrics, time.perf_counter() - t0)
+                if run.should_stop():  # a safe stop point per round
                     break
                 env_steps += round_metrics["rollout/env_steps"]
 
@@ -511,8 +521,8 @@ if __name__ == "__main__":
             if sum(kept_counts) > 0:
                 with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
                     by_trajectory = cfg.train.mini_batch_unit == "trajectory"
-                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                               cfg.train.ppo_epochs, run.gather,
+                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.mini_batch_size,
+                                               cfg.train.update_epochs, run.gather,
                                                episodes=steps.episode if by_trajectory and steps else None):
                         optimizer.zero_grad(set_to_none=True)
                         micro = micro_batches(steps, mb_inds, mb, pad)
@@ -527,7 +537,7 @@ if __name__ == "__main__":
                                 if k in out and weight:
                                     stats[k].append(out[k].detach())  # read once after the update: no host sync
                         stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
-                                                                 cfg.train.grad_clip))
+                                                                 cfg.train.grad_clip, policy=policy))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0]
             metrics.update(mean_stats(stats))
@@ -536,6 +546,7 @@ if __name__ == "__main__":
             # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "demos/success_rate",
                                                       "val/success_rate", "val/sampled_success_rate",
                                                       "sampling/kept_fraction", "train/off_pg_loss", "train/on_pg_loss",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 import envs
+from common import memory_plan
 from common.config import (ConfigError, EnvConfig, LogConfig, check_ranges, exit_on_bad_config, parse_cli, ranged,
                            save_config)
 from models.configs import FAMILIES, FlowPolicyConfig, TokenPolicyConfig
@@ -87,6 +88,15 @@ class Config:
     sft: SFTConfig = field(default_factory=SFTConfig)
     train: TrainSection = field(default_factory=TrainSection)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy (policy.init_path's family, else the
+        policy.<type> section) and each process's slice of sft.batch_size, its gradients allocated in every forward."""
+        folder = self.policy.init_path
+        family = memory_plan.folder_family(folder) if folder else self.policy.type
+        batch = max(1, self.sft.batch_size // world)
+        return memory_plan.Parts("train_sft.py", family, folder, getattr(self.policy, family, None), batch, batch,
+                                 "sft.batch_size", key_per_micro=world, grads_in_forward=True, start_note=False)
+
 
 def check_config(cfg: Config) -> None:
     """ConfigError (one line with the fix) for values that would crash or mislead minutes into the run: every key's
@@ -136,13 +146,13 @@ def parse(argv: Optional[List[str]] = None) -> Config:
     """The config from configs/sft.yaml + the command line, checked: a bad value exits with one line."""
     cfg: Config = parse_cli(Config, "configs/sft.yaml", __doc__, argv, script="train_sft",
                             resumable=("resume", "log.", "sft.output_path"))
-    exit_on_bad_config(check_config, cfg)
-    return cfg
+    return exit_on_bad_config(check_config, cfg)  # values checked: the config the run uses
 
 
 # the command line before the imports below: --help and a bad value answer in ~1 s (torch takes seconds to load)
 if __name__ == "__main__":
     cfg = parse()
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
@@ -353,7 +363,7 @@ def main(argv: Optional[List[str]] = None, cfg: Optional[Config] = None) -> Dict
                     loss, info = policy.sft_loss(obs, samples["instructions"][idx].tolist(), samples["actions"][idx])
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
-                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm)
+                    grad_norm = optimizer_step(run, params, optimizer, scheduler, cfg.sft.max_grad_norm, policy=policy)
                     for k, v in {**info, "train/grad_norm": float(grad_norm),
                                  "train/lr": scheduler.get_last_lr()[0]}.items():
                         window.setdefault(k, []).append(float(v))

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Union
 
+from common import memory_plan
 from common.config import (RESUMABLE, ConfigError, EvalConfig, InitConfig, LogConfig, check_run_config,
                            exit_on_bad_config, parse_cli, ranged)
 from envs import EnvConfig
@@ -102,14 +103,14 @@ class TrainConfig:
     weight_decay: float = ranged(0.0, "[0, inf)")  # AdamW weight decay
     adam_beta1: float = ranged(0.9, "[0, 1)")  # AdamW beta1 (torch's default)
     adam_beta2: float = ranged(0.999, "[0, 1)")  # AdamW beta2 (torch's default)
-    ppo_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's kept episodes
+    update_epochs: int = ranged(1, "[1, 1000]")  # passes over the iteration's kept episodes
     mini_batch_unit: str = "trajectory"  # trajectory: mini-batches of whole episodes (siiRL, SimpleVLA-RL) | step:
                                          # of policy steps shuffled across episodes (traj-token-mean then weighs
                                          # the episodes of each mini-batch alike, not of the whole batch)
-    ppo_mini_batch_size: int = ranged(8, "[1, 1048576]")  # per optimizer step: episodes (64 per iteration: ~6-8
+    mini_batch_size: int = ranged(8, "[1, 1048576]")  # per optimizer step: episodes (64 per iteration: ~6-8
                                                           # steps after the filter), or policy steps (observation
                                                           # + its chunk of action tokens) with mini_batch_unit=step
-    ppo_micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
+    micro_batch_size: int = ranged(32, "[1, 65536]")  # policy steps per forward/backward (gradient
                                                           # accumulation inside a mini-batch)
     grad_clip: float = ranged(1.0, "(0, inf)")  # clip the gradient's global norm to this
     threads: int = ranged(0, "[0, 4096]")  # torch CPU threads per process; 0 = auto (common/threads.py: its cores
@@ -137,6 +138,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
+    def memory_parts(self, world: int) -> memory_plan.Parts:
+        """What the memory plan counts (common/memory_plan.py): the policy, the update's batches and, with
+        reward.mode=srpo, the V-JEPA 2 reward encoder beside the policy."""
+        return memory_plan.rl_parts(self, world, "train_srpo.py", extras=lambda *_: memory_plan.encoder_extra(
+            self.reward.encoder) if self.reward.mode == "srpo" else [])
+
 
 # the command line before the imports below: --help and a malformed line answer in ~1 s (torch and transformers
 # take ~10 s to load); the values are checked (check_config) once they have loaded
@@ -145,6 +152,7 @@ if __name__ == "__main__":
                     resumable=RESUMABLE + ("train.total_timesteps",), flags={
                         "--timesteps": dict(type=int, key="train.total_timesteps",
                                             help="stop after this many env steps (or train.iterations, if first)")})
+    memory_plan.dry_run(cfg)  # --dry-run: print the memory plan and exit (nothing loads)
 
 import numpy as np
 import torch
@@ -153,9 +161,10 @@ from scipy.special import expit
 from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
-from common.advantages import compute_advantage, make_action_mask, masked_mean, shuffle_within_groups
+from common.advantages import compute_advantage, make_action_mask, shuffle_within_groups
 from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
+from common.masking import masked_mean
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
 from common.fsdp import shard_policy
 from common.policy_start import initial_policy
@@ -265,10 +274,11 @@ def cosine_resume_note(run_dir: str, iterations: int) -> Optional[str]:
 
 
 if __name__ == "__main__":
-    exit_on_bad_config(check_config, cfg)
+    cfg = exit_on_bad_config(check_config, cfg)  # values checked; eval.protocol resolved: its changes printed
     note = cfg.resume and cfg.train.lr_schedule == "cosine" and cosine_resume_note(cfg.resume, cfg.train.iterations)
     if note:
         print(note, flush=True)
+    # ===== PLUMBING (common/): run folder, policy, optimizer, resume; nothing of the algorithm ==========
     with start_run(cfg, "srpo") as run:
         device = run.device
         policy = shard_policy(run, initial_policy(run, "token"))  # train.strategy
@@ -284,9 +294,10 @@ if __name__ == "__main__":
                    + (f" | stops at {cfg.train.total_timesteps:,} env steps" if cfg.train.total_timesteps else ""))
         task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
-        temp, mb = cfg.rollout.temperature, cfg.train.ppo_micro_batch_size
+        temp, mb = cfg.rollout.temperature, cfg.train.micro_batch_size
         P, agg, budget = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode, cfg.train.total_timesteps
 
+        # ===== ALGORITHM: rollout, advantages, update (the run.* calls inside are bookkeeping: counts, stops) ==
         for iteration in run.iterations():
             if budget and run.state["env_steps"] >= budget:  # a resumed run that had already spent its budget
                 break
@@ -308,7 +319,8 @@ if __name__ == "__main__":
                                          desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
                 batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
                 round_metrics: dict = {}
-                if run.count_env_steps(batch, round_metrics, time.perf_counter() - t0):  # a safe stop point per round
+                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)
+                if run.should_stop():  # a safe stop point per round
                     break
                 env_steps += round_metrics["rollout/env_steps"]
                 task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
@@ -377,8 +389,8 @@ if __name__ == "__main__":
             steps = None
             by_trajectory = cfg.train.mini_batch_unit == "trajectory"  # mini-batches of episodes, else of steps
             units = run.gather([len(batch) if by_trajectory else int(batch.valid_steps.sum())])  # per process
-            on_policy = cfg.train.ppo_epochs == 1 and \
-                max(units) <= cfg.train.ppo_mini_batch_size  # one optimizer step: see 5.
+            on_policy = cfg.train.update_epochs == 1 and \
+                max(units) <= cfg.train.mini_batch_size  # one optimizer step: see 5.
             if len(batch):
                 T = batch.num_steps
                 response_mask = make_action_mask(batch.finish_step, T, policy.action_chunk)  # (B, T*A)
@@ -423,8 +435,8 @@ if __name__ == "__main__":
                                      "grad_norm")}
             if sum(kept_counts) > 0:
                 with sharded_update(run, policy, steps) as pad:  # fsdp: sharded weights, as many micro-batches
-                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.ppo_mini_batch_size,
-                                               cfg.train.ppo_epochs, run.gather,
+                    for mb_inds in minibatches(len(steps) if steps else 0, cfg.train.mini_batch_size,
+                                               cfg.train.update_epochs, run.gather,
                                                episodes=steps.episode if by_trajectory and steps else None):
                         optimizer.zero_grad(set_to_none=True)
                         micro = micro_batches(steps, mb_inds, mb, pad, agg)
@@ -462,7 +474,7 @@ if __name__ == "__main__":
                             if cfg.algorithm.use_kl_loss:
                                 stats["kl_loss"].append(kl_loss.detach())
                         stats["grad_norm"].append(optimizer_step(run, params, optimizer, scheduler,
-                                                                 cfg.train.grad_clip, lr_scale=lr_scale))
+                                                                 cfg.train.grad_clip, lr_scale, policy))
             metrics["time/update"] = time.perf_counter() - t0
             metrics["train/lr"] = scheduler.get_last_lr()[0] * lr_scale
             metrics.update(mean_stats(stats))
@@ -471,6 +483,7 @@ if __name__ == "__main__":
             # 7. end of iteration: evaluation when due, logging, checkpoint; stop on the env-step budget
             last = iteration + 1 == cfg.train.iterations or bool(budget and run.state["env_steps"] >= budget)
             metrics["time/iteration"] = time.perf_counter() - t_iter
+            # ===== PLUMBING: evaluation, metrics row, checkpoint (a safe stop point) =====
             if run.end_iteration(iteration, metrics, ["charts/SPS", "rollout/success_rate", "val/success_rate",
                                                       "val/sampled_success_rate", "sampling/kept_fraction",
                                                       "reward/failure_mean", "train/pg_loss", "train/pg_clipfrac",

@@ -73,9 +73,7 @@ def episodes_per_iteration(script: str) -> int:
     """Episodes one iteration rolls out, from the script's shipped config (LUFFY's demos count: they are executed)."""
     with open(os.path.join(ROOT, "configs", script[len("train_"):-len(".py")] + ".yaml")) as f:
         r = yaml.safe_load(f)["rollout"]
-    if "episodes_per_iteration" in r:  # GAE-PPO
-        return int(r["episodes_per_iteration"])
-    return int(r["prompts_per_iteration"] * r["n"])
+    return int(r["prompts_per_iteration"] * r.get("n", 1))  # GAE-PPO: one episode per start
 
 
 def max_episode_steps(task: int) -> int:

@@ -4,9 +4,9 @@ embedded suite.
 Arms (every arm sets all three keys, so the comparison does not depend on configs/flowsar.yaml's choices; each
 differs from `base`, the seed's quickstart, in one key):
     base         softplus_kl, mse energy, linear EMA
-    mse_branch   flow_sar_loss_variant=mse_branch   (DiffusionNFT-style loss vs pi-StepNFT's softplus)
-    sde          flow_sar_energy_type=sde           (energies / 2t; the seed expects it to be worse)
-    fixed_ema    flow_sar_ema_schedule=fixed        (beta 0.995; the seed expects linear to be better)
+    mse_branch   loss_variant=mse_branch   (DiffusionNFT-style loss vs pi-StepNFT's softplus)
+    sde          energy_type=sde           (energies / 2t; the seed expects it to be worse)
+    fixed_ema    ema_schedule=fixed        (beta 0.995; the seed expects linear to be better)
     shipped      mse_branch + fixed EMA             (configs/flowsar.yaml's choice for the tiny PI0)
 Prints held-out greedy success (configs/flowsar.yaml eval.*: trials 30-49) against env steps per arm and seed, the mean
 of the first and the last evaluations, and seconds per iteration; writes plots/flowsar_ablation.png.
@@ -31,8 +31,8 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
 from srpo_vs_grpo import curve  # noqa: E402
 
 def arm(loss_variant: str, energy: str, schedule: str) -> List[str]:
-    return [f"algorithm.flow_sar_loss_variant={loss_variant}", f"algorithm.flow_sar_energy_type={energy}",
-            f"algorithm.flow_sar_ema_schedule={schedule}"]
+    return [f"algorithm.loss_variant={loss_variant}", f"algorithm.energy_type={energy}",
+            f"algorithm.ema_schedule={schedule}"]
 
 
 ARMS = {

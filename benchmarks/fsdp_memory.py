@@ -61,7 +61,7 @@ def worker(rank: int, world: int, port: int, strategy: str, offload: bool, args,
             for k in range(args.micro):
                 fsdp.sync_gradients(model, k == args.micro - 1)  # fsdp: reduce-scatter in the last backward
                 (model(input_ids=ids).last_hidden_state.float().pow(2).mean() / args.micro).backward()
-            optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)
+            optimizer_step(run, params, optimizer, scheduler, max_norm=1.0, policy=model)
     opt_bytes = sum(_local_bytes(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v))
     results[rank] = dict(peak_rss_gib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,
                          params_at_rest_gib=at_rest / 2 ** 30, optimizer_state_gib=opt_bytes / 2 ** 30)

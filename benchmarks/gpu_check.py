@@ -227,7 +227,7 @@ def part_fsdp(offload, micro=4):
              gpu_allocated_gib=round(torch.cuda.memory_allocated() / 2 ** 30, 2))
 
     def step():
-        optimizer_step(run, params, opt, sched, max_norm=1.0)
+        optimizer_step(run, params, opt, sched, max_norm=1.0, policy=policy)
         opt.zero_grad(set_to_none=True)
 
     with fsdp.sharded(policy):  # the update mode: layers gathered one by one in forward and backward
@@ -311,7 +311,7 @@ def _srpo_7b_run(folder, extra):
             "policy.lora_rank=32", "policy.bf16_weights=true", "policy.gradient_checkpointing=true", "env.num_envs=8",
             "env.max_steps=24", "rollout.n=8", "rollout.prompts_per_iteration=1", "algorithm.filter_accuracy=false",
             "algorithm.entropy_coeff=0.001", "reward.mode=binary", "eval.every=0", "train.iterations=1",
-            "train.ppo_mini_batch_size=8", "train.ppo_micro_batch_size=4", f"log.output_dir={out}/runs",
+            "train.mini_batch_size=8", "train.micro_batch_size=4", f"log.output_dir={out}/runs",
             f"log.plots_dir={out}/plots", *extra]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), WANDB_MODE="disabled")
     t0 = time.perf_counter()
@@ -333,7 +333,7 @@ SCRIPTS = {
     "train_srpo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
                       "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2",
                       "reward.encoder.num_frames=4"],
-    "train_gae_ppo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8", "eval.every=1",
+    "train_gae_ppo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.prompts_per_iteration=8", "eval.every=1",
                          "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1"],
     "train_flowsar.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=2", "rollout.prompts_per_iteration=2",
                          "rollout.flow_steps=2", "eval.every=1", "eval.trials_per_task=2"],

@@ -776,8 +776,8 @@ def main() -> None:
                      "init.mode=checkpoint", f"init.path={sft}", f"reward.mode={reward}",
                      "reward.encoder.kind=pixels", "eval.protocol=heldout", "rollout.n=8",
                      f"rollout.prompts_per_iteration={args.prompts}", f"rollout.temperature={args.temperature}",
-                     f"train.lr={args.lr}", f"train.iterations={args.iterations}", "train.ppo_mini_batch_size=16",
-                     "train.ppo_micro_batch_size=8", "train.lr_warmup_steps=5", f"eval.every={args.eval_every}",
+                     f"train.lr={args.lr}", f"train.iterations={args.iterations}", "train.mini_batch_size=16",
+                     "train.micro_batch_size=8", "train.lr_warmup_steps=5", f"eval.every={args.eval_every}",
                      "eval.trials_per_task=10", f"eval.samples_per_trial={args.samples}",
                      f"log.output_dir={runs}", f"log.plots_dir={out}/plots", "log.checkpoint_every=1"],
                     os.path.join(out, f"{arm}_s{seed}.log"))

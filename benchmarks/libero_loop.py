@@ -153,7 +153,7 @@ def train_command(args, pipeline: bool, out_dir: str) -> List[str]:
             "--no-wandb", f"env.num_envs={args.workers}", f"env.pipeline={str(pipeline).lower()}", *init,
             f"reward.mode={args.reward}", "reward.encoder.kind=pixels", "eval.protocol=heldout", "rollout.n=8",
             f"rollout.prompts_per_iteration={args.prompts}", "rollout.temperature=0.5", "train.lr=2e-5",
-            f"train.iterations={args.iterations}", "train.ppo_mini_batch_size=16", "train.ppo_micro_batch_size=8",
+            f"train.iterations={args.iterations}", "train.mini_batch_size=16", "train.micro_batch_size=8",
             "train.lr_warmup_steps=5", f"eval.every={args.eval_every}", f"eval.trials_per_task={args.eval_trials}",
             f"eval.samples_per_trial={args.eval_samples}", f"log.output_dir={out_dir}", f"log.plots_dir={out_dir}",
             "log.checkpoint_every=1"]

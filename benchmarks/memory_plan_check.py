@@ -71,8 +71,8 @@ def srpo_7b(*extra: str):
                                  "policy.lora_rank=32", "policy.bf16_weights=true",
                                  "policy.gradient_checkpointing=true", "env.num_envs=8", "env.max_steps=24",
                                  "rollout.n=8", "rollout.prompts_per_iteration=1", "reward.mode=binary",
-                                 "train.ppo_mini_batch_size=8", "train.ppo_micro_batch_size=4", *extra])
-    return plan_run(cfg, "srpo", 1)
+                                 "train.mini_batch_size=8", "train.micro_batch_size=4", *extra])
+    return plan_run(cfg, 1)
 
 
 def pi0_flow(lora: int, expert_only: bool, bf16_weights: bool, chunk: int, horizon: Optional[int]):
@@ -115,7 +115,7 @@ def vjepa2(pooling: str):
 # the 2026-11-24 real-size runs (H100), their configs at the time: 224 px, two cameras, micro-batch 16
 MINIVLA_LIBERO = ["env.suite=libero_spatial", "env.image_size=224", "env.num_envs=16", "policy.type=token",
                   "policy.preset=minivla", "policy.image_size=224", "policy.lora_rank=32",
-                  "train.ppo_mini_batch_size=128", "train.ppo_micro_batch_size=16"]
+                  "train.mini_batch_size=128", "train.micro_batch_size=16"]
 
 
 def cases() -> List[Case]:
@@ -153,20 +153,20 @@ def cases() -> List[Case]:
         Case("train_srpo.py minivla + LoRA r=32 + V-JEPA 2 ViT-L (real LIBERO)", 13.9, "gpu.md: real-size iterations",
              lambda: plan_run(script_config("srpo", [*MINIVLA_LIBERO, "reward.encoder.model_path="
                                                      "facebook/vjepa2-vitl-fpc64-256", "reward.encoder.num_frames=64",
-                                                     "reward.encoder.batch_size=4"]), "srpo", 1),
+                                                     "reward.encoder.batch_size=4"]), 1),
              within=False, why="2026-11-24 settings reconstructed from that day's configs"),
         Case("train_gae_ppo.py minivla + LoRA r=32 + value head (real LIBERO)", 12.7, "same",
-             lambda: plan_run(script_config("gae_ppo", [*MINIVLA_LIBERO, "value_head.hidden_dims=[1024,512]"]),
-                              "gae_ppo", 1), within=False, why="same settings reconstruction"),
+             lambda: plan_run(script_config("gae_ppo", [*MINIVLA_LIBERO, "value_head.hidden_dims=[1024,512]"]), 1),
+             within=False, why="same settings reconstruction"),
         Case("train_flowsar.py pi0 fp32 + LoRA r=32, micro 8 (real LIBERO)", 33.0, "same",
              lambda: plan_run(script_config("flowsar", [
                  "env.suite=libero_object", "env.image_size=224", "env.num_envs=8", "policy.preset=pi0",
                  "policy.image_size=224", "policy.lora_rank=32", "train.mini_batch_size=64",
-                 "train.micro_batch_size=8"]), "flowsar", 1, model=pi0_flow(32, False, False, 8, None)),
+                 "train.micro_batch_size=8"]), 1, model=pi0_flow(32, False, False, 8, None)),
              within=False, why="same settings reconstruction"),
         Case("train_luffy.py minivla full FT, 224 px, micro 32 of 64 (embedded suite)", 43.3, "same",
              lambda: plan_run(script_config("luffy", ["env.image_size=224", "policy.preset=minivla",
-                                                      "policy.image_size=224"]), "luffy", 1),
+                                                      "policy.image_size=224"]), 1),
              within=False, why="same settings reconstruction; the missing 0.42 GiB per sample is what the "
                                  "attention probabilities of SDPA's math fallback would hold (not verified)"),
     ]

@@ -49,11 +49,11 @@ SRPO = ["--task-id", "0", "init.mode=scratch", "env.num_envs=8", "env.max_steps=
         "eval.samples_per_trial=0", "reward.encoder.num_frames=4", "--no-wandb", "algorithm.filter_accuracy=false",
         "algorithm.entropy_coeff=0.01", "log.keep_checkpoints=10", "train.lr=1e-3"]
 GAE_PPO = ["--task-id", "0", "init.mode=scratch", "env.num_envs=8", "env.max_steps=16",
-           "rollout.episodes_per_iteration=4", "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0",
+           "rollout.prompts_per_iteration=4", "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0",
            "train.lr_warmup_steps=1", "--no-wandb", "log.keep_checkpoints=10"]
 LUFFY = ["--task-id", "0", "init.mode=scratch", "env.num_envs=8", "env.max_steps=32", "rollout.n=4",
          "rollout.prompts_per_iteration=2", "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0",
-         "train.ppo_mini_batch_size=16", "train.ppo_micro_batch_size=8", "--no-wandb", "log.keep_checkpoints=10"]
+         "train.mini_batch_size=16", "train.micro_batch_size=8", "--no-wandb", "log.keep_checkpoints=10"]
 FLOWSAR = ["--task-id", "0", "init.mode=scratch", "policy.hidden_size=32", "policy.expert_dim=32",
            "policy.num_layers=1", "policy.num_heads=2", "env.num_envs=8", "env.max_steps=16", "rollout.n=2",
            "rollout.prompts_per_iteration=2", "rollout.flow_steps=2", "eval.every=1", "eval.trials_per_task=2",
@@ -680,8 +680,8 @@ def libero(out: str) -> str:
     args = ["--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb", "init.mode=checkpoint",
             f"init.path={OFT}", "policy.lora_rank=4", "policy.bf16_weights=false", "policy.unnorm_key=libero_10",
             "env.image_size=64", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout",
-            "rollout.episodes_per_iteration=2", "train.iterations=3", "eval.every=0", "train.ppo_mini_batch_size=4",
-            "train.ppo_micro_batch_size=4", "log.checkpoint_every=100"]
+            "rollout.prompts_per_iteration=2", "train.iterations=3", "eval.every=0", "train.mini_batch_size=4",
+            "train.micro_batch_size=4", "log.checkpoint_every=100"]
     proc = start("train_gae_ppo.py", args, out)
     wait_for(logged(out, 1), proc, timeout=900, what="iteration 1")
     os.killpg(proc.pid, signal.SIGINT)

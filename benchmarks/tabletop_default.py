@@ -112,7 +112,7 @@ def stopped_or_restart(folder: str, task: int, seed: int):
     a live run is never deleted or run twice."""
     from common.checkpoint import latest_checkpoint
     from common.run_folder import lock_run_dir
-    from envs.suites import ConfigError
+    from base.config_fields import ConfigError
 
     runs = sorted(glob.glob(os.path.join(folder, "runs", "srpo__*")))
     for run_dir in runs:

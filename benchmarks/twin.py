@@ -57,7 +57,7 @@ def command(job: str, out_dir: str) -> List[str]:
             "env.fast_render=true", "env.max_steps=50", "env.num_envs=2", "env.pipeline=true", "init.mode=scratch",
             "policy.preset=tiny", "policy.hidden_size=128", "policy.image_size=64", "reward.mode=binary",
             "reward.encoder.kind=pixels", "rollout.n=8", "rollout.prompts_per_iteration=1", "rollout.temperature=0.5",
-            "train.iterations=100000", "train.ppo_mini_batch_size=16", "train.ppo_micro_batch_size=8",
+            "train.iterations=100000", "train.mini_batch_size=16", "train.micro_batch_size=8",
             "algorithm.filter_accuracy=false", "eval.every=0", "log.checkpoint_every=100000"]
 
 

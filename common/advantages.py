@@ -10,46 +10,9 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
+from common.masking import as_float, check_ndim, check_same_shape, masked_mean, masked_sum
+
 ArrayOrTensor = Union[np.ndarray, torch.Tensor]
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# small helpers shared with common/losses.py and the training scripts
-# ---------------------------------------------------------------------------------------------------------------------
-def check_same_shape(**tensors: torch.Tensor) -> None:
-    """Raise a ValueError that names every shape unless all the given tensors have the same shape."""
-    if len({tuple(t.shape) for t in tensors.values()}) > 1:
-        raise ValueError("shapes must match, got " + ", ".join(f"{k} {tuple(t.shape)}" for k, t in tensors.items()))
-
-
-def check_ndim(ndim: int, **tensors: torch.Tensor) -> None:
-    """Raise a ValueError naming the shape unless every given tensor has `ndim` dimensions."""
-    for name, t in tensors.items():
-        if t.ndim != ndim:
-            raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
-
-
-def as_float(t: torch.Tensor) -> torch.Tensor:
-    """`t` itself if floating point, else `t` in torch's default float dtype."""
-    return t if t.is_floating_point() else t.to(torch.get_default_dtype())
-
-
-def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
-    """sum(values * mask) over all elements or `dim`; entries where mask == 0 are ignored even if NaN/inf (verl_F)."""
-    check_same_shape(values=values, mask=mask)
-    values = as_float(values)
-    weights = mask.to(values.dtype)
-    terms = torch.where(weights != 0, values * weights, torch.zeros((), dtype=values.dtype, device=values.device))
-    return terms.sum() if dim is None else terms.sum(dim)
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:
-    """sum(values * mask) / sum(mask) (verl_F.masked_mean); a mask summing to 0 gives 0, never NaN."""
-    total = masked_sum(values, mask, dim)
-    weights = mask.to(total.dtype)
-    count = weights.sum() if dim is None else weights.sum(dim)
-    nonzero = count != 0
-    return torch.where(nonzero, total / torch.where(nonzero, count, torch.ones_like(count)), torch.zeros_like(total))
 
 
 def make_response_mask(valid_steps: ArrayOrTensor | Sequence[int], num_steps: int,
@@ -325,9 +288,9 @@ def shuffle_within_groups(scores: np.ndarray, group_ids: np.ndarray, rng: np.ran
 
 
 __all__: List[str] = [
-    "as_float", "check_ndim", "check_same_shape", "compute_advanced_grpo_outcome_advantage", "compute_advantage",
+    "compute_advanced_grpo_outcome_advantage", "compute_advantage",
     "compute_gae", "compute_grpo_outcome_advantage", "compute_grpo_outcome_advantage_split",
     "compute_step_grpo_advantage", "episode_to_token_rewards", "executed_actions", "make_action_mask",
-    "make_response_mask", "masked_mean", "masked_sum", "shuffle_within_groups",
+    "make_response_mask", "shuffle_within_groups",
 ]
 

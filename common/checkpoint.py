@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from common import fsdp
 from models.saved import PolicyLoadError, is_policy_dir, load_errors, readable_files  # noqa: F401 - re-exported
 
 MANIFEST = "MANIFEST.json"
@@ -94,6 +95,11 @@ def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
     while hasattr(module, "module") and isinstance(module.module, torch.nn.Module):
         module = module.module
     return getattr(module, "_orig_mod", module)
+
+
+def module_file(name: str) -> str:
+    """Where a checkpoint keeps the extra module `name` (a value head, an EMA copy), relative to the checkpoint."""
+    return os.path.join("modules", f"{name}.safetensors")
 
 
 def iteration_dirs(run_dir: str) -> List[str]:
@@ -206,7 +212,7 @@ def _write_files(tmp: str, iteration: int, policy: Any, optimizers: Dict[str, to
         os.makedirs(os.path.join(tmp, "modules"))
         for name, module in modules.items():
             state = {k: v.detach().contiguous().cpu() for k, v in _unwrap(module).state_dict().items()}
-            save_file(state, os.path.join(tmp, "modules", f"{name}.safetensors"))
+            save_file(state, os.path.join(tmp, module_file(name)))
     torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizers.pt"))
     if schedulers:
         torch.save({name: s.state_dict() for name, s in schedulers.items()}, os.path.join(tmp, "schedulers.pt"))
@@ -311,10 +317,10 @@ def load_training_state(path: str, optimizers: Dict[str, torch.optim.Optimizer],
             with _corrupt(path, f"schedulers.pt[{name!r}]"):
                 sched.load_state_dict(sched_states[name])
     for name, module in (modules or {}).items():
-        file = os.path.join(path, "modules", f"{name}.safetensors")
+        file = os.path.join(path, module_file(name))
         if not os.path.isfile(file):
             raise CheckpointError(f"checkpoint {path} has no module {name!r} (expected {file})")
-        with _corrupt(path, f"modules/{name}.safetensors"):
+        with _corrupt(path, module_file(name)):
             _unwrap(module).load_state_dict(load_file(file))
     with _corrupt(path, f"rng.pt[{rank}]"):
         restore_rng_state(rng)
@@ -506,3 +512,66 @@ def load_saved_policy(path: str, device: str = "cpu", lora_rank: Optional[int] =
     with load_errors(policy_dir, kind):
         policy = policy_class(kind).load(policy_dir, lora_rank=lora_rank, device=device)
     return policy.eval()
+
+
+def save_run_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
+                        schedulers: Optional[Dict[str, Any]] = None,
+                        modules: Optional[Dict[str, torch.nn.Module]] = None, rank: int = 0,
+                        gather: Optional[Any] = None, **kwargs: Any) -> Optional[str]:
+    """A run's checkpoint, its policy sharded or not (every script's checkpoint goes through it, common/run.py Run.save;
+    the one place that asks common/fsdp.py for shards). Not sharded: process 0 writes everything (`save_checkpoint`),
+    other processes return None at once. Sharded (every process calls it, with `gather`, in the rollout mode): the full
+    weights are gathered parameter by parameter into a CPU copy on process 0, which writes policy/ from it; every
+    process writes into shards/ its shards of the trainable weights, of the optimizers that step them and of the modules
+    that hold shards (`fsdp.holds_dtensors`); the rest is written as under ddp, and the weights are gathered again after
+    (a failed write too). `kwargs`: save_checkpoint's config, extra, keep_last, rng_states."""
+    if not fsdp.is_sharded(policy):
+        return save_checkpoint(run_dir, iteration, policy, optimizers, schedulers, modules, **kwargs) \
+            if rank == 0 else None
+    sharded_opts = {k: o for k, o in optimizers.items() if fsdp.holds_shards(policy, o)}
+    held = {k: m for k, m in (modules or {}).items() if fsdp.holds_dtensors(m)}
+    # an optimizer that never stepped (no update yet: dynamic sampling kept no group) has no state to shard; torch's
+    # get_optimizer_state_dict would make some with a zero-lr step, and its AdamW step count 1 would make the resumed
+    # run differ: it is recorded as fresh instead
+    fresh = sorted(k for k, o in sharded_opts.items() if not o.state)
+
+    def write_shards(folder: str) -> None:
+        fsdp.save_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, folder, held)
+        if rank == 0 and fresh:  # no file: every optimizer has state (the layout is the shards alone)
+            with open(os.path.join(folder, fsdp.FRESH_OPTIMIZERS), "w") as f:
+                json.dump(fresh, f)
+
+    try:
+        weights = fsdp.gathered_copy(policy, keep=rank == 0)  # collective; policy/ is written from process 0's copy
+        saved = fsdp.GatheredSave(policy, weights) if rank == 0 else None
+        return save_checkpoint(run_dir, iteration, saved,
+                               {k: o for k, o in optimizers.items() if k not in sharded_opts}, schedulers,
+                               {k: m for k, m in (modules or {}).items() if k not in held}, shards=write_shards,
+                               rank=rank, gather=gather, **kwargs)
+    finally:
+        fsdp.gather_weights(policy)  # collective: every process reaches it, after a failed write too
+
+
+def load_run_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
+                        schedulers: Optional[Dict[str, Any]] = None,
+                        modules: Optional[Dict[str, torch.nn.Module]] = None, rank: int = 0) -> tuple:
+    """`load_training_state` for a policy sharded or not (Run.attach's resume): optimizers, schedulers, modules and
+    process `rank`'s RNG states; under fsdp the optimizers that step shards and the modules that hold shards from
+    shards/
+    (collective; before `register`). The policy's weights themselves are the caller's (from `<path>/policy`, before
+    sharding). Returns (iteration, extra); ValueError (one line) for an fsdp resume of a checkpoint without shards/."""
+    sharded_opts = {k: o for k, o in optimizers.items() if fsdp.holds_shards(policy, o)}
+    held = {k: m for k, m in (modules or {}).items() if fsdp.holds_dtensors(m)}
+    iteration, extra = load_training_state(path, {k: o for k, o in optimizers.items() if k not in sharded_opts},
+                                           schedulers, {k: m for k, m in (modules or {}).items() if k not in held},
+                                           rank=rank)
+    if sharded_opts:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
+        shards = os.path.join(path, "shards")
+        if not os.path.isdir(shards):
+            raise ValueError(f"--resume: checkpoint {path} has no shards/ (the weights and optimizer state that "
+                             f"train.strategy=fsdp saves per process): it was written under train.strategy=ddp or by "
+                             f"an older version; start a new run from its policy/ ({path}/policy)")
+        fresh_file = os.path.join(shards, fsdp.FRESH_OPTIMIZERS)
+        fresh = json.load(open(fresh_file)) if os.path.isfile(fresh_file) else []  # never stepped: stay fresh
+        fsdp.load_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, shards, held)
+    return iteration, extra

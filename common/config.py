@@ -6,6 +6,7 @@ unknown key or wrong type into a one-line `ConfigError` naming the key, the file
 from __future__ import annotations
 
 import argparse
+import copy
 import difflib
 import inspect
 import os
@@ -20,8 +21,9 @@ from omegaconf.errors import ConfigKeyError, ValidationError
 
 from common.run_folder import default_run_prefix, resolve_run_dir, set_trust_run
 from common.scripts import SCRIPTS, script_file  # noqa: F401 - script_file re-exported
-from envs.suites import ConfigError, EnvConfig, check_env_config, num_trials, ranged  # noqa: F401 - re-exported
-from common import memory_plan, yaml_safe
+from base.config_fields import ConfigError, ranged  # noqa: F401 - re-exported
+from envs.suites import EnvConfig, check_env_config, num_trials  # noqa: F401 - re-exported
+from common import memory_plan, renamed_keys, yaml_safe
 from models.configs import FAMILIES, config_class
 
 T = TypeVar("T")
@@ -148,8 +150,10 @@ def _expected_type(schema: Any, dotted: str) -> str:
     return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
-def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence[str] = ()) -> T:
-    """Defaults of `schema` <- YAML file <- `key=value` overrides, strictly checked; returns a `schema` instance."""
+def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence[str] = (), announce: bool = True) -> T:
+    """Defaults of `schema` <- YAML file <- `key=value` overrides, strictly checked; returns a `schema` instance. A
+    file with keys of the old update vocabulary is read with them renamed (common/renamed_keys.py), said in one
+    printed note (`announce`)."""
     data: Dict[str, Any] = {}
     if path is not None:
         if not os.path.isfile(path):
@@ -162,6 +166,9 @@ def load_config(schema: Type[T], path: Optional[str] = None, overrides: Sequence
             raise ConfigError(f"{path}: cannot read it ({e.strerror or e})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: expected a mapping of sections at the top level, got {type(data).__name__}")
+        data, renamed = renamed_keys.upgrade(data)  # a file of the old vocabulary (an old run's config.yaml)
+        if renamed and announce and os.environ.get("RANK", "0") == "0":
+            print(renamed_keys.note(path, renamed), flush=True)
     given = []
     for item in overrides:
         if "=" not in item or item.startswith("="):
@@ -247,9 +254,10 @@ def check_ranges(cfg: Any, prefix: str = "") -> None:
 
 
 def check_run_config(cfg: Any) -> None:
-    """ConfigError (one line with the fix) for the env/eval/log keys every RL script shares, every key's range
-    (declared beside its field), and unknown task ids. Reads the suites' static facts (envs/suites.py): no simulator
-    is imported."""
+    """ConfigError (one line with the fix) for the env/rollout/train/eval/log keys every RL script shares (the one
+    update vocabulary: train.update_epochs, mini_batch_size, micro_batch_size, mini_batch_unit, strategy; rollout.
+    train_trials), every key's range (declared beside its field), and unknown task ids. Reads the suites' static facts
+    (envs/suites.py): no simulator is imported."""
     check_ranges(cfg)
     if cfg.init.mode not in ("checkpoint", "auto_sft", "scratch"):
         raise ConfigError(f"init.mode={cfg.init.mode!r}: use checkpoint (load init.path), auto_sft (train_sft.py "
@@ -257,7 +265,7 @@ def check_run_config(cfg: Any) -> None:
     from common.fsdp import check_strategy
 
     try:
-        check_strategy(getattr(cfg.train, "strategy", "ddp"), getattr(cfg.train, "fsdp_offload", False))
+        check_strategy(cfg.train.strategy, cfg.train.fsdp_offload)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     try:
@@ -265,27 +273,24 @@ def check_run_config(cfg: Any) -> None:
     except ValueError as e:
         raise ConfigError(str(e)) from None
     protocol = apply_protocol(cfg)
-    rollout, train = getattr(cfg, "rollout", None), cfg.train
-    unit = getattr(train, "mini_batch_unit", "step")
+    rollout, train = cfg.rollout, cfg.train
+    unit = train.mini_batch_unit
     grid = getattr(type(train), "GRID_MINI_BATCHES", False)  # the scripts that implement mini_batch_unit=grid
     if unit not in ("step", "trajectory") + (("grid",) if grid else ()):
         raise ConfigError(f"train.mini_batch_unit={unit!r}: use step (mini-batches of policy steps) or trajectory "
                           f"(of whole episodes)" + (" or grid (of the padded episode x step grid)" if grid else ""))
-    sizes = [k for k in ("ppo_epochs", "ppo_mini_batch_size", "ppo_micro_batch_size", "update_epochs",
-                         "mini_batch_size", "micro_batch_size") if hasattr(train, k)]
-    if sizes:  # epochs, mini-batch and micro-batch size of the update, under the script's names
-        epochs, mini, micro = (getattr(train, k) for k in sizes)
-        if mini % micro and unit == "step":  # (each >= 1: its range) trajectory mini-batches count episodes,
-            # micro-batches policy steps: no multiple to check there
-            raise ConfigError(f"train.{sizes[0]}={epochs}, train.{sizes[1]}={mini}, train.{sizes[2]}={micro}: the "
-                              f"mini-batch must be a multiple of the micro-batch")
+    if train.mini_batch_size % train.micro_batch_size and unit == "step":  # (each >= 1: its range) trajectory
+        # mini-batches count episodes, micro-batches policy steps: no multiple to check there
+        raise ConfigError(f"train.update_epochs={train.update_epochs}, train.mini_batch_size={train.mini_batch_size}, "
+                          f"train.micro_batch_size={train.micro_batch_size}: the mini-batch must be a multiple of the "
+                          f"micro-batch")
     if protocol["practice_on_eval_trials"]:  # the reference practises on every trial it evaluates: nothing held out
         pass
-    elif hasattr(rollout, "train_trials") and rollout.train_trials >= num_trials(cfg.env):  # (>= 1: its range)
+    elif rollout.train_trials >= num_trials(cfg.env):  # (>= 1: its range)
         raise ConfigError(f"rollout.train_trials={rollout.train_trials} must leave held-out trials: the suite has "
                           f"{num_trials(cfg.env)} trials per task")
-    practice, first = getattr(rollout, "train_trials", None), cfg.eval.trial_start
-    if cfg.eval.every > 0 and practice is not None and first is not None and first < practice and \
+    practice, first = rollout.train_trials, cfg.eval.trial_start
+    if cfg.eval.every > 0 and first is not None and first < practice and \
             not protocol["practice_on_eval_trials"]:  # a reference protocol evaluates the trials it practises on
         raise ConfigError(f"eval.trial_start={first}: evaluation trials {first}..{first + cfg.eval.trials_per_task - 1} "
                           f"overlap the practice trials 0..{practice - 1} (rollout.train_trials={practice}), so val/ "
@@ -459,15 +464,15 @@ def parse_cli(schema: Type[T], default_config: str, description: str = "", argv:
         cfg = _parse_cli(schema, default_config, description, argv, script, flags, resumable)
     except ConfigError as e:  # one line, no traceback: the message already says what to change
         raise SystemExit(f"error: {e}") from None
-    memory_plan.on_parsed(cfg, script)  # --dry-run: print the memory plan and exit 0
     return cfg
 
 
-def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
-    """Run a script's value checks on its parsed config; a bad value exits with one line (`error: ...`) naming the
-    fix, no traceback. The checks resolve eval.protocol in place (apply_protocol): every key that changed is printed
-    first, `key: given -> used` (the main process only), and the resolved config is the one the run saves and a
-    resume reads."""
+def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> T:
+    """A script's value checks run on a copy of its parsed config, which is returned: the checks resolve eval.protocol
+    (apply_protocol: keys left at their defaults take the protocol's values), and every key that changed is printed,
+    `key: given -> used` (the main process only); the returned config is the one the run saves and a resume reads. A
+    bad value exits with one line (`error: ...`) naming the fix, no traceback."""
+    cfg = copy.deepcopy(cfg)
     before = flatten_config(cfg) if is_dataclass(cfg) else {}
     try:
         check(cfg)
@@ -476,6 +481,7 @@ def exit_on_bad_config(check: Callable[[T], None], cfg: T) -> None:
     lines = resolved_lines(before, cfg)
     if lines and os.environ.get("RANK", "0") == "0":
         print("\n".join(lines), flush=True)
+    return cfg
 
 
 def resolved_lines(before: Dict[str, Any], cfg: Any) -> List[str]:
@@ -607,6 +613,6 @@ def _parse_cli(schema, default_config, description, argv, script, flags, resumab
         raise ConfigError(f"--resume {args.resume}: {run_dir} is a run of {script_file(owner)}, not of "
                           f"{script_file(script)}: continue it with python {script_file(owner)} --resume {run_dir}")
     saved = load_config(schema, saved_path)
-    resumed = load_config(schema, saved_path, overrides + [f"resume={run_dir}"])
+    resumed = load_config(schema, saved_path, overrides + [f"resume={run_dir}"], announce=False)
     check_resume_overrides(saved, resumed, resumable)
     return resumed

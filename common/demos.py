@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from envs import EnvConfig
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 from models.action_tokenizer import ACTION_DIM
 
 DEMO_CACHE_DIR = os.path.join("cache", "demos")

@@ -24,7 +24,7 @@ from typing import List
 
 import torch
 
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 
 QUIET_LAUNCH = "--num_machines 1 --mixed_precision no --dynamo_backend no"  # accelerate warns when it picks these
 

@@ -65,7 +65,7 @@ def evaluate_policy(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequenc
 def eval_trials(num_trials: int, trials_per_task: int, trial_start: Optional[int], default_start: int) -> List[int]:
     """Trial ids trial_start .. trial_start + trials_per_task - 1 (default_start when None), within the suite (trials
     past the suite's last are refused: ConfigError, one line, rather than scoring fewer in silence)."""
-    from envs.suites import ConfigError
+    from base.config_fields import ConfigError
 
     start = default_start if trial_start is None else trial_start
     if start + trials_per_task > num_trials:

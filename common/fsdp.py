@@ -28,12 +28,12 @@ weights stay gathered through the update too (a few % of a VLA's weights) and ar
 optimizer step.
 
 Checkpoints (common/checkpoint.py, written atomically with the manifest as under ddp; every script saves and resumes
-through `save_checkpoint` / `load_checkpoint` below, sharded or not): `policy/` holds the full weights (the fp32
-master copy where the policy keeps fp32 weights, as under ddp), written by process 0 from a CPU copy gathered
-parameter by parameter (`DTensor.full_tensor`; one process loads the folder: evaluate.py, init.path); `shards/` is a
-torch.distributed.checkpoint folder where every process writes its own shards of the trainable weights, of the
-optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`), which a resume at the same
-world size reads back into place (`load_shards`).
+through its `save_run_checkpoint` / `load_run_checkpoint`, which ask this module for the shards under fsdp): `policy/`
+holds the full weights (the fp32 master copy where the policy keeps fp32 weights, as under ddp), written by process 0
+from a CPU copy gathered parameter by parameter (`DTensor.full_tensor`; one process loads the folder: evaluate.py,
+init.path); `shards/` is a torch.distributed.checkpoint folder where every process writes its own shards of the
+trainable weights, of the optimizer state and of extra modules that hold shards (FlowSAR's EMA copy) (`save_shards`),
+which a resume at the same world size reads back into place (`load_shards`).
 """
 from __future__ import annotations
 
@@ -190,7 +190,7 @@ def sharded(policy: torch.nn.Module) -> Iterator[None]:
     policy.reset_iter_state()
     for m in fsdp_modules(policy)[:-1]:
         m.set_reshard_after_forward(RESHARD_AFTER_FORWARD, recurse=False)
-    policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`_after_step`)
+    policy.unshard()  # the root's own weights: its forward never runs, so they stay gathered (`after_step`)
     sharding(policy).updating = True
     yield
     gather_weights(policy)
@@ -205,9 +205,12 @@ def sync_gradients(policy: torch.nn.Module, last: bool) -> None:
         policy.set_requires_gradient_sync(last or sharding(policy).reduce_every)
 
 
-def _after_step(policy: torch.nn.Module) -> None:
-    """After an optimizer step moved the shards: in the update the root's gathered weights from its new shards (the
-    layers gather theirs in their next forward); else every module's."""
+def after_step(policy: torch.nn.Module) -> None:
+    """After an optimizer step moved the shards (common/train.py optimizer_step calls it; no hook watches the
+    optimizers): in the update the root's gathered weights from its new shards (the layers gather theirs in their
+    next forward); else every module's. Not sharded: nothing."""
+    if not is_sharded(policy):
+        return
     if sharding(policy).updating:
         policy.reshard()
         policy.unshard()
@@ -216,17 +219,14 @@ def _after_step(policy: torch.nn.Module) -> None:
 
 
 def register(policy: torch.nn.Module, optimizers: Sequence[torch.optim.Optimizer]) -> None:
-    """After the optimizers are built on the shards (and a resume has read its shards back): keep the gathered
-    weights up to date after each optimizer step that moves the shards, and enter the rollout mode (collective).
-    Run.attach calls it."""
+    """After the optimizers are built on the shards (and a resume has read its shards back): check one holds the
+    shards and enter the rollout mode (collective). Run.attach calls it. Each optimizer step that moves the shards is
+    followed by `after_step` (explicitly: common/train.py optimizer_step)."""
     if not is_sharded(policy):
         return
     if not any(holds_shards(policy, opt) for opt in optimizers):
         raise RuntimeError("train.strategy=fsdp: no optimizer holds the policy's shards (build it on "
                            "policy.parameters() after shard_policy, before Run.attach)")
-    for opt in optimizers:
-        if holds_shards(policy, opt):
-            opt.register_step_post_hook(lambda *_: _after_step(policy))
     gather_weights(policy)
 
 
@@ -351,66 +351,3 @@ def load_shards(policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optim
         set_optimizer_state_dict(policy, opt, state["optimizers"][name])
     for name, m in (modules or {}).items():
         m.load_state_dict(state["modules"][name])
-
-
-def save_checkpoint(run_dir: str, iteration: int, policy: Any, optimizers: Dict[str, torch.optim.Optimizer],
-                    schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
-                    rank: int = 0, gather: Optional[Any] = None, **kwargs: Any) -> Optional[str]:
-    """common.checkpoint.save_checkpoint for a policy sharded or not (every script's checkpoint goes through it).
-    Not sharded: process 0 writes everything, other processes return None at once. Sharded (every process calls it,
-    with `gather`, in the rollout mode): the full weights are gathered parameter by parameter into a CPU copy on
-    process 0, which writes policy/ from it; every process writes into shards/ its shards of the trainable weights,
-    of the optimizers that step them and of the modules that hold shards (`holds_dtensors`); the rest is written as
-    under ddp, and the weights are gathered again after (a failed write too). `kwargs`: save_checkpoint's config,
-    extra, keep_last, rng_states."""
-    from common.checkpoint import save_checkpoint as write
-
-    if not is_sharded(policy):
-        return write(run_dir, iteration, policy, optimizers, schedulers, modules, **kwargs) if rank == 0 else None
-    sharded_opts = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
-    held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
-    # an optimizer that never stepped (no update yet: dynamic sampling kept no group) has no state to shard; torch's
-    # get_optimizer_state_dict would make some with a zero-lr step (whose post-hook gathers the weights mid-save)
-    # and its AdamW step count 1 would make the resumed run differ: it is recorded as fresh instead
-    fresh = sorted(k for k, o in sharded_opts.items() if not o.state)
-
-    def write_shards(folder: str) -> None:
-        save_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, folder, held)
-        if rank == 0 and fresh:  # no file: every optimizer has state (the layout is the shards alone)
-            with open(os.path.join(folder, FRESH_OPTIMIZERS), "w") as f:
-                json.dump(fresh, f)
-
-    try:
-        weights = gathered_copy(policy, keep=rank == 0)  # collective; policy/ is written from process 0's copy
-        saved = GatheredSave(policy, weights) if rank == 0 else None
-        return write(run_dir, iteration, saved, {k: o for k, o in optimizers.items() if k not in sharded_opts},
-                     schedulers, {k: m for k, m in (modules or {}).items() if k not in held}, shards=write_shards,
-                     rank=rank, gather=gather, **kwargs)
-    finally:
-        gather_weights(policy)  # collective: every process reaches it, after a failed write too
-
-
-def load_checkpoint(path: str, policy: torch.nn.Module, optimizers: Dict[str, torch.optim.Optimizer],
-                    schedulers: Optional[Dict[str, Any]] = None, modules: Optional[Dict[str, torch.nn.Module]] = None,
-                    rank: int = 0) -> tuple:
-    """common.checkpoint.load_training_state for a policy sharded or not: optimizers, schedulers, modules and process
-    `rank`'s RNG states; under fsdp the optimizers that step shards and the modules that hold shards from shards/
-    (collective; before `register`). The policy's weights themselves are the caller's (from `<path>/policy`, before
-    sharding). Returns (iteration, extra); ValueError (one line) for an fsdp resume of a checkpoint without shards/."""
-    from common.checkpoint import load_training_state
-
-    sharded_opts = {k: o for k, o in optimizers.items() if holds_shards(policy, o)}
-    held = {k: m for k, m in (modules or {}).items() if holds_dtensors(m)}
-    iteration, extra = load_training_state(path, {k: o for k, o in optimizers.items() if k not in sharded_opts},
-                                           schedulers, {k: m for k, m in (modules or {}).items() if k not in held},
-                                           rank=rank)
-    if sharded_opts:  # each process reads its shards of the trainable weights, optimizer state and sharded modules
-        shards = os.path.join(path, "shards")
-        if not os.path.isdir(shards):
-            raise ValueError(f"--resume: checkpoint {path} has no shards/ (the weights and optimizer state that "
-                             f"train.strategy=fsdp saves per process): it was written under train.strategy=ddp or by "
-                             f"an older version; start a new run from its policy/ ({path}/policy)")
-        fresh_file = os.path.join(shards, FRESH_OPTIMIZERS)
-        fresh = json.load(open(fresh_file)) if os.path.isfile(fresh_file) else []  # never stepped: stay fresh
-        load_shards(policy, {k: o for k, o in sharded_opts.items() if k not in fresh}, shards, held)
-    return iteration, extra

@@ -9,18 +9,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from common.advantages import check_same_shape, masked_mean, masked_sum
+from common.masking import check_same_shape, masked_mean, masked_sum
 
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                   "traj-token-mean", "episode-ratio")
 VALUE_LOSSES = ("half-mse", "mse", "huber")
-
-
-def on_host(t: torch.Tensor) -> bool:
-    """Whether a value check on `t` is free: on the CPU it is; on an accelerator `bool(tensor)` waits for the device,
-    once per micro-batch, so the losses check their inputs' values only where that costs nothing (the CPU runs and
-    the tests); shapes and dtypes are checked everywhere."""
-    return t.device.type == "cpu"
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:

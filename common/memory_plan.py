@@ -4,7 +4,7 @@ weights read, no memory taken). The policy is its family's own description (its 
 models/memory.py: the network on the meta device and the transformer stacks a sample passes); this module does the
 family-free arithmetic on it, and says so in one line for a family that gives none. Every script prints it at its start
 (`check`, main process) and stops in one line naming the fixes when it exceeds the device; `--dry-run` prints it and
-exits (`on_parsed`, from common/config.py's parse_cli), on a machine without a GPU too (`--device-memory-gib 80` checks
+exits (`dry_run`, called by every script's main), on a machine without a GPU too (`--device-memory-gib 80` checks
 against that size, `--processes 8` plans for 8 processes). docs/scale.md lists the plans of the shipped recipes and
 checks this model against the measured peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
 
@@ -41,9 +41,9 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 from models.memory import Model, Stack
 
 GIB = 2 ** 30
@@ -112,38 +112,58 @@ def count(module: Any, unused: Sequence[str] = ()) -> Params:
     return out
 
 
-def policy_model(cfg: Any, script: str) -> Tuple[Optional[Model], Any]:
-    """(the run's policy on the meta device, its family config): `_policy_model`, the config kept on the model;
-    (None, the family's name) for a family that gives no plan."""
-    model, section = _policy_model(cfg, script)
-    if model is not None:
-        model.policy_cfg = section
-    return model, section
+@dataclass
+class Parts:
+    """What a script's config tells the plan about its run (its `memory_parts(world)` method; `rl_parts` for the RL
+    scripts): the policy it trains, the update's batch sizes per process and the models it holds beside the policy.
+    The plan names no script: what differs between them is here."""
+    script: str  # the script's file, for the plan's title (e.g. train_srpo.py)
+    family: str  # the policy family
+    folder: Optional[str]  # the folder the policy starts from (None: built from `section`)
+    section: Any  # the family's config (None: the family reads it from `folder`)
+    micro: int  # samples per forward / backward, per process
+    mini: int  # samples per optimizer step, per process
+    micro_key: str  # the key that sets `micro` (a fix names it) ...
+    key_per_micro: int = 1  # ... and its value per unit of `micro` (a key that counts every process: the world)
+    by_trajectory: bool = False  # mini-batches count episodes (of steps)
+    grads_in_forward: bool = False  # the gradients are allocated while every forward runs (else only when a
+    # mini-batch accumulates several micro-batches)
+    start_note: bool = True  # a start from a folder not there yet is planned from the config (and says so)
+    with_lora: Optional[Callable[[int], Any]] = None  # the config with LoRA of a rank (a fix), None: not offered
+    extras: Callable[..., List["Extra"]] = lambda model, world, sharded, offload, micro: []  # the other models
 
 
-def _policy_model(cfg: Any, script: str) -> Tuple[Optional[Model], Any]:
-    """(the run's policy on the meta device, its family config) for a script's config, as the script builds it, from
-    the family's own description (its class's `memory_model`, models/memory.py): RL scripts from init.path (a
-    published checkpoint folder, a saved policy) with the config's LoRA and precision keys, else from the config's
-    architecture; train_sft.py from policy.init_path (its family told by the folder) or its policy.<type> section.
-    (None, family) when the family gives no plan."""
+def rl_parts(cfg: Any, world: int, script: str,
+             extras: Optional[Callable[..., List["Extra"]]] = None) -> Parts:
+    """An RL script's parts: the policy from init.path (or the config's architecture), the update's
+    train.micro_batch_size / train.mini_batch_size, `extras(model, world, sharded, offload, micro)` its other models."""
+    t = cfg.train
+    return Parts(script, cfg.policy.type, cfg.init.path, cfg.policy, t.micro_batch_size, t.mini_batch_size,
+                 "train.micro_batch_size", by_trajectory=t.mini_batch_unit == "trajectory",
+                 start_note=cfg.init.mode != "scratch",
+                 with_lora=lambda rank: dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy,
+                                                                                             lora_rank=rank)),
+                 **({"extras": extras} if extras is not None else {}))
+
+
+def policy_model(parts: Parts) -> Tuple[Optional[Model], Any]:
+    """(the run's policy on the meta device, its family config) for a script's `parts`, as the script builds it,
+    from the family's own description (its class's `memory_model`, models/memory.py): from the folder (a published
+    checkpoint folder, a saved policy) with the config's LoRA and precision keys, else from the config's
+    architecture; (None, the family's name) when the family gives no plan. The config is kept on the model."""
     from models.policy import policy_class
 
-    if script == "train_sft":
-        folder = cfg.policy.init_path
-        family = _folder_family(folder) if folder else cfg.policy.type
-        section = getattr(cfg.policy, family, None)  # None: the family reads its config from the folder
-    else:
-        family, folder, section = cfg.policy.type, cfg.init.path, cfg.policy
+    family, folder, section = parts.family, parts.folder, parts.section
     model = policy_class(family).memory_model(section, folder)
     if model is None:
         return None, family
-    if script != "train_sft" and cfg.init.mode != "scratch" and not (folder and os.path.isdir(folder)) \
-            and not getattr(section, "init_path", None):
+    if parts.start_note and not (folder and os.path.isdir(folder)) and not getattr(section, "init_path", None):
         model.notes.append((f"init.path {folder} holds no policy yet" if folder else "no init.path given") +
                            ": planned with the config's policy architecture" +
                            (f" (policy.preset={section.preset})" if getattr(section, "preset", None) else ""))
-    return model, model.policy_cfg if model.policy_cfg is not None else section
+    section = model.policy_cfg if model.policy_cfg is not None else section
+    model.policy_cfg = section
+    return model, section
 
 
 def no_plan(family: str) -> str:
@@ -152,7 +172,8 @@ def no_plan(family: str) -> str:
             f"(models/memory.py says what one returns); nothing checked against the device")
 
 
-def _folder_family(folder: str) -> str:
+def folder_family(folder: str) -> str:
+    """The policy family of a folder (a ConfigError naming it when it holds no policy)."""
     from models.policy import family_of_folder
 
     try:
@@ -207,6 +228,36 @@ def _vjepa2_by_name(name: str):
 def value_head_numel(in_dim: int, hidden_dims: Sequence[int]) -> int:
     dims = [in_dim, *hidden_dims, 1]
     return sum(a * b + b for a, b in zip(dims[:-1], dims[1:]))
+
+
+def encoder_extra(enc: Any) -> List["Extra"]:
+    """A V-JEPA 2 reward encoder beside the policy (train_srpo.py): its float32 weights and its forward while it
+    embeds; [] for the pixel encoder."""
+    emodel, tokens, source = encoder_model(enc)
+    if emodel is None:
+        return []
+    config = emodel.net.config
+    transient = encoder_transient(emodel, tokens, enc.batch_size, enc.num_frames if enc.pooling == "mean"
+                                  else config.tubelet_size, config.crop_size)
+    return [Extra("V-JEPA 2 reward encoder (float32)", count(emodel.net).bytes, transient, "reward encoder forward",
+                  note=f"{count(emodel.net).numel / 1e6:,.1f} M; +{transient / GIB:.2f} GiB while it embeds "
+                       f"{enc.batch_size} videos ({source})")]
+
+
+def value_head_extra(model: Model, hidden_dims: Sequence[int]) -> List["Extra"]:
+    """A value head on the policy's hidden state (train_gae_ppo.py): weights, gradients and AdamW state, float32."""
+    numel = value_head_numel(model.hidden_size, hidden_dims)
+    return [Extra("value head (+ gradients, AdamW)", numel * 16, note=f"{numel / 1e6:,.2f} M float32")]
+
+
+def ema_extra(model: Model, world: int, sharded: bool, offload: bool, micro: int) -> List["Extra"]:
+    """An EMA copy of the trainable weights (train_flowsar.py's theta_old; 1/N under fsdp, on the host with
+    offload), swapped in for a forward without gradients (the self-annotation)."""
+    p = count(model.net, model.unused)
+    ema = (p.trainable_bytes + p.idle_bytes) // (world if sharded else 1)
+    return [Extra("EMA reference (theta_old)", 0 if offload else ema, ema + inference_bytes(model.stacks, micro, 2),
+                  "self-annotation", host=ema if offload else 0,
+                  note="a copy of the trainable weights" + (" (shards, on the host)" if offload else ""))]
 
 
 # ---------------------------------------------------------------- activations
@@ -379,51 +430,13 @@ def estimate(model: Model, *, micro: int, strategy: str = "ddp", world: int = 1,
 
 
 # ---------------------------------------------------------------- a script's run
-def micro_batch(cfg: Any, script: str, world: int) -> Tuple[int, int]:
-    """(micro-batch, mini-batch) of the update, per process."""
-    t = cfg.train
-    if script == "train_sft":
-        return max(1, cfg.sft.batch_size // world), max(1, cfg.sft.batch_size // world)
-    if script == "flowsar":
-        return t.micro_batch_size, t.mini_batch_size
-    return t.ppo_micro_batch_size, t.ppo_mini_batch_size
-
-
-def run_extras(cfg: Any, script: str, model: Model, world: int, fsdp: bool, offload: bool) -> List[Extra]:
-    """The models a script holds beside the policy (module docstring)."""
-    extras = []
-    if script == "srpo" and cfg.reward.mode == "srpo":
-        enc = cfg.reward.encoder
-        emodel, tokens, source = encoder_model(enc)
-        if emodel is not None:
-            config = emodel.net.config
-            transient = encoder_transient(emodel, tokens, enc.batch_size, enc.num_frames if enc.pooling == "mean"
-                                          else config.tubelet_size, config.crop_size)
-            extras.append(Extra("V-JEPA 2 reward encoder (float32)", count(emodel.net).bytes, transient,
-                                "reward encoder forward",
-                                note=f"{count(emodel.net).numel / 1e6:,.1f} M; +{transient / GIB:.2f} GiB while it "
-                                     f"embeds {enc.batch_size} videos ({source})"))
-    if script == "gae_ppo" and cfg.algorithm.use_gae:
-        numel = value_head_numel(model.hidden_size, cfg.value_head.hidden_dims)
-        extras.append(Extra("value head (+ gradients, AdamW)", numel * 16, note=f"{numel / 1e6:,.2f} M float32"))
-    if script == "flowsar":
-        p = count(model.net, model.unused)
-        ema = (p.trainable_bytes + p.idle_bytes) // (world if fsdp else 1)
-        micro, _ = micro_batch(cfg, script, world)
-        extras.append(Extra("EMA reference (theta_old)", 0 if offload else ema,
-                            ema + inference_bytes(model.stacks, micro, 2), "self-annotation",
-                            host=ema if offload else 0,
-                            note="a copy of the trainable weights" + (" (shards, on the host)" if offload else "")))
-    return extras
-
-
-def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, device_name: str = "",
+def plan_run(cfg: Any, world: int, capacity: Optional[int] = None, device_name: str = "",
              model: Optional[Model] = None, **override: Any) -> Plan:
-    """The plan of `script` (srpo | gae_ppo | luffy | flowsar | train_sft) run with `cfg` over `world` processes on
-    CUDA devices of `capacity` bytes. `override`: strategy / offload / micro to plan a variant (the fixes)."""
-    from common.scripts import script_file
+    """The plan of the script whose config `cfg` is (its `memory_parts`, `Parts`) run over `world` processes on CUDA
+    devices of `capacity` bytes. `override`: strategy / offload / micro to plan a variant (the fixes)."""
     from common.fsdp import check_strategy
 
+    parts = cfg.memory_parts(world)
     strategy = override.get("strategy", getattr(cfg.train, "strategy", "ddp"))
     offload = override.get("offload", getattr(cfg.train, "fsdp_offload", False))
     try:
@@ -431,40 +444,32 @@ def plan_run(cfg: Any, script: str, world: int, capacity: Optional[int] = None, 
     except ValueError as e:
         raise ConfigError(str(e)) from None
     if model is None:
-        model, family = policy_model(cfg, script)
+        model, family = policy_model(parts)
         if model is None:
             raise ConfigError(no_plan(family)[len("[memory plan] "):])
-    micro, mini = micro_batch(cfg, script, world)
-    micro = override.get("micro", micro)
-    by_trajectory = getattr(cfg.train, "mini_batch_unit", "step") == "trajectory"  # mini counts episodes of steps
-    extras = run_extras(cfg, script, model, world, strategy == "fsdp", offload)
+    micro, mini = override.get("micro", parts.micro), parts.mini
+    extras = parts.extras(model, world, strategy == "fsdp", offload, parts.micro)
     rollout = cfg.env.num_envs // (2 if getattr(cfg.env, "pipeline", False) else 1)
-    section = model.policy_cfg if model.policy_cfg is not None else model_cfg(cfg, script)
+    section = model.policy_cfg if model.policy_cfg is not None else parts.section
     variant = model.variant or (f"LoRA r={section.lora_rank}" if getattr(section, "lora_rank", 0) else
                                 "full fine-tuning")
-    title = (f"{script_file(script)}: {model.label}, {variant}; {strategy}"
+    title = (f"{parts.script}: {model.label}, {variant}; {strategy}"
              f"{' + offload' if offload else ''} over {world} process{'es' if world > 1 else ''}; micro-batch "
-             f"{micro} of {mini}{' episodes' if by_trajectory else ''}")
+             f"{micro} of {mini}{' episodes' if parts.by_trajectory else ''}")
     # bf16 autocast on CUDA unless the policy turns it off (bf16 weights imply it)
     autocast = bool(getattr(section, "bf16", True) or getattr(section, "bf16_weights", False))
     return estimate(model, micro=micro, strategy=strategy, world=world, offload=offload, autocast=autocast,
-                    grads_in_forward=script == "train_sft" or mini > micro or by_trajectory, inference_batch=rollout,
-                    extras=extras, title=title, capacity=capacity, device_name=device_name)
+                    grads_in_forward=parts.grads_in_forward or mini > micro or parts.by_trajectory,
+                    inference_batch=rollout, extras=extras, title=title, capacity=capacity, device_name=device_name)
 
 
-def model_cfg(cfg: Any, script: str) -> Any:
-    if script == "train_sft":
-        return getattr(cfg.policy, cfg.policy.type, cfg.policy)
-    return cfg.policy
-
-
-def fixes(cfg: Any, script: str, world: int, capacity: int, model: Model) -> List[str]:
+def fixes(cfg: Any, world: int, capacity: int, model: Model) -> List[str]:
     """The changes that bring the plan under the device (each with its peak), cheapest first: fsdp over these
     processes (or the fewest GPUs of a node that fit), fsdp + offload, a smaller micro-batch, LoRA."""
     out: List[str] = []
 
     def fits(**kw) -> Optional[Plan]:
-        plan = plan_run(cfg, script, kw.pop("world", world), capacity, model=model, **kw)
+        plan = plan_run(cfg, kw.pop("world", world), capacity, model=model, **kw)
         return plan if plan.fits() else None
 
     ddp = getattr(cfg.train, "strategy", "ddp") == "ddp"
@@ -479,21 +484,16 @@ def fixes(cfg: Any, script: str, world: int, capacity: int, model: Model) -> Lis
                 break
         if out:
             break
-    micro, _ = micro_batch(cfg, script, world)
-    key = "sft.batch_size" if script == "train_sft" else \
-        ("train.micro_batch_size" if script == "flowsar" else "train.ppo_micro_batch_size")
-    m = micro // 2
+    parts = cfg.memory_parts(world)
+    m = parts.micro // 2
     while m >= 1:
         plan = fits(micro=m)
         if plan:
-            shown = m * world if script == "train_sft" else m
-            out.append(f"{key}={shown} ({_gib(plan.peak_gib)} GiB)")
+            out.append(f"{parts.micro_key}={m * parts.key_per_micro} ({_gib(plan.peak_gib)} GiB)")
             break
         m //= 2
-    section = model_cfg(cfg, script)
-    if getattr(section, "lora_rank", 1) == 0 and script != "train_sft":
-        lora = dataclasses.replace(cfg, policy=dataclasses.replace(cfg.policy, lora_rank=32))
-        plan = plan_run(lora, script, world, capacity)
+    if parts.with_lora is not None and getattr(parts.section, "lora_rank", 1) == 0:
+        plan = plan_run(parts.with_lora(32), world, capacity)
         if plan.fits():
             out.append(f"policy.lora_rank=32 ({_gib(plan.peak_gib)} GiB)")
     return out
@@ -516,7 +516,7 @@ def device_capacity(device: Any = None) -> Tuple[Optional[int], str]:
     return None, ""
 
 
-def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
+def check(cfg: Any, accelerator: Any) -> Optional[Plan]:
     """At a run's start on a GPU (or with --device-memory-gib), before the policy loads: print the plan (main process)
     and stop with one line naming the fixes when it exceeds the device. A CPU run prints nothing (--dry-run shows its
     plan). A family that gives no plan, or a plan that cannot be computed, is a printed line, never a failed start."""
@@ -525,12 +525,12 @@ def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
         return None
     world = accelerator.num_processes
     try:
-        model, family = policy_model(cfg, script)
+        model, family = policy_model(cfg.memory_parts(world))
         if model is None:
             if accelerator.is_main_process:
                 print(no_plan(family), flush=True)
             return None
-        plan = plan_run(cfg, script, world, capacity, name, model=model)
+        plan = plan_run(cfg, world, capacity, name, model=model)
     except Exception as e:  # noqa: BLE001 - the plan informs; the start's own checks report bad input
         if accelerator.is_main_process:
             print(f"[memory plan] not computed ({type(e).__name__}: {' '.join(str(e).split())[:200]})", flush=True)
@@ -538,7 +538,7 @@ def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
     if accelerator.is_main_process:
         print(plan.table(), flush=True)
     if plan.fits() is False:
-        found = fixes(cfg, script, world, capacity, model)
+        found = fixes(cfg, world, capacity, model)
         raise ConfigError(f"memory plan: {_gib(plan.peak_gib)} GiB per process ({plan.peak_phase}) exceeds "
                           f"{MARGIN:.0%} of the {_gib(capacity / GIB)} GiB of {name}; "
                           + (f"fits with: {'; or '.join(found)}" if found else
@@ -547,27 +547,27 @@ def check(cfg: Any, script: str, accelerator: Any) -> Optional[Plan]:
     return plan
 
 
-def on_parsed(cfg: Any, script: Optional[str]) -> None:
-    """parse_cli's hook: with --dry-run print the plan (and the fixes when it does not fit) and exit 0."""
+def dry_run(cfg: Any) -> None:
+    """--dry-run (every script's main calls it after parsing): print the plan (and the fixes when it does not fit)
+    and exit 0; without --dry-run nothing."""
     if not CLI["dry_run"]:
         return
-    script = script or "srpo"
     world = CLI["processes"] or int(os.environ.get("WORLD_SIZE", "1"))
     capacity, name = device_capacity()
     try:
-        model, family = policy_model(cfg, script)
+        model, family = policy_model(cfg.memory_parts(world))
         if model is None:
             print(no_plan(family), flush=True)
             raise SystemExit(0)
-        plan = plan_run(cfg, script, world, capacity, name, model=model)
+        plan = plan_run(cfg, world, capacity, name, model=model)
     except ConfigError as e:
         raise SystemExit(f"error: {e}") from None
     print(plan.table(), flush=True)
     if plan.fits() is False:
-        found = fixes(cfg, script, world, capacity, model)
+        found = fixes(cfg, world, capacity, model)
         print(f"  fits with: {'; or '.join(found)}" if found else "  nothing tried fits: use more GPUs", flush=True)
     raise SystemExit(0)
 
 
-__all__ = ["check", "on_parsed", "set_cli", "plan_run", "estimate", "policy_model", "no_plan", "count", "Plan", "Model",
-           "Stack", "GIB", "MARGIN", "KAPPA"]
+__all__ = ["check", "dry_run", "set_cli", "plan_run", "estimate", "policy_model", "rl_parts", "Parts", "no_plan",
+           "count", "Plan", "Model", "Stack", "GIB", "MARGIN", "KAPPA"]

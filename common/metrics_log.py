@@ -158,7 +158,7 @@ class Logger:
                         continue
                     if not isinstance(row, dict) or not isinstance(row.get("iteration", -1), int) or \
                             isinstance(row.get("iteration"), bool):
-                        from envs.suites import ConfigError
+                        from base.config_fields import ConfigError
 
                         raise ConfigError(f"{self.metrics_path}:{number}: not a metrics row (a JSON object whose "
                                           f"'iteration' is an integer, as this logger writes); remove that line")

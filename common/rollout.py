@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from envs.video import sample_frame_indices
+from base.video import sample_frame_indices
 from models.action_tokenizer import ACTION_DIM
 
 OBS_KEYS = ("agentview", "wrist", "state")
@@ -211,7 +211,7 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
     (B, T, horizon, D), and the step's log-density in `old_log_probs` (B, T, 1).
     `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
     `keep_frames` keeps each episode's agent views (the reset view, then one per env step) in `frames`; with
-    `video_frames` n only its n frames at envs.video.sample_frame_indices (what the trajectory encoders read of a
+    `video_frames` n only its n frames at base.video.sample_frame_indices (what the trajectory encoders read of a
     video: the same embeddings), which LIBERO's workers alone render (`renders_sampled_video`: ~16 renders per episode
     instead of one per step); other envs keep every frame and the rollout samples them.
     """

@@ -7,7 +7,8 @@ its algorithm:
         for iteration in run.iterations():
             metrics = run.begin_iteration(iteration)        # row 0: the starting policy evaluated
             batch = collect_rollouts(run.envs, ...)
-            if run.count_env_steps(batch, metrics, seconds):  # a safe point (before the update): asked to stop
+            run.count_env_steps(batch, metrics, seconds)  # env steps, all processes
+            if run.should_stop():                            # a safe point (before the update): asked to stop
                 break
             ...advantages, update...
             if run.end_iteration(iteration, metrics, console_keys):  # evaluation, metrics row, checkpoint: a safe
@@ -19,10 +20,10 @@ after the rollout, before the iteration's first optimizer step (nothing has chan
 iteration, so that one is saved as it stands, with the random states taken at its end: nothing is copied), or at
 the end of an iteration (it is saved). Both safe points return True then (the same answer on every process) and
 the script leaves its loop: `run.stopped` says so to code after the loop, and the `with` block exits 130 with the
-command that continues the run. Nothing is raised to stop, and no hook watches the optimizers: `count_env_steps` is
-called before the iteration's first optimizer step (its contract). With one process a second Ctrl-C stops at once
-(KeyboardInterrupt; the last checkpoint is kept). Resume continues the same run: every random stream is restored per
-process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
+command that continues the run. Nothing is raised to stop, and no hook watches the optimizers: `count_env_steps` and
+`should_stop` are called before the iteration's first optimizer step (their contract). With one process a second Ctrl-C
+stops at once (KeyboardInterrupt; the last checkpoint is kept). Resume continues the same run: every random stream is
+restored per process and metrics rows past the checkpoint are dropped (common/metrics_log.py), so a resumed run is the
 uninterrupted one (bitwise on one CPU thread). A failed checkpoint write ends the run in one line; the run ends with a
 one-line summary (`run_summary`).
 
@@ -52,8 +53,8 @@ import numpy as np
 import torch
 
 from common import fsdp, memory_plan, provenance, threads
-from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, read_rng_state, read_rng_states,
-                               untrusted_message)
+from common.checkpoint import (CheckpointError, capture_rng_state, latest_checkpoint, load_run_checkpoint,
+                               read_rng_state, read_rng_states, save_run_checkpoint, untrusted_message)
 from common.config import ConfigError, save_config, script_file
 from common.distributed import close_process_group, gather_objects, launch_command, make_accelerator
 from common.evaluation import eval_trials, evaluate_policy
@@ -145,7 +146,7 @@ class Run:
         acc = self.accelerator
         self.is_main, self.rank, self.world, self.device = (acc.is_main_process, acc.process_index,
                                                             acc.num_processes, acc.device)
-        memory_plan.check(cfg, script, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
+        memory_plan.check(cfg, acc)  # prints the plan; refuses (one line, the fixes) a run that cannot fit
         self.threads = threads.set_threads(getattr(cfg.train, "threads", 0), self.world, self.device.type)
         if hasattr(cfg.train, "threads"):  # the count chosen goes in config.yaml: a resume reads it back
             cfg.train.threads = self.threads[0]
@@ -190,6 +191,7 @@ class Run:
         self._last_done: Optional[Dict[str, Any]] = None  # the last completed iteration: its RNG states and run state
         self._signals = 0  # Ctrl-C / SIGTERM received
         self._stopped = False  # every process agreed to stop at the same safe point (run.stopped)
+        self._stop_asked = False  # count_env_steps' gather saw a process asked to stop (should_stop answers)
         self._closing = False  # in __exit__: a signal only counts
         self._saving = False  # a checkpoint is being written: never cut short
         self._old_handlers: Dict[int, Any] = {}
@@ -256,8 +258,8 @@ class Run:
         self.evaluation = evaluation if evaluation is not None else EvalSettings()
         if self.resume_path is not None:
             try:  # fsdp: each process reads its shards of the weights, optimizer state and sharded modules
-                self.start_iteration, extra = fsdp.load_checkpoint(self.resume_path, policy, optimizers, schedulers,
-                                                                   self._tracked["modules"], rank=self.rank)
+                self.start_iteration, extra = load_run_checkpoint(self.resume_path, policy, optimizers, schedulers,
+                                                              self._tracked["modules"], rank=self.rank)
             except (ValueError, CheckpointError) as e:  # a corrupt file: one line naming it, not a full disk
                 raise ConfigError(str(e)) from None
             saved_rng = read_rng_state(self.resume_path, self.rank)
@@ -330,15 +332,14 @@ class Run:
             self._t_first = (time.perf_counter(), iteration, self.state.get("env_steps", 0))
         return {}
 
-    def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> bool:
-        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`. A safe
-        point, called after the rollout and before the iteration's first optimizer step: returns True (on every
-        process) when any process was asked to stop; the last completed iteration is then saved and the script
-        leaves its loop (`if run.count_env_steps(...): break`)."""
+    def count_env_steps(self, batch: RolloutBatch, metrics: Dict[str, float], seconds: float) -> None:
+        """rollout/env_steps (all processes), the cumulative charts/env_steps and charts/SPS into `metrics`. Called
+        after the rollout and before the iteration's first optimizer step; its one gather also learns whether any
+        process was asked to stop (then nothing is counted: the iteration is dropped), which `should_stop` answers."""
         counts, signalled = zip(*self.gather([(batch.stats["rollout/env_steps"], self._signals > 0)]))
-        if any(signalled):
-            self._stop_before_update()
-            return True
+        self._stop_asked = any(signalled)
+        if self._stop_asked:
+            return
         steps = sum(counts)
         self.state["env_steps"] += steps
         metrics["rollout/env_steps"] = steps
@@ -346,6 +347,15 @@ class Run:
         metrics["charts/SPS"] = steps / max(seconds, 1e-9)
         # this process's rollout timings (common/rollout.py: policy, waits, the workers' physics and resets)
         metrics.update({k: v for k, v in batch.stats.items() if k.startswith("time/") or k == "rollout/envs"})
+
+    def should_stop(self) -> bool:
+        """The safe point after `count_env_steps` (before the iteration's first optimizer step): True on every
+        process when any was asked to stop; the last completed iteration is then saved and the script leaves its
+        loop (`if run.should_stop(): break`)."""
+        if self._stop_asked:
+            self._stop_asked = False
+            self._stop_before_update()
+            return True
         return False
 
     def _stop_before_update(self) -> None:
@@ -421,10 +431,10 @@ class Run:
         self._saving = True
         error = path = None
         try:
-            path = fsdp.save_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
-                                        t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
-                                        extra={"run_name": self.run_name, "state": self.state},
-                                        keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
+            path = save_run_checkpoint(self.run_dir, iteration, t["policy"], t["optimizers"], t["schedulers"],
+                                       t["modules"], rank=self.rank, gather=self.gather, config=self.cfg,
+                                       extra={"run_name": self.run_name, "state": self.state},
+                                       keep_last=self.cfg.log.keep_checkpoints, rng_states=rng_states)
         except CheckpointError as e:
             error = str(e)
         finally:

@@ -15,7 +15,7 @@ import tempfile
 import time
 from typing import Any, Optional, Sequence, Tuple
 
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 
 
 def default_run_prefix(script: str, suite: str, task_ids: Sequence[int], seed: int) -> str:

@@ -1,5 +1,5 @@
 """The training scripts, listed once: their names (a run folder's prefix, the name a config file records) and a
-name's file. A leaf module: common/config.py and common/memory_plan.py both read it."""
+name's file. A leaf module: common/config.py reads it."""
 
 SCRIPTS = ("srpo", "gae_ppo", "luffy", "flowsar", "train_sft")
 

@@ -284,16 +284,23 @@ def average_gradients(accelerator: Any, params: Sequence[torch.nn.Parameter]) ->
 
 
 def optimizer_step(run: Any, params: Sequence[torch.nn.Parameter], optimizer: torch.optim.Optimizer,
-                   scheduler: Any, max_norm: float, lr_scale: float = 1.0) -> torch.Tensor:
+                   scheduler: Any, max_norm: float, lr_scale: float = 1.0,
+                   policy: Optional[torch.nn.Module] = None) -> torch.Tensor:
     """Average the gradients over processes (a process that ran out of rows adds zeros), clip them to `max_norm`,
     step at the schedule's lr times `lr_scale` (a decay over the iterations, e.g. `cosine_decay` of the iteration this
-    step belongs to); returns the gradient norm before clipping (a tensor: read it after the update)."""
+    step belongs to); returns the gradient norm before clipping (a tensor: read it after the update). `policy`: the
+    policy whose (sharded, train.strategy=fsdp) weights `params` are: its gathered weights are refreshed after the
+    step (fsdp.after_step)."""
+    if policy is None and any(fsdp.is_dtensor(p) for p in params):
+        raise ValueError("optimizer_step: params are fsdp shards; pass policy= so its gathered weights follow the step")
     average_gradients(run.accelerator, params)
     grad_norm = fsdp.full_tensor(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if lr_scale != 1.0:
         for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
             group["lr"] = lr * lr_scale
     optimizer.step()
+    if policy is not None:
+        fsdp.after_step(policy)  # fsdp: the gathered weights from the new shards
     scheduler.step()  # the next step's warm-up lr
     return grad_norm
 

@@ -14,7 +14,7 @@ import yaml
 from yaml.events import AliasEvent
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 
 ALIAS_BUDGET = 32  # aliases per document
 MAX_NODES = 100_000  # values in a document with every alias expanded

@@ -29,10 +29,11 @@ from gymnasium.vector import AsyncVectorEnv, AutoresetMode
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 from gymnasium.vector.utils import CloudpickleWrapper, concatenate
 
-from envs.suites import FIXTURE_SEED, LIBERO_PRO_SUITES, WAIT_ACTIONS, ConfigError, EnvConfig
+from base.config_fields import ConfigError
+from envs.suites import FIXTURE_SEED, LIBERO_PRO_SUITES, WAIT_ACTIONS, EnvConfig
 from envs.suites import LIBERO_SUITES as SUITES
 from envs.suites import SUITES as SUITE_FACTS
-from envs.video import sample_frame_indices
+from base.video import sample_frame_indices
 
 # Per-suite facts (task counts, max_steps) live in envs/suites.py, which config checks read without a simulator.
 SUITE_NUM_TASKS = {s: SUITE_FACTS[s]["tasks"] for s in SUITES}
@@ -433,7 +434,7 @@ class LiberoEnv(gym.Env):
 
         With `keep_frames` and `video_frames` n > 0 the agent view is not rendered at every step: the camera's sample
         keeps a snapshot of the arrays MuJoCo's renderer reads (RENDER_FIELDS, ~40 kB), and when the episode ends in
-        this chunk `frames` is its whole video sampled at n frames (envs.video.sample_frame_indices over the reset
+        this chunk `frames` is its whole video sampled at n frames (base.video.sample_frame_indices over the reset
         view and one frame per step), only those rendered, each bit-identical to the image an every-step render gives
         (tests/test_libero_video.py); `frames` is empty (0, H, W, 3) for a chunk that does not end its episode. The
         video SRPO's reward reads, at 16 renders per episode instead of one per step."""

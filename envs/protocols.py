@@ -20,7 +20,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from envs.suites import LIBERO_PRO_SUITES, SUITES, ConfigError, is_tabletop, num_trials
+from base.config_fields import ConfigError
+from envs.suites import LIBERO_PRO_SUITES, SUITES, is_tabletop, num_trials
 
 HELDOUT = "heldout"
 BASE_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")

@@ -8,22 +8,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import List, Optional
 
+from base.config_fields import ranged
 from envs import tabletop
-
-
-class ConfigError(ValueError):
-    """A bad key or value in a YAML file or a command-line override; the message is one line and says how to fix it.
-    (Defined here, at the bottom of the imports, so envs/ can raise it; `common.config` re-exports it.)"""
-
-
-def ranged(default: Any, interval: str, why: str = "") -> Any:
-    """A numeric config field with its range beside it, e.g. `n: int = ranged(8, "[1, 1024]")  # help`: intervals as
-    in mathematics ([a, b] inclusive, (a, b) exclusive, inf unbounded), `why` when the range alone does not say it.
-    `common.config.check_ranges` reads them before anything loads (None, a key's "unset", is not checked). Defined
-    here, beside ConfigError at the bottom of the imports, so every config dataclass can declare its ranges."""
-    return field(default=default, metadata={"range": interval, "why": why})
 
 
 @dataclass

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from envs.suites import ranged
+from base.config_fields import ranged
 
 OFT_ACTION_CHUNK = 8  # OpenVLA-OFT's chunk: 8 actions x 7 dims = 56 parallel-decoded slots
 OFT_IMAGE_SIZE = 224  # OpenVLA-OFT's vision input side

@@ -261,7 +261,6 @@ class FlowPolicy(nn.Module, PolicyFamily):
     """prefix / velocity / sample / flow_matching_loss / save / load / reference around PI0ForConditionalGeneration."""
 
     config_class = FlowPolicyConfig
-    kind = "flow"
     resizes_images = True  # to its vision tower's input
 
     @classmethod

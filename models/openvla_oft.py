@@ -36,7 +36,7 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as IMAGE_SIZE, OpenVLAOFTConfig
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 from models.memory import Model, Stack, tuned
 from models.policy import PolicyFamily, read_config_json
 from models.saved import PolicyLoadError, is_l1_folder, no_rl_message
@@ -610,7 +610,6 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
     """act / log_prob / hidden / sft_loss / save / load / reference, as TokenPolicy (tokens are bin indices)."""
 
     config_class = OpenVLAOFTConfig
-    kind = "token"
     published = True  # starts from a published checkpoint folder (or one this project saved from it)
     resizes_images = True  # to its vision tower's input
     l1 = False  # the L1-regression subclass (models/openvla_oft_l1.py) reads folders with an action head
@@ -635,9 +634,7 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         """On LIBERO: the suite's statistics key (`<suite>_no_noops`) unless one is set, and image_pipeline auto ->
         libero (the reference's JPEG round trip + Lanczos + crop of a 256 px render); on the embedded suite auto ->
         resize (and the only statistics key the folder has)."""
-        from envs import is_tabletop
-
-        embedded = is_tabletop(suite)
+        embedded = suite == "tabletop" or suite.startswith("tabletop_")  # the embedded suite or a variant of it
         changes = {}
         if policy_cfg.unnorm_key is None and not embedded:
             changes["unnorm_key"] = suite

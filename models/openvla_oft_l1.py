@@ -127,7 +127,6 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     act / sft_loss (L1 on normalised demo actions) / hidden / save / load / reference; no log-probs."""
 
     config_class = OpenVLAOFTL1Config
-    kind = "regression"  # continuous deterministic actions: no log-probs, so no RL script trains it
     l1 = True
 
     def paper_protocol(self) -> str:

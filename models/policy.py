@@ -2,13 +2,14 @@
 its class. A family is named by the config (`policy.type`: an RL script's `policy` section then takes the keys of
 that family's config class, common/config.py) or told by a saved folder (`family_of_folder`, which asks every
 family's `detect`). Everything family-specific lives in the family's module: its class inherits `PolicyFamily` and
-overrides what differs (its `kind` of actions, how to `detect` its folders, its defaults per suite in
+overrides what differs (how to `detect` its folders, its defaults per suite in
 `resolve_for_suite`, its start from a folder in `start_from`), so a new family is one module plus one row in FAMILIES
 (models/configs.py) and no script changes (tests/test_policy_families.py adds a toy one).
 
 Every family:
   kind                 'token' (discrete actions with log-probs), 'flow' (continuous, sampled) or 'regression'
-                       (continuous, deterministic, no log-probs: evaluation and SFT only)
+                       (continuous, deterministic, no log-probs: evaluation and SFT only); stated once, in the
+                       family's FAMILIES row, and set on its class from there
   published            True: starts only from a published checkpoint folder (no scratch policy, no auto-SFT)
   paper_protocol()     the evaluation protocol of the paper its published checkpoints come from (evaluate.py)
   reads_wrist_camera() whether the env must render the wrist camera for it
@@ -80,11 +81,18 @@ def read_config_json(folder: str) -> Dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+class _FamilyKind:
+    """A family class's `kind` (on the class and its instances): the action kind its FAMILIES row states."""
+
+    def __get__(self, obj: Any, cls: type) -> str:
+        return action_kind(cls.family())
+
+
 class PolicyFamily:
     """What a policy family tells about itself, with the defaults of a family that saves its own folders (token,
     flow); a family's class inherits it and overrides what differs (models/policy.py docstring)."""
 
-    kind: str = "token"
+    kind: str = _FamilyKind()  # its FAMILIES row's (models/configs.py), the one place a family's kind is stated
     published: bool = False
     model_space_samples: bool = False
     resizes_images: bool = False  # True: takes camera images of any size (resizes them to its vision tower itself)

@@ -55,7 +55,6 @@ class TokenPolicy(nn.Module, PolicyFamily):
     """act / log_prob / hidden / sft_loss / save / load / reference, as the RL scripts call them."""
 
     config_class = TokenPolicyConfig
-    kind = "token"
 
     @classmethod
     def memory_model(cls, policy_cfg: TokenPolicyConfig, folder: Optional[str]) -> Model:

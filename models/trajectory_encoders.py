@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from transformers import VJEPA2Config, VJEPA2Model
 
-from envs.video import sample_frame_indices
+from base.video import sample_frame_indices
 from models.configs import EncoderConfig
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)

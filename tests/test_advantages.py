@@ -8,8 +8,8 @@ import torch
 
 from common.advantages import (compute_advanced_grpo_outcome_advantage, compute_advantage, compute_gae,
                                compute_grpo_outcome_advantage, compute_grpo_outcome_advantage_split,
-                               compute_step_grpo_advantage, episode_to_token_rewards, make_response_mask, masked_mean,
-                               masked_sum)
+                               compute_step_grpo_advantage, episode_to_token_rewards, make_response_mask)
+from common.masking import masked_mean, masked_sum
 from train_flowsar import compute_flow_sar_weights
 
 torch.set_num_threads(1)

@@ -146,7 +146,7 @@ def test_run_config_refuses_evaluation_trials_that_are_practised():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.ppo_mini_batch_size=0", "train.ppo_mini_batch_size=0: must be in [1, 1048576]"),
+    ("train.mini_batch_size=0", "train.mini_batch_size=0: must be in [1, 1048576]"),
     ("env.max_steps=0", "env.max_steps=0: must be in [1, 10000]"),
     ("env.action_chunk=0", "env.action_chunk=0: must be in [1, 64]"),
     ("env.image_size=-1", "env.image_size=-1: must be in [32, 1024]"),
@@ -169,14 +169,14 @@ def test_step_mini_batches_are_a_multiple_of_the_micro_batch():
     """Mini-batches of policy steps split into whole micro-batches (trajectory mini-batches count episodes: no
     multiple to check); each size >= 1 is its range's check."""
     import train_srpo
-    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48",
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.micro_batch_size=48",
                                                                    "train.mini_batch_unit=step",
-                                                                   "train.ppo_mini_batch_size=64"])
-    with pytest.raises(ConfigError, match=r"^train.ppo_epochs=1, train.ppo_mini_batch_size=64, "
-                                          r"train.ppo_micro_batch_size=48: the mini-batch must be a multiple of the "
+                                                                   "train.mini_batch_size=64"])
+    with pytest.raises(ConfigError, match=r"^train.update_epochs=1, train.mini_batch_size=64, "
+                                          r"train.micro_batch_size=48: the mini-batch must be a multiple of the "
                                           r"micro-batch$"):
         check_run_config(cfg)
-    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.ppo_micro_batch_size=48",
+    cfg = parse_cli(train_srpo.Config, "configs/srpo.yaml", argv=["train.micro_batch_size=48",
                                                                    "train.mini_batch_unit=trajectory"])
     check_run_config(cfg)
 
@@ -195,7 +195,7 @@ print("HEAVY", ",".join(heavy) or "none", "EXIT", code)
 
 @pytest.mark.parametrize("script,expect", [
     ("train_srpo.py", "reward.dbscan_eps=0.5"), ("train_gae_ppo.py", "value_head.hidden_dims=[256, 128]"),
-    ("train_flowsar.py", "algorithm.flow_sar_t_min="), ("train_luffy.py", "rollout.n_off="),
+    ("train_flowsar.py", "algorithm.t_min="), ("train_luffy.py", "rollout.n_off="),
     ("train_sft.py", "sft.steps="), ("evaluate.py", "--checkpoint CHECKPOINT")])
 def test_help_and_a_bad_value_answer_before_torch_loads(script, expect):
     """--help lists every hyper-parameter, and a malformed command line is refused, without importing torch,

@@ -98,7 +98,7 @@ def _train(rank: int, world: int, strategy: str, offload: bool = False, stop_aft
             for part, weight in micro_batches(rows, torch.arange(len(rows)), 4, pad):
                 loss = ((model.predict(X[part]) - Y[part]) ** 2).sum() / (8 / world)  # a mean over the global batch
                 (loss * weight).backward()
-            norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0)))
+            norms.append(float(optimizer_step(run, params, optimizer, scheduler, max_norm=1.0, policy=model)))
         if update + 1 == stop_after and resume is None:
             with fsdp.plain_state_dicts(model):
                 weights = {k: v.clone() for k, v in model.state_dict().items()}

@@ -113,7 +113,7 @@ def parse_only(script, args, monkeypatch):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the scripts put their folders on it: undone
     monkeypatch.chdir(ROOT)
     monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
-    monkeypatch.setattr(memory_plan, "on_parsed", lambda cfg, script: None)
+    monkeypatch.setattr(memory_plan, "dry_run", lambda cfg: None)
     monkeypatch.setattr(memory_plan, "CLI", dict(memory_plan.CLI))  # --dry-run / --device-memory-gib: undone
     import common.distributed  # a documented GPU command (--gpu 0) parses on any machine: whether this one has that
     monkeypatch.setattr(common.distributed, "select_gpu", lambda index: None)  # GPU is the machine's, not the line's

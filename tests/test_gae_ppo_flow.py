@@ -109,8 +109,8 @@ def test_bad_flow_combinations_are_one_line(override, message):
 
 FAST = ["--task-id", "0", "--no-wandb", "init.mode=checkpoint", "policy.type=flow", "policy.noise_method=flow_sde",
         "policy.train_expert_only=true", "policy.bf16_weights=true", "policy.num_steps=2", "env.num_envs=4",
-        "env.max_steps=20", "env.action_chunk=5", "rollout.episodes_per_iteration=4", "train.actor_lr=1e-3",
-        "train.lr_warmup_steps=0", "train.ppo_micro_batch_size=8", "eval.every=0"]
+        "env.max_steps=20", "env.action_chunk=5", "rollout.prompts_per_iteration=4", "train.lr=1e-3",
+        "train.lr_warmup_steps=0", "train.micro_batch_size=8", "eval.every=0"]
 
 
 @pytest.mark.slow
@@ -156,7 +156,7 @@ def test_libero_config_one_iteration_from_a_pi0_folder(tmp_path):
     """configs/gae_ppo_libero_pi0.yaml as shipped (expert-only, bf16 weights, flow-SDE, 5 of the horizon executed,
     value head on the pooled prefix) on the real simulator from a tiny pi0 folder in RLinf's layout: one iteration."""
     row, run_dir = run_on_libero_from_pi0_folder(tmp_path, "train_gae_ppo.py", "configs/gae_ppo_libero_pi0.yaml",
-                                                 ["rollout.episodes_per_iteration=2", "train.ppo_mini_batch_size=4",
-                                                  "train.ppo_micro_batch_size=4"])
+                                                 ["rollout.prompts_per_iteration=2", "train.mini_batch_size=4",
+                                                  "train.micro_batch_size=4"])
     assert row["rollout/env_steps"] == 20 and np.isfinite(row["train/pg_loss"]) and np.isfinite(row["train/value_loss"])
     assert os.path.isfile(os.path.join(run_dir, "checkpoints", "iter_000001", "modules", "value_head.safetensors"))

@@ -15,7 +15,7 @@ import pytest
 import envs
 from common.demos import load_hdf5_demos, select_task_demos
 from envs import EnvConfig
-from envs.suites import ConfigError
+from base.config_fields import ConfigError
 
 OBJECT_0 = "pick_up_the_alphabet_soup_and_place_it_in_the_basket"
 OBJECT_1 = "pick_up_the_cream_cheese_and_place_it_in_the_basket"
@@ -246,7 +246,7 @@ def test_scripted_demo_in_released_layout_trains_sft_then_rl(tmp_path):
                                  "init.mode=checkpoint", f"init.path={tmp_path}/sft", "reward.encoder.num_frames=4",
                                  "rollout.n=2", "rollout.prompts_per_iteration=1",
                                  "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0",
-                                 "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=2",
+                                 "train.mini_batch_size=2", "train.micro_batch_size=2",
                                  *[a for a in tiny if not a.startswith("policy.")]],
                outputs=tmp_path / "rl_run", timeout=600)
     (run_dir,) = os.listdir(tmp_path / "rl_run" / "runs")

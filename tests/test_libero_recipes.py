@@ -19,8 +19,8 @@ OFT = ["init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.bf16_weights=fal
        "env.image_size=64"]
 TOKEN = ["init.mode=scratch", "policy.hidden_size=64", "policy.num_layers=1"]  # the tiny token policy, untrained
 STRUCTURE = {"mini_batch_unit", "loss_agg_mode", "refill", "ratio_unit", "gae_unit", "adam_beta1", "adam_beta2",
-             "weight_decay", "ppo_epochs", "update_epochs", "clip_ratio_c", "clip_ratio_high", "loss_remove_clip",
-             "n", "flow_sar_loss_variant", "value_loss", "huber_delta", "value_loss_coef",
+             "weight_decay", "update_epochs", "update_epochs", "clip_ratio_c", "clip_ratio_high", "loss_remove_clip",
+             "n", "loss_variant", "value_loss", "huber_delta", "value_loss_coef",
              "grad_clip_mode", "advantage_scale", "scope"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
 KEEP_ALL = "algorithm.accuracy_lower_bound=0.0"  # an untrained policy fails every group: keep them so the update runs
 
@@ -64,7 +64,7 @@ CASES = {
     "srpo_libero.yaml": ("train_srpo.py", None, [*OFT, "env.max_steps=32", "rollout.n=2",
                                                  "rollout.prompts_per_iteration=2", "rollout.max_rounds=2", KEEP_ALL,
                                                  "reward.encoder.kind=pixels",
-                                                 "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=4"],
+                                                 "train.mini_batch_size=2", "train.micro_batch_size=4"],
                          {"rollout/env_steps": 128, "sampling/rounds": 1, "train/optimizer_steps": 2}),
     "srpo_libero_cpu.yaml": ("train_srpo.py", None, [*TOKEN, "env.max_steps=32", "rollout.n=2",
                                                      "rollout.prompts_per_iteration=2", "rollout.max_rounds=2",
@@ -82,9 +82,9 @@ CASES = {
                                 {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
     # the padded grid: 2 episodes x 4 chunk-steps (20 / 5) = 8 rows in one mini-batch of 8 (the config's 2048 scaled),
     # 4 epochs: 4 steps however short the episodes (beta2 0.95, episode-ratio, Huber, no dual clip, joint clip)
-    "gae_ppo_libero_pi0.yaml": ("train_gae_ppo.py", pi0_folder, ["env.max_steps=20", "rollout.episodes_per_iteration=2",
-                                                                  "train.ppo_mini_batch_size=8",
-                                                                  "train.ppo_micro_batch_size=4"],
+    "gae_ppo_libero_pi0.yaml": ("train_gae_ppo.py", pi0_folder, ["env.max_steps=20", "rollout.prompts_per_iteration=2",
+                                                                  "train.mini_batch_size=8",
+                                                                  "train.micro_batch_size=4"],
                                 {"rollout/env_steps": 40, "train/optimizer_steps": 4}),
     # the padded grid: 2 prompts x n 1 (RLinf's group size 1) x 4 chunk-steps = 8 rows in mini-batches of 4, 4
     # epochs: 8 steps however short the episodes
@@ -104,14 +104,14 @@ CASES = {
     # 2 demo prompts x (2 rollouts + 1 demo, dropped: it fails on replay) = 4 trajectories in mini-batches of 2
     "luffy_libero.yaml": ("train_luffy.py", luffy_demos, [*OFT, "policy.lora_rank=4", "env.max_steps=32",
                                                           "rollout.n=3", "rollout.prompts_per_iteration=2",
-                                                          "train.ppo_mini_batch_size=2",
-                                                          "train.ppo_micro_batch_size=4"],
+                                                          "train.mini_batch_size=2",
+                                                          "train.micro_batch_size=4"],
                           {"rollout/env_steps": 2 * 2 * 32 + 2 * 12, "demos/dropped": 2,
                            "train/optimizer_steps": 2}),
     # the CPU arm (tiny token policy): the same, in its own mini-batches of 2 trajectories (the config's 16 scaled)
     "luffy_libero_cpu.yaml": ("train_luffy.py", luffy_demos, [*TOKEN, "env.max_steps=32", "rollout.n=3",
                                                               "rollout.prompts_per_iteration=2",
-                                                              "train.ppo_mini_batch_size=2"],
+                                                              "train.mini_batch_size=2"],
                               {"rollout/env_steps": 2 * 2 * 32 + 2 * 12, "demos/dropped": 2,
                                "train/optimizer_steps": 2}),
 }

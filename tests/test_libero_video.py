@@ -7,7 +7,7 @@ import torch
 
 from common.rollout import collect_rollouts
 from envs import EnvConfig, make_vector_env
-from envs.video import sample_frame_indices
+from base.video import sample_frame_indices
 from models import TokenPolicy, TokenPolicyConfig
 from models.trajectory_encoders import PixelEncoder
 from models.configs import EncoderConfig

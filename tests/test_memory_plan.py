@@ -64,20 +64,20 @@ def test_a_run_that_cannot_fit_stops_in_one_line_naming_the_fixes(capsys):
     from common import memory_plan
     from common.config import ConfigError
 
-    cfg = _srpo_cfg("train.ppo_micro_batch_size=16", "train.ppo_mini_batch_size=64", "reward.mode=binary")
+    cfg = _srpo_cfg("train.micro_batch_size=16", "train.mini_batch_size=64", "reward.mode=binary")
     accelerator = SimpleNamespace(device=torch.device("cpu"), num_processes=1, is_main_process=True)
-    peak = memory_plan.plan_run(cfg, "srpo", 1).peak_gib
+    peak = memory_plan.plan_run(cfg, 1).peak_gib
     try:
         memory_plan.set_cli(False, peak * 0.92 / memory_plan.MARGIN, None)
         with pytest.raises(ConfigError) as err:
-            memory_plan.check(cfg, "srpo", accelerator)
+            memory_plan.check(cfg, accelerator)
         line = str(err.value)
         assert "\n" not in line and line.startswith("memory plan: ") and "exceeds 95% of the" in line
         assert "fits with: " in line and "GiB)" in line
-        assert "train.strategy=fsdp" in line and "train.ppo_micro_batch_size=" in line and "policy.lora_rank=32" in line
+        assert "train.strategy=fsdp" in line and "train.micro_batch_size=" in line and "policy.lora_rank=32" in line
         assert "[memory plan] train_srpo.py: openvla_oft" in capsys.readouterr().out  # the table came first
         memory_plan.set_cli(False, peak * 2, None)
-        assert memory_plan.check(cfg, "srpo", accelerator).fits()
+        assert memory_plan.check(cfg, accelerator).fits()
     finally:
         memory_plan.set_cli(False, None, None)
 
@@ -157,7 +157,7 @@ def test_srpo_libero_help_and_dry_run_show_siirls_update(tmp_path):
     out = run_script("train_srpo.py", ["--config", "configs/srpo_libero.yaml", "--help"]).stdout
     shown = {line.split()[0] for line in out.splitlines() if line.startswith("  ") and "=" in line.split()[0]}
     assert {"rollout.prompts_per_iteration=64", "rollout.n=8", "train.mini_batch_unit=trajectory",
-            "train.ppo_mini_batch_size=32", "train.ppo_micro_batch_size=8", "rollout.refill=true",
+            "train.mini_batch_size=32", "train.micro_batch_size=8", "rollout.refill=true",
             "algorithm.clip_ratio_c=10000.0", "algorithm.loss_agg_mode=traj-token-mean",
             "reward.encoder.kind=vjepa2", "reward.encoder.model_path=facebook/vjepa2-vitg-fpc64-384",
             "reward.encoder.num_frames=64"} <= shown, sorted(shown)

@@ -63,11 +63,11 @@ def test_srpo_trains_the_published_folder_with_lora_and_resumes_bitwise(tmp_path
 def test_gae_ppo_and_luffy_run_the_family_then_evaluate_reads_the_checkpoint(tmp_path):
     """GAE-PPO's value head reads the family's hidden state (the LM width of the folder, 32); LUFFY tokenises the
     expert demos with the checkpoint's statistics and bins; evaluate.py loads the RL checkpoint by its folder."""
-    run_script("train_gae_ppo.py", [*OFT, "rollout.episodes_per_iteration=8", "eval.samples_per_trial=2",
+    run_script("train_gae_ppo.py", [*OFT, "rollout.prompts_per_iteration=8", "eval.samples_per_trial=2",
                                     "train.lr_warmup_steps=1", "train.iterations=2", "log.run_name=gae"], tmp_path)
     run_script("train_luffy.py", [*OFT, "env.max_steps=32", "rollout.n=4", "rollout.prompts_per_iteration=2",
-                                  "eval.samples_per_trial=0", "train.ppo_mini_batch_size=16",
-                                  "train.ppo_micro_batch_size=8", "train.iterations=2", "log.run_name=luffy"], tmp_path)
+                                  "eval.samples_per_trial=0", "train.mini_batch_size=16",
+                                  "train.micro_batch_size=8", "train.iterations=2", "log.run_name=luffy"], tmp_path)
     gae = read_metrics(os.path.join(tmp_path, "runs", "gae"))
     assert [r["iteration"] for r in gae] == [0, 1, 2]
     assert all(np.isfinite(r["train/value_loss"]) and r["train/value_loss"] > 0 for r in gae[1:])

@@ -74,7 +74,6 @@ class ToyFolder:
 
 class ToyPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyConfig
-    kind = "token"
 
     def __init__(self, cfg=None, action_tokenizer=None):
         super().__init__()
@@ -169,7 +168,6 @@ class ToyFlowConfig:
 
 class ToyFlowPolicy(ToyFolder, nn.Module, PolicyFamily):
     config_class = ToyFlowConfig
-    kind = "flow"
 
     def __init__(self, cfg=None, action_tokenizer=None):
         super().__init__()
@@ -306,18 +304,18 @@ def test_a_fifth_family_owns_its_memory_plan(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(FAMILIES, "toy", ("toy_family", "ToyPolicy", toy.ToyConfig, "token"))
     cfg = load_config(importlib.import_module("train_srpo").Config, None,
                       ["env.task_ids=[0]", "policy.type=toy", "policy.n_bins=16", "init.mode=scratch",
-                       "reward.mode=binary", "train.ppo_micro_batch_size=4", "train.ppo_mini_batch_size=8"])
-    plan = plan_run(cfg, "srpo", 1)
+                       "reward.mode=binary", "train.micro_batch_size=4", "train.mini_batch_size=8"])
+    plan = plan_run(cfg, 1)
     assert plan.parts["weights"] == plan.parts["gradients"] == 4 * 4480
     assert plan.parts["adamw"] == 2 * 4 * 4480 + 4 * 3  # two float32 moments + a 4-byte step per tensor
     assert plan.parts["autocast"] == 2 * (3 * 896 + 896)  # bf16 copies of the trainable Linear's weight and bias
     assert plan.parts["activations"] == int(4 * 2 * (3 + 2 * 896) * KAPPA)  # micro 4 x bf16 (input + 2 x 896)
     assert plan.title.startswith("train_srpo.py: toy, full fine-tuning; ddp over 1 process; micro-batch 4 of 8")
 
-    monkeypatch.delattr(toy.ToyPolicy, "memory_model")  # --dry-run (the hook parse_cli calls) without a plan
+    monkeypatch.delattr(toy.ToyPolicy, "memory_model")  # --dry-run (each script's main calls it) without a plan
     monkeypatch.setattr(memory_plan, "CLI", {"dry_run": True, "device_memory_gib": 80.0, "processes": None})
     with pytest.raises(SystemExit) as e:
-        memory_plan.on_parsed(cfg, "srpo")
+        memory_plan.dry_run(cfg)
     assert e.value.code == 0
     assert capsys.readouterr().out.splitlines() == [
         "[memory plan] no plan for policy family 'toy': its class's memory_model gives none (models/memory.py says "
@@ -386,7 +384,7 @@ def evaluate_args(tmp_path):
 @pytest.mark.parametrize("family, script, extra", [
     ("toy", "train_srpo.py", ["reward.mode=binary", "rollout.n=2", "rollout.prompts_per_iteration=1",
                               "algorithm.filter_accuracy=false", "algorithm.entropy_coeff=0.01"]),
-    ("toy_flow", "train_gae_ppo.py", ["rollout.episodes_per_iteration=2", "train.lr_warmup_steps=0"]),
+    ("toy_flow", "train_gae_ppo.py", ["rollout.prompts_per_iteration=2", "train.lr_warmup_steps=0"]),
 ])
 def test_a_fifth_family_is_one_module_and_one_row(tmp_path, family, script, extra):
     """A toy token-like family (SRPO) and a toy flow-like one (GAE-PPO), each one module plus its FAMILIES row added by

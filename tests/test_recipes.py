@@ -95,6 +95,6 @@ def test_every_config_key_has_a_row(name):
 def test_hand_checked_rows():
     """Three values read off the references by hand (siiRL af00a77 script:49-52,144; RLinf ppo_openpi.yaml:123)."""
     rows = {key: ours for key, ours, *_ in tables()["srpo_libero.yaml"]}
-    assert rows["rollout.prompts_per_iteration"] == "`64`" and rows["train.ppo_mini_batch_size"] == "`32`"
+    assert rows["rollout.prompts_per_iteration"] == "`64`" and rows["train.mini_batch_size"] == "`32`"
     assert rows["algorithm.clip_ratio_c"] == "`10000.0`"
     assert {key: ours for key, ours, *_ in tables()["gae_ppo_libero_pi0.yaml"]}["train.adam_beta2"] == "`0.95`"

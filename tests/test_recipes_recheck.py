@@ -51,11 +51,11 @@ def test_a_drifted_citation_is_a_miss(tmp_path, monkeypatch):
     doc = tmp_path / "recipes.md"
     doc.write_text("## `configs/x_libero.yaml`\n\n| key | ours | reference | source | ✓/✗ |\n|---|---|---|---|---|\n"
                    f"| `train.lr` | `5e-6` | 5e-6 | siiRL script:3@{commit} | ✓ |\n"
-                   f"| `train.ppo_epochs` | `1` | 2 | siiRL script:2@{commit} | ✓ |\n")
+                   f"| `train.update_epochs` | `1` | 2 | siiRL script:2@{commit} | ✓ |\n")
     monkeypatch.setattr(recheck, "RECIPES", str(doc))
     monkeypatch.setitem(recheck.SHORT, ("siiRL", "script"), "script.sh")
     results = recheck.check({"siiRL": recheck.Checkout(str(repo))})
-    assert [(status, key) for status, _, key, _ in results] == [("ok", "train.lr"), ("MISS", "train.ppo_epochs")]
+    assert [(status, key) for status, _, key, _ in results] == [("ok", "train.lr"), ("MISS", "train.update_epochs")]
 
 
 MIRRORS = os.environ.get("VLA_RL_REFERENCES", "/work/.mirror")  # <owner>+<name>/repo clones of the six references

@@ -23,7 +23,7 @@ def test_run_prints_what_the_protocol_changed_and_the_saved_config_resolves_to_i
     from train_srpo import Config
 
     cfg = load_config(Config, os.path.join(ROOT, "configs", "srpo_libero.yaml"))
-    exit_on_bad_config(check_run_config, cfg)
+    cfg = exit_on_bad_config(check_run_config, cfg)  # a new config: the one the run uses
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("eval.protocol=siirl set 5 key(s)")
     assert sorted(printed[1:]) == sorted(["  env.fixture_seed: trial -> '0'", "  rollout.train_trials: 30 -> 50",
@@ -33,7 +33,7 @@ def test_run_prints_what_the_protocol_changed_and_the_saved_config_resolves_to_i
     saved = tmp_path / "config.yaml"  # what start_run saves and --resume reads
     saved.write_text(config_to_yaml(cfg))
     again = load_config(Config, str(saved))
-    exit_on_bad_config(check_run_config, again)
+    again = exit_on_bad_config(check_run_config, again)
     assert capsys.readouterr().out == ""  # resolved already: nothing changes, nothing printed
     assert again == cfg
 

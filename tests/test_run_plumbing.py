@@ -620,7 +620,7 @@ def test_the_end_of_an_iteration_keeps_no_copy_of_the_weights_or_the_optimizer(m
     monkeypatch.setattr(run_module.copy, "deepcopy", lambda x, *a: copied.append(x) or deepcopy(x, *a))
     saved = []
     fake = SimpleNamespace(schedule=Schedule(10, 0, 5), device=torch.device("cpu"), gather=lambda items: list(items),
-                           _signals=0, _rng_states=lambda: [{"python": 1}], is_main=False, state={"best": 0.5},
+                           _signals=0, _stop_asked=False, _rng_states=lambda: [{"python": 1}], is_main=False, state={"best": 0.5},
                            save=lambda it, rng: saved.append(it), accelerator=SimpleNamespace(
                                wait_for_everyone=lambda: None), evaluate=lambda done: {},
                            _tracked={"policy": policy, "optimizers": {"actor": optimizer}})
@@ -643,25 +643,28 @@ def test_the_end_of_an_iteration_keeps_no_copy_of_the_weights_or_the_optimizer(m
 
 
 def test_a_stop_is_a_return_value_at_both_safe_points():
-    """Issue 54: Ctrl-C / SIGTERM is no exception raised through the script. After the rollout `count_env_steps`
-    returns True and saves the last completed iteration (3) with its own run state, not the rollout's env steps;
-    without a signal it counts and returns False; `end_iteration` returns True with this iteration (4) saved."""
+    """Issue 54: Ctrl-C / SIGTERM is no exception raised through the script. After the rollout's `count_env_steps`,
+    `should_stop` returns True and saves the last completed iteration (3) with its own run state, not the rollout's
+    env steps; without a signal the steps are counted and it returns False (issue 69: the stop is its own call, apart
+    from the counting); `end_iteration` returns True with this iteration (4) saved."""
     from common.run import Run, Schedule
 
     run = Run.__new__(Run)
     saved = []
     run.__dict__.update(schedule=Schedule(10, 0, 100), device=torch.device("cpu"), gather=lambda items: list(items),
-                        _signals=0, _rng_states=lambda: [{"python": 1}], is_main=False, state={"env_steps": 30.0},
+                        _signals=0, _stop_asked=False, _rng_states=lambda: [{"python": 1}], is_main=False, state={"env_steps": 30.0},
                         save=lambda it, rng: saved.append((it, rng, dict(run.state))), _stopped=False,
                         accelerator=SimpleNamespace(wait_for_everyone=lambda: None), evaluate=lambda done: {},
                         _saved_iteration=0, _last_done={"iteration": 3, "rng": [{"python": 0}],
                                                         "state": {"env_steps": 30.0}})
     batch = SimpleNamespace(stats={"rollout/env_steps": 8})
     metrics: dict = {}
-    assert run.count_env_steps(batch, metrics, 2.0) is False and not run.stopped
+    run.count_env_steps(batch, metrics, 2.0)
+    assert run.should_stop() is False and not run.stopped
     assert run.state["env_steps"] == 38.0 and metrics["charts/SPS"] == 4.0
     run._signals = 1
-    assert run.count_env_steps(batch, {}, 1.0) is True and run.stopped
+    run.count_env_steps(batch, {}, 1.0)
+    assert run.should_stop() is True and run.stopped
     assert saved == [(3, [{"python": 0}], {"env_steps": 30.0})] and run.state["env_steps"] == 38.0
     run._stopped, saved[:] = False, []
     assert run.end_iteration(3, {}, []) is True and run.stopped and [s[0] for s in saved] == [4]

@@ -104,7 +104,7 @@ def test_two_updates_then_resume_equals_an_uninterrupted_run_bitwise(tmp_path, c
     the linear EMA counter continues (beta 0.001, 0.002, 0.003) and the seed's train/flow_sar_* metrics are logged.
     The control arm (reward.shuffle: outcomes permuted among the task's episodes) resumes its permutations too."""
     common = ["--task-id", "0", "log.checkpoint_every=1", "eval.every=2", "eval.trials_per_task=2",
-              "algorithm.flow_sar_loss_variant=softplus_kl", "algorithm.flow_sar_ema_schedule=linear",  # the seed's
+              "algorithm.loss_variant=softplus_kl", "algorithm.ema_schedule=linear",  # the seed's
               f"reward.shuffle={str(control).lower()}"]
     out = run([*common, "train.iterations=3", "log.run_name=straight"], tmp_path)
     assert ("outcomes shuffled within each task (control)" in out.stdout) == control
@@ -148,9 +148,9 @@ def test_other_loss_variants_energies_and_schedules(tmp_path, variant, schedule)
     contrastive term plus its KL penalty."""
     rows = {}
     for energy in ("sde", "mse"):
-        run(["--task-id", "0", "train.iterations=1", f"algorithm.flow_sar_loss_variant={variant}",
-             f"algorithm.flow_sar_energy_type={energy}", f"algorithm.flow_sar_ema_schedule={schedule}",
-             "algorithm.flow_sar_t_min=0.2", "algorithm.flow_sar_t_max=0.25", "train.mini_batch_size=4096",
+        run(["--task-id", "0", "train.iterations=1", f"algorithm.loss_variant={variant}",
+             f"algorithm.energy_type={energy}", f"algorithm.ema_schedule={schedule}",
+             "algorithm.t_min=0.2", "algorithm.t_max=0.25", "train.mini_batch_size=4096",
              "train.micro_batch_size=4096", "rollout.flow_noise_level=0.5", "policy.lora_rank=4"], tmp_path / energy)
         (rows[energy],) = read_metrics(run_dirs(tmp_path / energy)[0])
     sde, mse = rows["sde"], rows["mse"]
@@ -164,12 +164,12 @@ def test_other_loss_variants_energies_and_schedules(tmp_path, variant, schedule)
     assert sde["train/grad_norm"] > 0
 
 
-BAD = [("algorithm.flow_sar_loss_variant=nft", "flow_sar_loss_variant='nft': use mse_branch or softplus_kl"),
-       ("algorithm.flow_sar_energy_type=ode", "flow_sar_energy_type='ode': use mse or sde"),
-       ("algorithm.flow_sar_ema_schedule=cosine", "flow_sar_ema_schedule='cosine': use fixed or linear"),
-       ("algorithm.flow_sar_t_min=0.8", "need 0 <= t_min < t_max <= 1"),
-       ("algorithm.flow_sar_tau_mid=0.0", "flow_sar_tau_mid=0.0: must be in (0, 1)"),
-       ("algorithm.flow_sar_tau_mid=1.5", "flow_sar_tau_mid=1.5: must be in (0, 1)")]
+BAD = [("algorithm.loss_variant=nft", "loss_variant='nft': use mse_branch or softplus_kl"),
+       ("algorithm.energy_type=ode", "energy_type='ode': use mse or sde"),
+       ("algorithm.ema_schedule=cosine", "ema_schedule='cosine': use fixed or linear"),
+       ("algorithm.t_min=0.8", "need 0 <= t_min < t_max <= 1"),
+       ("algorithm.tau_mid=0.0", "tau_mid=0.0: must be in (0, 1)"),
+       ("algorithm.tau_mid=1.5", "tau_mid=1.5: must be in (0, 1)")]
 
 
 @pytest.mark.parametrize("override,message", BAD)

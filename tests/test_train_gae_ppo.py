@@ -22,7 +22,7 @@ from train_gae_ppo import (Config, check_config, chunk_mean, explained_variance,
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
-FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8",
+FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.prompts_per_iteration=8",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1",
         "--no-wandb"]
 SEED_METRICS = ["train/pg_loss", "train/value_loss", "train/pg_clipfrac", "train/ppo_kl", "train/grad_norm",
@@ -144,7 +144,7 @@ def tiny_update_inputs(seed=0):
 
 def test_two_optimizers_step_their_own_parameters_only():
     policy, head, obs, instr, tokens = tiny_update_inputs()
-    actor_params, critic_params, actor, critic, _ = make_optimizers(policy, head, TrainConfig(actor_lr=1e-2,
+    actor_params, critic_params, actor, critic, _ = make_optimizers(policy, head, TrainConfig(lr=1e-2,
                                                                                            critic_lr=1e-2,
                                                                                            lr_warmup_steps=0))
     assert {id(p) for g in actor.param_groups for p in g["params"]} == {id(p) for p in actor_params}
@@ -210,7 +210,7 @@ def test_ratio_unit_step_is_one_ratio_per_policy_step_from_the_chunks_mean_log_p
 
 @pytest.mark.parametrize("override, message", [
     ("train.total_timesteps=0", "train.total_timesteps=0 (--timesteps): must be >= 1 env step"),
-    ("train.actor_lr=-1e-5", "train.actor_lr=-1e-05: must be in [0, inf)"),
+    ("train.lr=-1e-5", "train.lr=-1e-05: must be in [0, inf)"),
     ("train.critic_lr=-0.1", "train.critic_lr=-0.1: must be in [0, inf)"),
     ("value_head.hidden_dims=[0,128]", "value_head.hidden_dims=[0, 128]: algorithm.use_gae needs a value head"),
     ("value_head.hidden_dims=[]", "value_head.hidden_dims=[]: algorithm.use_gae needs a value head"),
@@ -341,7 +341,7 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", "29523",
            os.path.join(ROOT, "tests", "fixtures", "exit_threads.py"), "train_gae_ppo.py", *FAST, "--task-id", "0",
-           "train.iterations=2", "rollout.episodes_per_iteration=4", "train.critic_warmup_iterations=1",
+           "train.iterations=2", "rollout.prompts_per_iteration=4", "train.critic_warmup_iterations=1",
            f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -370,9 +370,9 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
         [sys.executable, "train_gae_ppo.py", "--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb",
          "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
          "policy.unnorm_key=libero_10", "env.image_size=64", "env.num_envs=2",
-         "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.episodes_per_iteration=2",
+         "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.prompts_per_iteration=2",
          "train.iterations=1",
-         "eval.every=0", "train.ppo_mini_batch_size=4", "train.ppo_micro_batch_size=4",
+         "eval.every=0", "train.mini_batch_size=4", "train.micro_batch_size=4",
          f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

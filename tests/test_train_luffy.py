@@ -22,8 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "luffy.yaml")
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=32", "rollout.n=4", "rollout.prompts_per_iteration=2",
-        "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0", "train.ppo_mini_batch_size=16",
-        "train.ppo_micro_batch_size=8", "--no-wandb"]
+        "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0", "train.mini_batch_size=16",
+        "train.micro_batch_size=8", "--no-wandb"]
 
 
 def default_cfg(*overrides):
@@ -266,7 +266,7 @@ def test_libero_cpu_recipe_replays_the_experts_practice_demos(tmp_path):
     out = run_script("train_luffy.py", ["--config", "configs/luffy_libero_cpu.yaml", "--task-id", "0",
                                         f"demos.paths=[{path}]", f"init.path={tmp_path / 'start'}",
                                         "rollout.prompts_per_iteration=2", "rollout.n=3", "env.max_steps=150",
-                                        "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=3"], tmp_path)
+                                        "train.iterations=1", "eval.every=0", "train.mini_batch_size=3"], tmp_path)
     assert "2 HDF5 demos" in out.stdout
     (row,) = read_metrics(only_run(tmp_path / "runs"))
     assert row["demos/success_rate"] == 1.0 and row["demos/dropped"] == 0.0  # both replays succeed

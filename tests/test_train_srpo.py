@@ -74,7 +74,7 @@ def test_update_with_non_zero_advantages_moves_the_policy(tmp_path):
     policy the first one moved (PPO KL and ratio off 1); with lr 0 the same run's second epoch sees the old policy."""
     common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "train.iterations=1", "eval.every=0",
               "env.max_steps=null", "env.num_envs=16", "rollout.n=8", "rollout.prompts_per_iteration=8",
-              "train.ppo_epochs=2", "train.lr_warmup_steps=0"]
+              "train.update_epochs=2", "train.lr_warmup_steps=0"]
     rows = {}
     for lr in ("1e-3", "0"):
         out = tmp_path / f"lr{lr}"
@@ -117,7 +117,7 @@ def test_refill_to_the_cap_then_trajectory_mini_batches(tmp_path):
     update. Filter off: the quota (2 groups) is kept in round 1, and train.mini_batch_unit=trajectory with 2 episodes
     per mini-batch gives 8 / 2 = 4 optimizer steps (warm-up lr = 1e-4 x (4 + 1) / 1000), traj-token-mean aggregated."""
     refill = ["--task-id", "0", "train.iterations=1", "eval.every=0", "rollout.refill=true", "rollout.max_rounds=3",
-              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2", "train.ppo_micro_batch_size=3",
+              "train.mini_batch_unit=trajectory", "train.mini_batch_size=2", "train.micro_batch_size=3",
               "algorithm.loss_agg_mode=traj-token-mean", "train.lr_warmup_steps=1000", "reward.encoder.kind=pixels"]
     run(refill, tmp_path / "cap")
     _, run_dir = only_run(tmp_path / "cap")
@@ -139,8 +139,8 @@ def test_logged_entropy_and_loss_mean_the_same_under_every_loss_agg_mode(tmp_pat
     since GRPO's advantages sum to 0 over each group's episodes; under token-mean it is minus the executed tokens'
     mean advantage, != 0 (long failures weigh more)."""
     common = ["--task-id", "0", "train.iterations=1", "eval.every=0", "algorithm.filter_accuracy=false",
-              "reward.encoder.kind=pixels", "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=16",
-              "train.ppo_micro_batch_size=3", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
+              "reward.encoder.kind=pixels", "train.mini_batch_unit=trajectory", "train.mini_batch_size=16",
+              "train.micro_batch_size=3", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
               "rollout.prompts_per_iteration=4"]
     rows = {}
     for mode in ("token-mean", "traj-token-mean"):
@@ -162,7 +162,7 @@ def test_refill_is_deterministic_and_resumes_exactly(tmp_path):
     prompt RNG and the rollouts' torch RNG are saved with the checkpoint."""
     common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
               "eval.every=0", "reward.encoder.kind=pixels", "rollout.refill=true", "rollout.max_rounds=4",
-              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2",
+              "train.mini_batch_unit=trajectory", "train.mini_batch_size=2",
               "algorithm.loss_agg_mode=traj-token-mean", "log.checkpoint_every=1"]
     run([*common, "train.iterations=2"], tmp_path / "straight")
     run([*common, "train.iterations=1"], tmp_path / "resumed")
@@ -182,7 +182,7 @@ def test_shuffled_scores_resume_exactly_and_the_env_step_budget_stops_the_run(tm
     10-iteration run after its first iteration, evaluated and saved."""
     common = ["--task-id", "0", "init.mode=checkpoint", f"init.path={WEAK_START}", "env.max_steps=null",
               "eval.every=0", "reward.encoder.kind=pixels", "rollout.refill=true", "rollout.max_rounds=4",
-              "train.mini_batch_unit=trajectory", "train.ppo_mini_batch_size=2",
+              "train.mini_batch_unit=trajectory", "train.mini_batch_size=2",
               "algorithm.loss_agg_mode=traj-token-mean", "log.checkpoint_every=1"]
     out = run([*common, "train.iterations=2", "reward.shuffle=true"], tmp_path / "straight")
     assert "shuffled within groups (control)" in out.stdout
@@ -233,8 +233,8 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
          "policy.unnorm_key=libero_10", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true",
          "eval.protocol=heldout",  # a 16-step smoke run is not siiRL's protocol
          "rollout.n=2", "rollout.prompts_per_iteration=1", "reward.encoder.kind=pixels",
-         "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0", "train.ppo_mini_batch_size=4",
-         "train.ppo_micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
+         "algorithm.filter_accuracy=false", "train.iterations=1", "eval.every=0", "train.mini_batch_size=4",
+         "train.micro_batch_size=4", f"log.output_dir={tmp_path}/runs", f"log.plots_dir={tmp_path}/plots"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     name, run_dir = only_run(tmp_path)

@@ -134,8 +134,8 @@ def test_scripts_take_the_grid_count_of_optimizer_steps(script, tmp_path):
     common = ["--task-id", "0", "--no-wandb", "init.mode=scratch", "env.num_envs=8", "env.max_steps=16",
               "train.iterations=1", "eval.every=0", "train.mini_batch_unit=grid"]
     if script == "train_gae_ppo.py":
-        args = [*common, "rollout.episodes_per_iteration=8", "train.ppo_mini_batch_size=5", "train.ppo_epochs=2",
-                "train.ppo_micro_batch_size=2", "algorithm.loss_agg_mode=episode-ratio", "algorithm.value_loss=huber",
+        args = [*common, "rollout.prompts_per_iteration=8", "train.mini_batch_size=5", "train.update_epochs=2",
+                "train.micro_batch_size=2", "algorithm.loss_agg_mode=episode-ratio", "algorithm.value_loss=huber",
                 "algorithm.huber_delta=10", "algorithm.clip_ratio_c=null", "train.grad_clip_mode=joint",
                 "algorithm.value_loss_coef=1.0"]
     else:
