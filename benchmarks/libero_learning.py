@@ -60,6 +60,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from common.arms import arm_difference, arm_lift, mean, seed_level, summary  # noqa: E402
+
 
 def run(cmd: List[str], log: str) -> None:
     """A step of the chain in a subprocess, its output in `log` (the command is its first line); exit on failure."""
@@ -107,43 +109,6 @@ def resumable(runs: str):
         if os.path.isdir(os.path.join(run_dir, "checkpoints")) and latest_checkpoint(run_dir) is not None:
             return run_dir
     return None
-
-
-def summary(rows: List[Dict], last: int = 3) -> Dict:
-    """One run's row of the table: held-out greedy / sampled success at the start (iteration 0), the best and the mean
-    of the last `last` evaluations, practice success over the first and last `last` iterations, env steps, and the
-    wall time (training + evaluation seconds from metrics.jsonl: iteration 1's time includes evaluation 0)."""
-    evals = [r for r in rows if "val/success_rate" in r]
-    practice = [r["rollout/success_rate"] for r in rows if "rollout/success_rate" in r]
-    out: Dict = {"eval_iterations": [r["iteration"] for r in evals],
-                 "env_steps": [r.get("charts/env_steps", 0.0) for r in evals],
-                 "practice_first": round(mean(practice[:last]), 3), "practice_last": round(mean(practice[-last:]), 3),
-                 "total_env_steps": int(max(r.get("charts/env_steps", 0.0) for r in rows)),
-                 "wall_s": round(sum(r.get("time/iteration", 0.0) for r in rows)
-                                 + sum(r.get("time/eval", 0.0) for r in evals if r["iteration"] > 0))}
-    for key in SIGNALS:  # the algorithm's own signals, first -> last `last` iterations (docs/metrics.md)
-        values = [r[key] for r in rows if key in r]
-        if values:
-            out.setdefault("signals", {})[key] = [round(mean(values[:last]), 4), round(mean(values[-last:]), 4)]
-    if any("demos/in_update" in r for r in rows):  # LUFFY: the demonstrations its updates trained on
-        out["demo_episodes"] = int(sum(r.get("demos/in_update", 0.0) for r in rows))
-        out["demos_dropped"] = int(sum(r.get("demos/dropped", 0.0) for r in rows))
-    for name, key in (("greedy", "val/success_rate"), ("sampled", "val/sampled_success_rate")):
-        values = [round(r.get(key, float("nan")), 3) for r in evals]
-        out[name] = values
-        out[name + "_start"], out[name + "_best"] = values[0], max(values)
-        out[name + "_last"] = round(mean(values[-last:]), 3)
-    return out
-
-
-SIGNALS = ("train/explained_variance", "train/value_loss",  # GAE-PPO: does the value head learn?
-           "train/demo_step_fraction",  # LUFFY: the demos' share of the update's steps
-           "train/flow_sar_weight_std",  # FlowSAR: how unevenly the credit weights spread
-           "train/entropy")  # every script: the policy's token entropy (sharpening)
-
-
-def mean(values: List[float]) -> float:
-    return sum(values) / max(1, len(values))
 
 
 def print_table(results: Dict[str, Dict[int, Dict]]) -> None:
@@ -275,45 +240,6 @@ def sft_header(out: str) -> Dict:
     last = rows[-1] if rows else {}
     return {"token_accuracy": last.get("sft/token_accuracy"), "loss": last.get("sft/loss"),
             "flow_mse": last.get("sft/flow_mse")}
-
-
-def arm_lift(start: Dict, ends: Dict[int, Dict], mode: str) -> Dict:
-    """End minus start of one arm on one held-out set, `mode` (greedy or sampled): per seed the paired bootstrap of
-    its per-state successes against the start's (heldout.paired_bootstrap), and pooled over the seeds: the per-state
-    differences pooled, i.e. each state's end success averaged over the seeds minus its start success, bootstrapped
-    over the states (the mean of that is the mean over seeds of end - start). The pooled interval covers the choice of
-    states (and through them the episodes' noise), not the choice of seeds; `over_seeds` is the same mean with an
-    interval that resamples the seeds too (heldout.seeds_and_states_bootstrap), and the per-seed rows and
-    `seeds_above_0` show the seeds' spread."""
-    from common import heldout
-
-    a = heldout.per_state(start, mode)
-    ends_per_state = np.array([heldout.per_state(o, mode) for o in ends.values()])
-    per_seed = {seed: heldout.paired_bootstrap(a, b) for seed, b in zip(ends, ends_per_state)}
-    pooled = heldout.paired_bootstrap(a, ends_per_state.mean(axis=0))
-    return {"per_seed": per_seed, "pooled": pooled, "over_seeds": heldout.seeds_and_states_bootstrap(a, ends_per_state),
-            "seeds": len(ends), "seeds_above_0": sum(r["diff"] > 0 for r in per_seed.values())}
-
-
-def arm_difference(ends_a: Dict[int, Dict], ends_b: Dict[int, Dict], mode: str) -> Dict:
-    """Arm b minus arm a at the end, on the same held-out states: each state's success averaged over each arm's seeds,
-    the difference bootstrapped over the states (heldout.paired_bootstrap)."""
-    from common import heldout
-
-    mean_over_seeds = [np.mean([heldout.per_state(o, mode) for o in ends.values()], axis=0)
-                       for ends in (ends_a, ends_b)]
-    return heldout.paired_bootstrap(*mean_over_seeds)
-
-
-def seed_level(arm_a: Dict[int, Dict], arm_b: Dict[int, Dict], mode: str) -> Dict:
-    """Arm b minus arm a with the seeds as the unit: the exact permutation test over the runs' end success on the
-    held-out set (each seed's mean over the states; with one start for all, its lift plus a constant) and the
-    bootstrap that resamples each arm's seeds and the states (common/heldout.py)."""
-    from common import heldout
-
-    ends = [np.array([heldout.per_state(r["outcomes"], mode) for r in arm.values()]) for arm in (arm_a, arm_b)]
-    return {"permutation": heldout.seed_permutation_test(ends[0].mean(axis=1), ends[1].mean(axis=1)),
-            "bootstrap": heldout.arms_seeds_and_states_bootstrap(ends[0], ends[1])}
 
 
 def wall(seconds: float) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -33,7 +32,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-WINDOW = 10  # iterations at each end for practice success and entropy
+
+from common.arms import false_alarm, plateau_measures  # noqa: E402
 
 
 def read_rows(folder: str) -> List[dict]:
@@ -41,40 +41,6 @@ def read_rows(folder: str) -> List[dict]:
     (run,) = [r for r in os.listdir(os.path.join(folder, "runs")) if r.startswith("srpo__")]
     with open(os.path.join(folder, "runs", run, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
-
-
-def series(rows: Sequence[dict], key: str) -> List[float]:
-    return [float(r[key]) for r in rows if key in r and r[key] is not None and not math.isnan(float(r[key]))]
-
-
-def measures(rows: Sequence[dict]) -> Dict[str, float]:
-    """A run's row of the table, from its metrics.jsonl rows (iteration 0 is the evaluation before any update)."""
-    train = [r for r in rows if r.get("iteration", 0) > 0 and "rollout/success_rate" in r]
-    practice, entropy = series(train, "rollout/success_rate"), series(train, "train/entropy")
-    greedy, sampled = series(rows, "val/success_rate"), series(rows, "val/sampled_success_rate")
-    m = {"practice_first": np.mean(practice[:WINDOW]), "practice_last": np.mean(practice[-WINDOW:]),
-         "greedy_start": greedy[0], "greedy_best": max(greedy), "greedy_last3": np.mean(greedy[-3:]),
-         "entropy_first": np.mean(entropy[:WINDOW]), "entropy_last": np.mean(entropy[-WINDOW:]),
-         "env_steps": max(series(rows, "charts/env_steps") or [0.0])}
-    if sampled:
-        m.update(sampled_start=sampled[0], sampled_last3=np.mean(sampled[-3:]))
-        m.update(sampled_best=max(sampled))
-        m["sampled_holds"] = float(m["sampled_best"] - m["sampled_last3"] <= 0.1 + 1e-9)
-    m["practice_holds"] = float(m["practice_last"] >= m["practice_first"])
-    m["greedy_holds"] = float(m["greedy_best"] - m["greedy_last3"] <= 0.1 + 1e-9)
-    m["evaluations"] = float(len(greedy))
-    return {k: float(v) for k, v in m.items()}
-
-
-def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, seed: int = 0) -> float:
-    """How often a run on a plateau fails the held-out check (mean of the last three evaluations within 0.1 of the
-    best) by evaluation noise alone: each of `evaluations` evaluations scores `trials` episodes that succeed
-    independently with probability p. A fixed policy's greedy outcomes on fixed states do not change, but the weights
-    move between evaluations and borderline states flip; outcomes that re-draw every time, with one p for every
-    state, are the most noise a plateau at p can have, so this is the check's worst-case false-alarm rate (13
-    evaluations of 20 trials: 0.65 at p = 0.8)."""
-    scores = np.random.default_rng(seed).binomial(trials, p, size=(sims, evaluations)) / trials
-    return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
 
 
 RECIPE = ("env", "rollout", "reward", "algorithm", "train", "eval")  # what a run's folder must share with the command
@@ -156,7 +122,7 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
                        "resumed": bool(stopped)}, f)
     with open(done) as f:
         minutes = json.load(f)["minutes"]
-    m = dict(measures(read_rows(folder)), minutes=minutes)
+    m = dict(plateau_measures(read_rows(folder)), minutes=minutes)
     print(f"task {task} seed {seed}: {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True)
     return m
 

@@ -1,9 +1,10 @@
-"""benchmarks/libero_learning.py's table: start / best / mean of the last three evaluations, env steps and wall time,
-from hand-made metrics rows (what train_srpo.py writes), and its PNG."""
+"""benchmarks/libero_learning.py's table (its statistics: common/arms.py): start / best / mean of the last three
+evaluations, env steps and wall time, from hand-made metrics rows (what train_srpo.py writes), and its PNG."""
 import sys
 
 import pytest
 
+from common import arms
 from tests.scripts import ROOT, load_benchmark
 
 
@@ -27,8 +28,8 @@ def rows(greedy, sampled, practice):
 
 
 def test_summary_start_best_last_three_steps_and_wall():
-    ll = load()
-    r = ll.summary(rows([0.5, 0.4, 0.8, 0.6, 0.7], [0.2, 0.3, 0.3, 0.5, 0.4], [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))
+    r = arms.summary(rows([0.5, 0.4, 0.8, 0.6, 0.7], [0.2, 0.3, 0.3, 0.5, 0.4],
+                          [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8]))
     assert r["greedy_start"] == 0.5 and r["greedy_best"] == 0.8 and r["greedy_last"] == pytest.approx(0.7)
     assert r["sampled_start"] == 0.2 and r["sampled_best"] == 0.5 and r["sampled_last"] == pytest.approx(0.4)
     assert r["practice_first"] == pytest.approx(0.2) and r["practice_last"] == pytest.approx(0.7)
@@ -39,8 +40,8 @@ def test_summary_start_best_last_three_steps_and_wall():
 
 def test_table_has_a_mean_row_over_seeds_and_the_png_is_written(tmp_path, capsys):
     ll = load()
-    results = {"binary": {1: ll.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3])),
-                          2: ll.summary(rows([0.3, 0.8], [0.4, 0.6], [0.3, 0.5]))}}
+    results = {"binary": {1: arms.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3])),
+                          2: arms.summary(rows([0.3, 0.8], [0.4, 0.6], [0.3, 0.5]))}}
     ll.print_table(results)
     lines = capsys.readouterr().out.splitlines()
     mean = [line for line in lines if line.startswith("| binary | mean |")]
@@ -94,30 +95,29 @@ def test_arm_lift_per_seed_and_pooled_over_seeds_paired_on_the_states():
     every seed 1 0.5 1 0.5: each state's difference 0.5 0.5 0 0, +0.25, and its interval from heldout's bootstrap."""
     from common import heldout
 
-    ll = load()
     start = outcomes([0, 0, 1, 1], [[1, 0], [0, 0], [1, 1], [0, 1]])
     ends = {1: outcomes([1, 0, 1, 1], [[1, 1], [1, 0], [1, 1], [0, 1]]),
             2: outcomes([1, 1, 1, 0], [[1, 1], [0, 1], [1, 1], [1, 0]]),
             3: outcomes([0, 0, 1, 1], [[1, 1], [1, 0], [1, 1], [1, 0]])}
-    g = ll.arm_lift(start, ends, "greedy")
+    g = arms.arm_lift(start, ends, "greedy")
     assert [g["per_seed"][s]["diff"] for s in (1, 2, 3)] == pytest.approx([0.25, 0.25, 0.0])
     assert [(g["per_seed"][s]["up"], g["per_seed"][s]["down"]) for s in (1, 2, 3)] == [(1, 0), (2, 1), (0, 0)]
     assert g["pooled"]["diff"] == pytest.approx(1 / 6) and g["pooled"]["mean_a"] == 0.5
     assert g["pooled"]["mean_b"] == pytest.approx(2 / 3) and g["seeds_above_0"] == 2 and g["seeds"] == 3
     assert g["pooled"] == heldout.paired_bootstrap([0, 0, 1, 1], [2 / 3, 1 / 3, 1, 2 / 3])  # the one bootstrap
     assert g["pooled"]["low"] < 1 / 6 < g["pooled"]["high"]
-    s = ll.arm_lift(start, ends, "sampled")
+    s = arms.arm_lift(start, ends, "sampled")
     assert s["pooled"]["diff"] == pytest.approx(0.25) and s["seeds_above_0"] == 3
     assert s["pooled"] == heldout.paired_bootstrap([0.5, 0, 1, 0.5], [1, 0.5, 1, 0.5])
     # differences 1 1 0 0: a resample of 4 states is all 0 (or all 1) one time in 16 (> 2.5%): the interval [0, 1];
     # every state's difference the same: the interval is that difference
-    flat = ll.arm_lift(outcomes([0, 0, 1, 1]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([1, 1, 1, 1])}, "greedy")
+    flat = arms.arm_lift(outcomes([0, 0, 1, 1]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([1, 1, 1, 1])}, "greedy")
     assert flat["pooled"]["diff"] == 0.5 and flat["pooled"]["low"] == 0.0 and flat["pooled"]["high"] == 1.0
-    same = ll.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1])}, "greedy")
+    same = arms.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1])}, "greedy")
     assert (same["pooled"]["diff"], same["pooled"]["low"], same["pooled"]["high"]) == (1.0, 1.0, 1.0)
     # resampling the seeds too: seed 1 gains on every state, seed 2 on none: the states alone say +0.5 exactly, the
     # seeds' draw (seed 1 twice, once, never) spreads it to [0, 1]
-    split = ll.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([0, 0, 0, 0])}, "greedy")
+    split = arms.arm_lift(outcomes([0, 0, 0, 0]), {1: outcomes([1, 1, 1, 1]), 2: outcomes([0, 0, 0, 0])}, "greedy")
     assert (split["pooled"]["low"], split["pooled"]["high"]) == (0.5, 0.5)
     assert (split["over_seeds"]["diff"], split["over_seeds"]["low"], split["over_seeds"]["high"]) == (0.5, 0.0, 1.0)
     assert g["over_seeds"]["diff"] == pytest.approx(1 / 6) and g["over_seeds"]["seeds"] == 3
@@ -126,10 +126,9 @@ def test_arm_lift_per_seed_and_pooled_over_seeds_paired_on_the_states():
 def test_arm_difference_is_paired_on_the_states_over_the_seed_means():
     """SRPO seeds end 1 1 0 0 and 1 0 0 0 (per state 1, 0.5, 0, 0); GRPO seeds 0 1 0 0 and 0 1 0 0 (0, 1, 0, 0):
     SRPO - GRPO per state +1, -0.5, 0, 0, mean +0.125; ends of another held-out set are refused by pair only."""
-    ll = load()
     srpo = {1: outcomes([1, 1, 0, 0]), 2: outcomes([1, 0, 0, 0])}
     grpo = {1: outcomes([0, 1, 0, 0]), 2: outcomes([0, 1, 0, 0])}
-    d = ll.arm_difference(grpo, srpo, "greedy")
+    d = arms.arm_difference(grpo, srpo, "greedy")
     assert d["diff"] == pytest.approx(0.125) and d["mean_a"] == 0.25 and d["mean_b"] == pytest.approx(0.375)
     assert d["low"] <= 0.125 <= d["high"] and d["states"] == 4
 
@@ -140,7 +139,7 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     the pooled row per arm with its seeds above 0, SRPO - GRPO and each arm - control; and the PNG."""
     ll = load()
     start = outcomes([0, 0, 1, 1], [[1, 0], [0, 0], [1, 1], [0, 1]])
-    summ = ll.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3]))  # 200 env steps, 2 iterations, 30 s
+    summ = arms.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3]))  # 200 env steps, 2 iterations, 30 s
     end = {"grpo": ([1, 0, 1, 1], [1, 1, 1, 1]), "srpo": ([1, 1, 1, 1], [1, 1, 1, 1]),
            "control": ([0, 0, 1, 1], [0, 0, 1, 1])}
     arms = {arm: {seed: {"outcomes": outcomes(g if seed == 1 else s, [[x, x] for x in (g if seed == 1 else s)]),
@@ -280,13 +279,12 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     import json
     import os
 
-    m = load()
     data = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0")
     o = {n: json.load(open(os.path.join(data, f"{n}_outcomes.json")))
          for n in ("sft", "grpo_s1", "grpo_s2", "grpo_s3", "srpo_s1", "srpo_s2", "srpo_s3", "control_s1",
                    "control_s2")}
     grpo_ends = {1: o["grpo_s1"], 2: o["grpo_s2"], 3: o["grpo_s3"]}
-    grpo = m.arm_lift(o["sft"], grpo_ends, "greedy")
+    grpo = arms.arm_lift(o["sft"], grpo_ends, "greedy")
     pooled = grpo["pooled"]
     assert (pooled["diff"], pooled["low"], pooled["high"]) == pytest.approx((0.23, 0.14, 0.32))
     assert pooled["diff"] >= 0.15 and pooled["low"] > 0 and grpo["seeds_above_0"] == 3
@@ -294,10 +292,10 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     assert (grpo["per_seed"][3]["up"], grpo["per_seed"][3]["down"]) == (28, 4)
     over = grpo["over_seeds"]  # the seeds resampled too
     assert (over["diff"], over["low"], over["high"]) == pytest.approx((0.23, 0.13, 0.33))
-    sampled = m.arm_lift(o["sft"], grpo_ends, "sampled")["pooled"]
+    sampled = arms.arm_lift(o["sft"], grpo_ends, "sampled")["pooled"]
     assert (sampled["diff"], sampled["low"], sampled["high"]) == pytest.approx((0.1767, 0.09, 0.2633), abs=1e-4)
     control_ends = {1: o["control_s1"], 2: o["control_s2"]}
-    controls = m.arm_lift(o["sft"], control_ends, "greedy")
+    controls = arms.arm_lift(o["sft"], control_ends, "greedy")
     control = controls["per_seed"][1]
     assert (control["diff"], control["low"], control["high"]) == pytest.approx((0.10, -0.01, 0.21))
     assert (control["up"], control["down"]) == (21, 11)  # churn
@@ -306,27 +304,27 @@ def test_docs_real_libero_arms_rows_from_the_committed_outcomes():
     assert abs(controls["pooled"]["diff"]) <= 0.05 and controls["seeds_above_0"] == 1  # the issue's control condition
     assert controls["per_seed"][2]["diff"] == pytest.approx(-0.03)
     assert (controls["per_seed"][2]["up"], controls["per_seed"][2]["down"]) == (20, 23)
-    signal = m.arm_difference(control_ends, grpo_ends, "greedy")
+    signal = arms.arm_difference(control_ends, grpo_ends, "greedy")
     assert (signal["diff"], signal["low"], signal["high"]) == pytest.approx((0.195, 0.1183, 0.27), abs=1e-4)
-    signal_seed1 = m.arm_difference({1: o["control_s1"]}, grpo_ends, "greedy")  # against the control's seed 1 alone
+    signal_seed1 = arms.arm_difference({1: o["control_s1"]}, grpo_ends, "greedy")  # against the control's seed 1 alone
     assert (signal_seed1["diff"], signal_seed1["low"], signal_seed1["high"]) == pytest.approx((0.13, 0.0367, 0.22),
                                                                                              abs=1e-4)
     srpo_ends = {1: o["srpo_s1"], 2: o["srpo_s2"], 3: o["srpo_s3"]}
-    srpo = m.arm_lift(o["sft"], srpo_ends, "greedy")
+    srpo = arms.arm_lift(o["sft"], srpo_ends, "greedy")
     assert (srpo["pooled"]["diff"], srpo["pooled"]["low"], srpo["pooled"]["high"]) == pytest.approx(
         (0.2867, 0.1967, 0.3833), abs=1e-4)
     assert srpo["pooled"]["diff"] >= 0.15 and srpo["pooled"]["low"] > 0 and srpo["seeds_above_0"] == 3  # the bar too
     assert [srpo["per_seed"][s]["diff"] for s in (1, 2, 3)] == pytest.approx([0.26, 0.33, 0.27])
     assert (srpo["per_seed"][3]["up"], srpo["per_seed"][3]["down"]) == (33, 6)
     assert (srpo["over_seeds"]["low"], srpo["over_seeds"]["high"]) == pytest.approx((0.1867, 0.39), abs=1e-4)
-    srpo_vs_grpo = m.arm_difference(grpo_ends, srpo_ends, "greedy")  # at equal env steps, 3 seeds each
+    srpo_vs_grpo = arms.arm_difference(grpo_ends, srpo_ends, "greedy")  # at equal env steps, 3 seeds each
     assert (srpo_vs_grpo["diff"], srpo_vs_grpo["low"], srpo_vs_grpo["high"]) == pytest.approx((0.0567, 0.0033, 0.11),
                                                                                               abs=1e-4)
-    srpo_vs_grpo_sampled = m.arm_difference(grpo_ends, srpo_ends, "sampled")
+    srpo_vs_grpo_sampled = arms.arm_difference(grpo_ends, srpo_ends, "sampled")
     assert (srpo_vs_grpo_sampled["diff"], srpo_vs_grpo_sampled["low"]) == pytest.approx((0.04, -0.0033), abs=1e-4)
-    srpo_vs_control = m.arm_difference(control_ends, srpo_ends, "greedy")
+    srpo_vs_control = arms.arm_difference(control_ends, srpo_ends, "greedy")
     assert (srpo_vs_control["diff"], srpo_vs_control["low"]) == pytest.approx((0.2517, 0.1783), abs=1e-4)
-    srpo_vs_grpo_seed1 = m.arm_difference(grpo_ends, {1: o["srpo_s1"]}, "greedy")  # the docs' earlier figure
+    srpo_vs_grpo_seed1 = arms.arm_difference(grpo_ends, {1: o["srpo_s1"]}, "greedy")  # the docs' earlier figure
     assert (srpo_vs_grpo_seed1["diff"], srpo_vs_grpo_seed1["low"]) == pytest.approx((0.03, -0.0333), abs=1e-4)
 
 
@@ -337,12 +335,11 @@ def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
     import json
     import os
 
-    m = load()
     data = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0")
     arm = {name: {s: {"outcomes": json.load(open(os.path.join(data, f"{name}_s{s}_outcomes.json")))} for s in seeds}
            for name, seeds in (("grpo", (1, 2, 3)), ("srpo", (1, 2, 3)), ("control", (1, 2)))}
     for name, (diff, low, high) in (("grpo", (0.195, 0.067, 0.33)), ("srpo", (0.2517, 0.12, 0.3833))):
-        r = m.seed_level(arm["control"], arm[name], "greedy")
+        r = arms.seed_level(arm["control"], arm[name], "greedy")
         assert r["permutation"]["labellings"] == 10 and r["permutation"]["p_one_sided"] == pytest.approx(0.1)
         assert r["permutation"]["p_one_sided"] == pytest.approx(r["permutation"]["p_min"])  # the smallest possible
         b = r["bootstrap"]
@@ -352,11 +349,10 @@ def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
 def test_summary_keeps_the_algorithms_signals_and_luffys_demo_count():
     """Per run, the algorithm's own signals over the first and last three iterations (GAE-PPO's explained variance,
     LUFFY's demo share, FlowSAR's credit spread, the entropy) and LUFFY's demo episodes trained on, summed."""
-    ll = load()
     r = rows([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4])
     for i, row in enumerate(r[1:], start=1):
         row.update({"train/explained_variance": 0.1 * i, "demos/in_update": 4.0, "demos/dropped": float(i == 2)})
-    s = ll.summary(r)
+    s = arms.summary(r)
     assert s["signals"] == {"train/explained_variance": [pytest.approx(0.2), pytest.approx(0.3)]}  # (.1+.2+.3)/3 ...
     assert (s["demo_episodes"], s["demos_dropped"]) == (16, 1)
-    assert "signals" not in ll.summary(rows([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]))
+    assert "signals" not in arms.summary(rows([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.1, 0.2, 0.3, 0.4]))

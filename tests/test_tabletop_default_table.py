@@ -1,9 +1,10 @@
-"""benchmarks/tabletop_default.py's row of a run (from hand-made metrics rows, as train_srpo.py writes them) and the
-held-out check's false-alarm rate (against its closed form)."""
+"""benchmarks/tabletop_default.py's row of a run (common/arms.py's plateau_measures, from hand-made metrics rows, as
+train_srpo.py writes them), the held-out check's false-alarm rate (against its closed form) and the folder handling."""
 import json
 
 import pytest
 
+from common import arms
 from tests.scripts import load_benchmark
 
 
@@ -14,7 +15,6 @@ def load():
 def test_a_runs_row_windows_best_last_three_and_both_checks():
     """12 iterations (windows of 10: first 1..10, last 3..12), evaluations at 0, 4, 8, 12: greedy 0.5 / 0.9 / 0.8 /
     0.7 (best 0.9, last three 0.8: holds), sampled 0.4 / 0.8 / 0.6 / 0.6 (best 0.8, last three 0.667: fails)."""
-    m = load()
     greedy, sampled = {0: 0.5, 4: 0.9, 8: 0.8, 12: 0.7}, {0: 0.4, 4: 0.8, 8: 0.6, 12: 0.6}
     rows = [{"iteration": 0, "val/success_rate": 0.5, "val/sampled_success_rate": 0.4}]
     for i in range(1, 13):
@@ -22,7 +22,7 @@ def test_a_runs_row_windows_best_last_three_and_both_checks():
         if i in greedy:
             row.update({"val/success_rate": greedy[i], "val/sampled_success_rate": sampled[i]})
         rows.append(row)
-    r = m.measures(rows)
+    r = arms.plateau_measures(rows)
     assert r["practice_first"] == pytest.approx(5.5 / 20) and r["practice_last"] == pytest.approx(7.5 / 20)
     assert r["entropy_first"] == pytest.approx(0.55) and r["entropy_last"] == pytest.approx(0.75)
     assert (r["greedy_start"], r["greedy_best"], r["greedy_last3"]) == pytest.approx((0.5, 0.9, 0.8))
@@ -35,10 +35,9 @@ def test_false_alarm_against_its_closed_form():
     """Three evaluations of one episode each: the best minus the mean of all three is 0 only when all three agree,
     so the check fails with probability 1 - p^3 - (1 - p)^3 (0.75 at p = 0.5, 0.488 at p = 0.8); a policy that always
     succeeds never fails it."""
-    m = load()
-    assert m.false_alarm(0.5, 3, 1) == pytest.approx(0.75, abs=0.01)
-    assert m.false_alarm(0.8, 3, 1) == pytest.approx(1 - 0.8 ** 3 - 0.2 ** 3, abs=0.01)
-    assert m.false_alarm(1.0, 13, 20) == 0.0
+    assert arms.false_alarm(0.5, 3, 1) == pytest.approx(0.75, abs=0.01)
+    assert arms.false_alarm(0.8, 3, 1) == pytest.approx(1 - 0.8 ** 3 - 0.2 ** 3, abs=0.01)
+    assert arms.false_alarm(1.0, 13, 20) == 0.0
 
 
 def test_an_unfinished_run_continues_from_its_checkpoint_and_a_live_one_is_refused(tmp_path, monkeypatch):

@@ -1,0 +1,125 @@
+"""Arms over seeds, in numbers: one run's row from its metrics rows, and an arm's end against its start or against
+another arm on one held-out set, pooled over the seeds (the statistics of benchmarks/libero_learning.py's and
+benchmarks/tabletop_default.py's tables, and of the tests that check the numbers docs/results.md quotes). The
+bootstraps and the permutation test themselves are common/heldout.py's."""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Sequence
+
+import numpy as np
+
+from common import heldout
+
+SIGNALS = ("train/explained_variance", "train/value_loss",  # GAE-PPO: does the value head learn?
+           "train/demo_step_fraction",  # LUFFY: the demos' share of the update's steps
+           "train/flow_sar_weight_std",  # FlowSAR: how unevenly the credit weights spread
+           "train/entropy")  # every script: the policy's token entropy (sharpening)
+
+
+def mean(values: List[float]) -> float:
+    return sum(values) / max(1, len(values))
+
+
+# ---------------------------------------------------------------------------------------- one run's row
+
+def summary(rows: List[Dict], last: int = 3) -> Dict:
+    """One run's row of the table: held-out greedy / sampled success at the start (iteration 0), the best and the mean
+    of the last `last` evaluations, practice success over the first and last `last` iterations, env steps, and the
+    wall time (training + evaluation seconds from metrics.jsonl: iteration 1's time includes evaluation 0)."""
+    evals = [r for r in rows if "val/success_rate" in r]
+    practice = [r["rollout/success_rate"] for r in rows if "rollout/success_rate" in r]
+    out: Dict = {"eval_iterations": [r["iteration"] for r in evals],
+                 "env_steps": [r.get("charts/env_steps", 0.0) for r in evals],
+                 "practice_first": round(mean(practice[:last]), 3), "practice_last": round(mean(practice[-last:]), 3),
+                 "total_env_steps": int(max(r.get("charts/env_steps", 0.0) for r in rows)),
+                 "wall_s": round(sum(r.get("time/iteration", 0.0) for r in rows)
+                                 + sum(r.get("time/eval", 0.0) for r in evals if r["iteration"] > 0))}
+    for key in SIGNALS:  # the algorithm's own signals, first -> last `last` iterations (docs/metrics.md)
+        values = [r[key] for r in rows if key in r]
+        if values:
+            out.setdefault("signals", {})[key] = [round(mean(values[:last]), 4), round(mean(values[-last:]), 4)]
+    if any("demos/in_update" in r for r in rows):  # LUFFY: the demonstrations its updates trained on
+        out["demo_episodes"] = int(sum(r.get("demos/in_update", 0.0) for r in rows))
+        out["demos_dropped"] = int(sum(r.get("demos/dropped", 0.0) for r in rows))
+    for name, key in (("greedy", "val/success_rate"), ("sampled", "val/sampled_success_rate")):
+        values = [round(r.get(key, float("nan")), 3) for r in evals]
+        out[name] = values
+        out[name + "_start"], out[name + "_best"] = values[0], max(values)
+        out[name + "_last"] = round(mean(values[-last:]), 3)
+    return out
+
+
+WINDOW = 10  # iterations at each end for practice success and entropy (plateau_measures)
+
+
+def series(rows: Sequence[dict], key: str) -> List[float]:
+    return [float(r[key]) for r in rows if key in r and r[key] is not None and not math.isnan(float(r[key]))]
+
+
+def plateau_measures(rows: Sequence[dict]) -> Dict[str, float]:
+    """Does a run hold what it learns? Its metrics.jsonl rows (iteration 0 is the evaluation before any update) as
+    practice success over the first and last WINDOW iterations, held-out greedy (and sampled) success at the start, its
+    best and the mean of the last three evaluations, token entropy at both ends, env steps, and the checks: practice
+    does not fall, the last three evaluations are within 0.1 of the best."""
+    train = [r for r in rows if r.get("iteration", 0) > 0 and "rollout/success_rate" in r]
+    practice, entropy = series(train, "rollout/success_rate"), series(train, "train/entropy")
+    greedy, sampled = series(rows, "val/success_rate"), series(rows, "val/sampled_success_rate")
+    m = {"practice_first": np.mean(practice[:WINDOW]), "practice_last": np.mean(practice[-WINDOW:]),
+         "greedy_start": greedy[0], "greedy_best": max(greedy), "greedy_last3": np.mean(greedy[-3:]),
+         "entropy_first": np.mean(entropy[:WINDOW]), "entropy_last": np.mean(entropy[-WINDOW:]),
+         "env_steps": max(series(rows, "charts/env_steps") or [0.0])}
+    if sampled:
+        m.update(sampled_start=sampled[0], sampled_last3=np.mean(sampled[-3:]))
+        m.update(sampled_best=max(sampled))
+        m["sampled_holds"] = float(m["sampled_best"] - m["sampled_last3"] <= 0.1 + 1e-9)
+    m["practice_holds"] = float(m["practice_last"] >= m["practice_first"])
+    m["greedy_holds"] = float(m["greedy_best"] - m["greedy_last3"] <= 0.1 + 1e-9)
+    m["evaluations"] = float(len(greedy))
+    return {k: float(v) for k, v in m.items()}
+
+
+def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, seed: int = 0) -> float:
+    """How often a run on a plateau fails the held-out check (mean of the last three evaluations within 0.1 of the
+    best) by evaluation noise alone: each of `evaluations` evaluations scores `trials` episodes that succeed
+    independently with probability p. A fixed policy's greedy outcomes on fixed states do not change, but the weights
+    move between evaluations and borderline states flip; outcomes that re-draw every time, with one p for every
+    state, are the most noise a plateau at p can have, so this is the check's worst-case false-alarm rate (13
+    evaluations of 20 trials: 0.65 at p = 0.8)."""
+    scores = np.random.default_rng(seed).binomial(trials, p, size=(sims, evaluations)) / trials
+    return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
+
+
+# ------------------------------------------------------------------------ arms on one held-out set
+
+def arm_lift(start: Dict, ends: Dict[int, Dict], mode: str) -> Dict:
+    """End minus start of one arm on one held-out set, `mode` (greedy or sampled): per seed the paired bootstrap of
+    its per-state successes against the start's (heldout.paired_bootstrap), and pooled over the seeds: the per-state
+    differences pooled, i.e. each state's end success averaged over the seeds minus its start success, bootstrapped
+    over the states (the mean of that is the mean over seeds of end - start). The pooled interval covers the choice of
+    states (and through them the episodes' noise), not the choice of seeds; `over_seeds` is the same mean with an
+    interval that resamples the seeds too (heldout.seeds_and_states_bootstrap), and the per-seed rows and
+    `seeds_above_0` show the seeds' spread."""
+    a = heldout.per_state(start, mode)
+    ends_per_state = np.array([heldout.per_state(o, mode) for o in ends.values()])
+    per_seed = {seed: heldout.paired_bootstrap(a, b) for seed, b in zip(ends, ends_per_state)}
+    pooled = heldout.paired_bootstrap(a, ends_per_state.mean(axis=0))
+    return {"per_seed": per_seed, "pooled": pooled, "over_seeds": heldout.seeds_and_states_bootstrap(a, ends_per_state),
+            "seeds": len(ends), "seeds_above_0": sum(r["diff"] > 0 for r in per_seed.values())}
+
+
+def arm_difference(ends_a: Dict[int, Dict], ends_b: Dict[int, Dict], mode: str) -> Dict:
+    """Arm b minus arm a at the end, on the same held-out states: each state's success averaged over each arm's seeds,
+    the difference bootstrapped over the states (heldout.paired_bootstrap)."""
+    mean_over_seeds = [np.mean([heldout.per_state(o, mode) for o in ends.values()], axis=0)
+                       for ends in (ends_a, ends_b)]
+    return heldout.paired_bootstrap(*mean_over_seeds)
+
+
+def seed_level(arm_a: Dict[int, Dict], arm_b: Dict[int, Dict], mode: str) -> Dict:
+    """Arm b minus arm a with the seeds as the unit: the exact permutation test over the runs' end success on the
+    held-out set (each seed's mean over the states; with one start for all, its lift plus a constant) and the
+    bootstrap that resamples each arm's seeds and the states (common/heldout.py). `arm_*`: seed -> {"outcomes": ...}."""
+    ends = [np.array([heldout.per_state(r["outcomes"], mode) for r in arm.values()]) for arm in (arm_a, arm_b)]
+    return {"permutation": heldout.seed_permutation_test(ends[0].mean(axis=1), ends[1].mean(axis=1)),
+            "bootstrap": heldout.arms_seeds_and_states_bootstrap(ends[0], ends[1])}
