@@ -8,7 +8,7 @@ greedily (the ODE's start noise follows the run's seed). FlowSAR (configs/flowsa
 steps; FlowSAR's rise on this tier comes between iterations 25 and 60, docs/results.md#flowsar) and is evaluated
 every 5 iterations on trials 30-49.
 
-How the bound was set: `python benchmarks/learning_seeds.py --tests flowsar --seeds 1 2 3` (AMD EPYC, AVX2 only, ~7
+How the bound was set: `python tests/learning_seeds.py --tests flowsar --seeds 1 2 3` (AMD EPYC, AVX2 only, ~7
 minutes per seed idle), mean +- sd over the three seeds, and what an update that does nothing gives:
 - practice success, first 20 -> last 20 iterations (640 episodes each): +0.15 +- 0.03 (0.12, 0.18, 0.14); do-nothing
   noise sd 0.025. Asserted >= 0.08 (mean - 2 sd = 0.083; 3.2 sd of that noise). Over 10-iteration windows the gain

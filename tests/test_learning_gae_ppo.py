@@ -8,7 +8,7 @@ trials 0-9 (sparse success reward, gamma 0.99, lambda 0.95, actor lr 1e-4 after 
 20 iterations (about 90 k env steps); evaluation before learning and every 10 iterations on trials 30-49, which are
 never practised and never in a demo (1 greedy + 8 sampled episodes each).
 
-How the bounds were set: `python benchmarks/learning_seeds.py --tests gae_ppo --seeds 1 2 3` (AMD EPYC, AVX2 only),
+How the bounds were set: `python tests/learning_seeds.py --tests gae_ppo --seeds 1 2 3` (AMD EPYC, AVX2 only),
 mean +- sd over the three seeds, and what an update that does nothing gives. Re-measured 2026-11-27 after GAE-PPO
 began training only on the tokens of the actions the env executed (make_action_mask, #45); the figures of
 2026-11-26, before it, in brackets:

@@ -11,7 +11,7 @@ all fail), lr 1e-3. Policy shaping p / (p + 0.1) and no PPO clip stay as in LUFF
 practice trials 0-9, episodes cut at 60 steps, 60 iterations (~126 k env steps), greedy evaluation every 10 on trials
 30-49, which are never practised and never demonstrated. About 7 minutes on one core.
 
-How the bounds were set: `python benchmarks/learning_seeds.py --tests luffy --seeds 1 2 3` (AMD EPYC, AVX2 only),
+How the bounds were set: `python tests/learning_seeds.py --tests luffy --seeds 1 2 3` (AMD EPYC, AVX2 only),
 mean +- sd over the three seeds; without learning a scratch policy stays at exactly 0 success (every rollout of the
 first 10 iterations failed on all three seeds) and its demo tokens at p ~ 1/256:
 - practice success over the last 20 iterations (640 rollouts): 0.041 +- 0.005 (0.047, 0.039, 0.037). Asserted >=

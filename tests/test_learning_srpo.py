@@ -7,7 +7,7 @@ evaluation trial and solves 40-55% of them greedily, depending on the CPU's floa
 practises on trials 0-29 (8 prompts x 8 samples per iteration, no demonstrations) for 60 iterations and is evaluated
 every 10 iterations on trials 30-49, which it never practises on: one greedy and 8 sampled episodes per trial.
 
-How the bounds were set: `python benchmarks/learning_seeds.py --tests srpo --seeds 1 2 3` (each seed one thread),
+How the bounds were set: `python tests/learning_seeds.py --tests srpo --seeds 1 2 3` (each seed one thread),
 gains mean +- sd over the three seeds, and what an update that does nothing gives. Re-measured on 2026-11-29 after the
 default step began to decay (train.lr_schedule=cosine, over this run's 60 iterations; issue 56): AMD EPYC with
 AVX-512, the start at 40%, ~5 min per run. The same three seeds with the constant step (the update before, same

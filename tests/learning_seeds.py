@@ -8,8 +8,8 @@ evaluation of an unchanged policy repeats itself exactly; sampled and practice s
 noise, printed as `noise sd` for the gains: sqrt(2 p (1 - p) / n) with the start's p and the episodes compared).
 Results: docs/results.md#learning-tests.
 
-    python benchmarks/learning_seeds.py --seeds 1 2 3 --jobs 2                 # all four tests, ~2 h on 2 cores
-    python benchmarks/learning_seeds.py --tests srpo flowsar --seeds 4 5 --out runs/learning_seeds
+    python tests/learning_seeds.py --seeds 1 2 3 --jobs 2                 # all four tests, ~2 h on 2 cores
+    python tests/learning_seeds.py --tests srpo flowsar --seeds 4 5 --out runs/learning_seeds
 """
 from __future__ import annotations
 
