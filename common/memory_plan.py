@@ -6,7 +6,7 @@ family-free arithmetic on it, and says so in one line for a family that gives no
 (`check`, main process) and stops in one line naming the fixes when it exceeds the device; `--dry-run` prints it and
 exits (`dry_run`, called by every script's main), on a machine without a GPU too (`--device-memory-gib 80` checks
 against that size, `--processes 8` plans for 8 processes). docs/scale.md lists the plans of the shipped recipes and
-checks this model against the measured peaks of docs/gpu.md (`benchmarks/memory_plan_check.py` prints that comparison).
+checks this model against the measured peaks of docs/gpu.md (`tests/memory_plan_check.py` prints that comparison).
 
 The model, per process and in bytes (W, T = all and trainable parameters, at the dtypes the policy keeps them in):
   ddp           weights W; gradients T (their dtype); AdamW moments 2 T (+ a 4-byte step per tensor): the fused

@@ -1,6 +1,6 @@
 """common/memory_plan.py: the plan's arithmetic against the tensors a real policy allocates (exact), the one-line
 refusal of a run that cannot fit, --dry-run on every script (a subprocess, as a user runs it), and the estimates
-against every peak docs/gpu.md measured (benchmarks/memory_plan_check.py)."""
+against every peak docs/gpu.md measured (tests/memory_plan_check.py)."""
 import os
 import time
 from types import SimpleNamespace
@@ -135,12 +135,9 @@ def test_dry_run_prints_the_plan_and_exits(script, tmp_path):
 
 @pytest.mark.slow
 def test_estimates_are_within_ten_percent_of_the_measured_peaks():
-    """benchmarks/memory_plan_check.py: every docs/gpu.md peak whose setting is fully known (the real-size
+    """tests/memory_plan_check.py: every docs/gpu.md peak whose setting is fully known (the real-size
     architectures with random weights on an H100 / H200) within 10% of the plan."""
-    import sys
-
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    from memory_plan_check import rows
+    from tests.memory_plan_check import rows
 
     table = rows()
     checked = [r for r in table if r["within"]]

@@ -1,7 +1,7 @@
 """common/memory_plan.py against every peak GPU memory docs/gpu.md measured: each measurement's setting rebuilt on the
 meta device (no GPU, no weights: runs on a laptop CPU in about a minute), its estimate beside the measured peak.
 
-    python benchmarks/memory_plan_check.py            # the table docs/scale.md shows (Memory plan)
+    python tests/memory_plan_check.py            # the table docs/scale.md shows (Memory plan)
 
 Two kinds of rows: a benchmark's bare step (benchmarks/gpu_check.py, models_bench.py: one forward / backward, no
 gradient accumulation) is planned with `estimate`; a script's run (train_srpo.py ...) with `plan_run` on the script's
