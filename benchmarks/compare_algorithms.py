@@ -44,10 +44,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import yaml
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from srpo_vs_grpo import curve, steps_to_reach  # noqa: E402
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from common.arms import curve, steps_to_reach  # noqa: E402
 ARMS = {  # key -> (label, script, overrides, policy type)
     "srpo": ("SRPO", "train_srpo.py", [], "token"),
     "grpo": ("GRPO", "train_srpo.py", ["reward.mode=binary"], "token"),
@@ -77,7 +77,6 @@ def episodes_per_iteration(script: str) -> int:
 
 
 def max_episode_steps(task: int) -> int:
-    sys.path.insert(0, ROOT)
     from envs.tabletop import TASKS
 
     return int(TASKS[task][3])

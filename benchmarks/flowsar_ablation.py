@@ -27,8 +27,9 @@ from typing import Dict, List
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)), ROOT]
-from srpo_vs_grpo import curve  # noqa: E402
+sys.path.insert(0, ROOT)
+
+from common.arms import curve  # noqa: E402
 
 def arm(loss_variant: str, energy: str, schedule: str) -> List[str]:
     return [f"algorithm.loss_variant={loss_variant}", f"algorithm.energy_type={energy}",

@@ -17,11 +17,14 @@ import os
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from common.arms import curve, steps_to_reach  # noqa: E402
 
 
 def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
@@ -40,23 +43,6 @@ def start(mode: str, seed: int, args: argparse.Namespace) -> subprocess.Popen:
 def read_rows(mode: str, seed: int, args: argparse.Namespace) -> List[Dict[str, float]]:
     with open(os.path.join(args.out, f"bench_{mode}_s{seed}", "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]
-
-
-def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float, hold: int = 1) -> Optional[float]:
-    """Cumulative env steps at the first evaluation that starts `hold` evaluations in a row with `metric` >= target
-    (None if never; a run that ends before `hold` evaluations have passed has not held it)."""
-    evals = [r for r in rows if r.get(metric) is not None]  # a NaN is logged as null
-    for i in range(len(evals) - hold + 1):
-        if all(r[metric] >= target for r in evals[i:i + hold]):
-            return evals[i].get("charts/env_steps", 0.0)
-    return None
-
-
-def curve(rows: List[Dict[str, float]], metric: str):
-    """(cumulative env steps, metric) at the rows that logged `metric` (a NaN, logged as null, is left out)."""
-    xs = [r.get("charts/env_steps", 0.0) for r in rows if r.get(metric) is not None]
-    ys = [r[metric] for r in rows if r.get(metric) is not None]
-    return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
 def text_plot(series: Dict[str, tuple], height: int = 21, width: int = 60) -> str:

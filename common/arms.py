@@ -1,11 +1,12 @@
-"""Arms over seeds, in numbers: one run's row from its metrics rows, and an arm's end against its start or against
-another arm on one held-out set, pooled over the seeds (the statistics of benchmarks/libero_learning.py's and
-benchmarks/tabletop_default.py's tables, and of the tests that check the numbers docs/results.md quotes). The
+"""Arms over seeds, in numbers: one run's row from its metrics rows, its curve against env steps, and an arm's end
+against its start or against another arm on one held-out set, pooled over the seeds (the statistics of the
+benchmarks' tables: libero_learning.py, tabletop_default.py, srpo_vs_grpo.py, compare_algorithms.py,
+flowsar_ablation.py; and of the tests that check the numbers docs/results.md quotes). The
 bootstraps and the permutation test themselves are common/heldout.py's."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -88,6 +89,25 @@ def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, se
     evaluations of 20 trials: 0.65 at p = 0.8)."""
     scores = np.random.default_rng(seed).binomial(trials, p, size=(sims, evaluations)) / trials
     return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
+
+
+# ---------------------------------------------------------------------- curves against env steps
+
+def steps_to_reach(rows: List[Dict[str, float]], metric: str, target: float, hold: int = 1) -> Optional[float]:
+    """Cumulative env steps at the first evaluation that starts `hold` evaluations in a row with `metric` >= target
+    (None if never; a run that ends before `hold` evaluations have passed has not held it)."""
+    evals = [r for r in rows if r.get(metric) is not None]  # a NaN is logged as null
+    for i in range(len(evals) - hold + 1):
+        if all(r[metric] >= target for r in evals[i:i + hold]):
+            return evals[i].get("charts/env_steps", 0.0)
+    return None
+
+
+def curve(rows: List[Dict[str, float]], metric: str):
+    """(cumulative env steps, metric) at the rows that logged `metric` (a NaN, logged as null, is left out)."""
+    xs = [r.get("charts/env_steps", 0.0) for r in rows if r.get(metric) is not None]
+    ys = [r[metric] for r in rows if r.get(metric) is not None]
+    return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
 # ------------------------------------------------------------------------ arms on one held-out set

@@ -6,8 +6,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import compare_algorithms as ca  # noqa: E402
+from common import arms  # the statistics the benchmark's table uses
+from tests.scripts import load_benchmark
+
+ca = load_benchmark("compare_algorithms")
 
 
 def fake_run(successes, steps_per_iteration=1000.0, every=2, phases=(1.0, 0.5, 2.0), eval_s=3.0):
@@ -37,7 +39,7 @@ def test_steps_to_reach_the_first_of_two_evaluations_in_a_row_at_or_above_the_ta
     assert ca.steps_to(rows, 0.9) == 6000.0
     assert ca.steps_to(rows, 0.95) is None  # only the last evaluation: not held
     assert ca.steps_to(fake_run([0.6, 0.7]), 0.5) == 0.0  # the start already there
-    assert ca.steps_to_reach(rows, ca.METRIC, 0.5) == 2000.0  # hold=1 (srpo_vs_grpo's default): the first one
+    assert arms.steps_to_reach(rows, ca.METRIC, 0.5) == 2000.0  # hold=1 (srpo_vs_grpo's default): the first one
 
 
 def test_late_mean_averages_the_evaluations_from_two_thirds_of_the_budget_on():
