@@ -142,9 +142,9 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     summ = arms.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3]))  # 200 env steps, 2 iterations, 30 s
     end = {"grpo": ([1, 0, 1, 1], [1, 1, 1, 1]), "srpo": ([1, 1, 1, 1], [1, 1, 1, 1]),
            "control": ([0, 0, 1, 1], [0, 0, 1, 1])}
-    arms = {arm: {seed: {"outcomes": outcomes(g if seed == 1 else s, [[x, x] for x in (g if seed == 1 else s)]),
-                         "summary": summ} for seed in (1, 2)} for arm, (g, s) in end.items()}
-    t = ll.arms_table(start, arms, {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000})
+    by_arm = {arm: {seed: {"outcomes": outcomes(g if seed == 1 else s, [[x, x] for x in (g if seed == 1 else s)]),
+                           "summary": summ} for seed in (1, 2)} for arm, (g, s) in end.items()}
+    t = ll.arms_table(start, by_arm, {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000})
     lines = t["lines"]
     assert lines[0].startswith("SFT start (100 demos, 4000 steps): token accuracy 0.81, 0.64 nats/token; held-out "
                                "greedy 0.50 [")
@@ -163,7 +163,7 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     assert t["differences"]["grpo - control"]["greedy"]["diff"] == pytest.approx(0.375)
     assert t["arms"]["grpo"]["lift"]["greedy"]["pooled"]["diff"] == pytest.approx(0.375)
     png = tmp_path / "arms.png"
-    ll.plot_arms(arms, start, "title", str(png))
+    ll.plot_arms(by_arm, start, "title", str(png))
     assert png.stat().st_size > 1000
 
 
