@@ -4,9 +4,10 @@
 For every table row the script reads each cited `file:line@commit` (git show, so any clone or mirror that has the
 commit works, whatever is checked out), then looks in those lines for the row's expected text: the literals of its
 "reference" cell (numbers compared as numbers, so 5e-6 matches 5.0e-6; identifiers with `_` and `true`/`false`), or
-EXPECT's text for a row whose cell says it in words. A row is `ok` (an expected literal is there), `MISS` (none is:
-the citation drifted or is wrong), `words` (the cell has no literal and EXPECT no text for it: read it by hand, then
-add its text to EXPECT), or `no-ref` (no checkout given for its reference). Exit status 1 when any row is MISS.
+EXPECT's text for a row whose cell says it in words (docs/data/recipes_expect.yaml, with the tables' short file
+names). A row is `ok` (an expected literal is there), `MISS` (none is: the citation drifted or is wrong), `words` (the
+cell has no literal and EXPECT no text for it: read it by hand, then add its text to that file's `expect:`), or
+`no-ref` (no checkout given for its reference). Exit status 1 when any row is MISS.
 
     python benchmarks/recipes_recheck.py --mirror-root /work/.mirror          # <root>/<owner>+<name>/repo clones
     python benchmarks/recipes_recheck.py --ref siiRL=~/src/siiRL --ref RLinf=~/src/RLinf ...
@@ -21,6 +22,8 @@ import subprocess
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECIPES = os.path.join(ROOT, "docs", "recipes.md")
 
@@ -34,145 +37,15 @@ REFERENCES: Dict[str, Tuple[str, str]] = {
     "LUFFY": ("ElliottYan/LUFFY", "01f4ae0"),
     "openvla-oft": ("moojink/openvla-oft", "213c5ff"),
 }
-# the tables' short file names -> the path in the reference
-SHORT = {
-    ("siiRL", "script"): "examples/embodied_srpo_trainer/run_openvla_oft_libero_spatial.sh",
-    ("SimpleVLA-RL", "SVLA script"): "examples/run_openvla_oft_rl_libero.sh",
-    ("OpenVLA-OFT-RL", "start"): "start_gae_ppo_training.py",
-    ("RLinf", "ppo_openpi.yaml"): "examples/embodiment/config/libero_spatial_ppo_openpi.yaml",
-    ("FlowIPO", "quickstart"): "examples/embodiment/config/libero_object_flowsar_openpi_quickstart.yaml",
-    ("LUFFY", "train.sh"): "exp_scripts/train.sh",
-    ("LUFFY", "mix_ppo_trainer.yaml"): "luffy/verl/verl/mix_src/config/mix_ppo_trainer.yaml",
-    ("RLinf", "model/pi0.yaml"): "examples/embodiment/config/model/pi0.yaml",
-    ("RLinf", "env/libero_spatial.yaml"): "examples/embodiment/config/env/libero_spatial.yaml",
-    ("RLinf", "openpi_action_model.py"): "rlinf/models/embodiment/openpi/openpi_action_model.py",
-}
-# (config, key or the key-less row's first cell) -> text the cited lines must hold, for cells written in words
-EXPECT: Dict[Tuple[str, str], str] = {
-    ("srpo_libero.yaml", "rollout.refill"): "filter_plugin",
-    ("srpo_libero.yaml", "— old-log-prob recompute"): "compute_old_log_prob",
-    ("gae_ppo_libero.yaml", "env.wrist_camera"): "num_images_in_input",
-    ("gae_ppo_libero.yaml", "init.mode"): "use_tokenized_actions",
-    ("gae_ppo_libero.yaml", "policy.image_pipeline"): "center_crop",
-    ("gae_ppo_libero.yaml", "algorithm.value_loss"): "mse_loss",
-    ("gae_ppo_libero_pi0.yaml", "algorithm.clip_ratio_c"): "clip_ratio_c",
-    ("gae_ppo_libero_pi0.yaml", "algorithm.loss_agg_mode"): "masked_mean_ratio",
-    ("gae_ppo_libero_pi0.yaml", "algorithm.value_loss"): "huber_loss",
-    ("gae_ppo_libero_pi0.yaml", "algorithm.value_loss_coef"): "actor_loss + critic_loss",
-    ("gae_ppo_libero_pi0.yaml", "train.grad_clip_mode"): "clip_grad_norm_",
-    ("gae_ppo_libero_pi0.yaml", "train.mini_batch_unit"): "batch_size_per_rank",
-    ("gae_ppo_libero_pi0.yaml", "train.lr_warmup_steps"): "lr_warmup_steps",
-    ("flowsar_libero.yaml", "train.mini_batch_unit"): "batch_size_per_rank",
-    ("flowsar_libero_rlinf.yaml", "train.mini_batch_unit"): "batch_size_per_rank",
-    ("gae_ppo_libero.yaml", "algorithm.gae_unit"): "trajectory_buffer.add",
-    ("srpo_libero_cpu.yaml", "train.mini_batch_size"): "PPO_MINI_BATCH_SIZE * ROLLOUT_N_SAMPLES",
-    ("srpo_libero_grpo_cpu.yaml", "train.mini_batch_size"): "PPO_MINI_BATCH_SIZE * ROLLOUT_N_SAMPLES",
-    ("srpo_libero_grpo_cpu.yaml", "algorithm.loss_agg_mode"): "loss",
-    ("srpo_libero.yaml", "reward.scope"): "compute_reward",
-    ("srpo_libero.yaml", "— surplus kept groups"): "_cleanup_step_buffers",
-    ("srpo_libero_cpu.yaml", "— reward scope"): "compute_reward",
-    # the rows whose reference cell is words only: the cited line's text, read by hand against the cell (2026-12-07)
-    ('srpo_libero.yaml', 'env.task_ids'): 'actor_rollout_ref.embodied.env.num_trials_per_ta',
-    ('srpo_libero.yaml', 'env.pipeline'): 'export NUM_ENVS=16',
-    ('srpo_libero.yaml', 'env.wrist_camera'): 'export NUM_IMAGES_IN_INPUT=1',
-    ('srpo_libero.yaml', 'init.mode'): 'export MODEL_PATH=$HOME_PATH/models/Sylvest/Open',
-    ('srpo_libero.yaml', 'policy.type'): 'export MODEL_NAME=openvla-oft-7b',
-    ('srpo_libero.yaml', 'policy.image_pipeline'): 'export CENTER_CROP=True',
-    ('srpo_libero.yaml', 'reward.mode'): 'export ALG=srpo',
-    ('srpo_libero.yaml', 'reward.encoder.fp16'): 'export ENABLE_FP16=True',
-    ('srpo_libero.yaml', 'reward.encoder.batch_size'): 'def extract_video_embedding_batch(self, video_te',
-    ('srpo_libero.yaml', 'reward.encoder.pooling'): 'return embedding.mean(dim=1).to(torch.float32).s',
-    ('srpo_libero.yaml', 'algorithm.adv_estimator'): 'algorithm.adv_estimator=grpo',
-    ('srpo_libero.yaml', 'train.lr_schedule'): 'warmup_style: str = field(default="constant", me',
-    ('srpo_libero.yaml', 'train.mini_batch_unit'): 'dataloader = batch.split(self.config.ppo_mini_ba',
-    ('gae_ppo_libero.yaml', 'env.pipeline'): 'num_envs: int = 1',
-    ('gae_ppo_libero.yaml', 'policy.type'): 'use_tokenized_actions: true',
-    ('gae_ppo_libero.yaml', 'policy.bf16_weights'): 'CRITICAL: DataParallel REPLICATES the model on e',
-    ('gae_ppo_libero.yaml', 'policy.gradient_checkpointing'): 'CRITICAL: DataParallel REPLICATES the model on e',
-    ('gae_ppo_libero.yaml', 'algorithm.ratio_unit'): 'log_prob = log_prob.mean()',
-    ('gae_ppo_libero.yaml', 'algorithm.clip_ratio_c'): 'policy_loss = -torch.min(ratio * advantage_clamp',
-    ('gae_ppo_libero.yaml', 'algorithm.cliprange_value'): 'value_loss = nn.functional.mse_loss(values, retu',
-    ('gae_ppo_libero.yaml', 'train.lr_warmup_steps'): 'self.actor_optimizer = optim.AdamW(actor_params,',
-    ('gae_ppo_libero.yaml', 'train.weight_decay'): 'self.actor_optimizer = optim.AdamW(vla_trainable',
-    ('gae_ppo_libero.yaml', 'train.micro_batch_size'): 'continue',
-    ('gae_ppo_libero_pi0.yaml', 'env.task_ids'): 'specific_reset_id: null',
-    ('gae_ppo_libero_pi0.yaml', 'env.pipeline'): 'total_num_envs: 64',
-    ('gae_ppo_libero_pi0.yaml', 'init.mode'): 'model_path: "/path/to/model/RLinf-Pi0-LIBERO-Spa',
-    ('gae_ppo_libero_pi0.yaml', 'policy.type'): '- model/pi0@actor.model',
-    ('gae_ppo_libero_pi0.yaml', 'policy.preset'): 'config_name: "pi0_libero"',
-    ('gae_ppo_libero_pi0.yaml', 'policy.bf16_weights'): 'mixed_precision:',
-    ('gae_ppo_libero_pi0.yaml', 'algorithm.gae_unit'): 'reward_type: chunk_level',
-    ('flowsar_libero.yaml', 'env.pipeline'): 'total_num_envs: 32',
-    ('flowsar_libero.yaml', 'init.mode'): 'model_path: "/DATA/disk1/yjb/projects/VLA/FlowIP',
-    ('flowsar_libero.yaml', 'policy.preset'): '- model/pi0@actor.model',
-    ('flowsar_libero.yaml', 'policy.bf16_weights'): 'mixed_precision:',
-    ('flowsar_libero.yaml', 'algorithm.ema_schedule'): 'flow_sar_ema_schedule: fixed',
-    ('flowsar_libero_rlinf.yaml', 'env.pipeline'): 'total_num_envs: 32',
-    ('flowsar_libero_rlinf.yaml', 'init.mode'): 'model_path: "/DATA/disk1/yjb/projects/VLA/FlowIP',
-    ('flowsar_libero_rlinf.yaml', 'policy.preset'): '- model/pi0@actor.model',
-    ('flowsar_libero_rlinf.yaml', 'policy.bf16_weights'): 'mixed_precision:',
-    ('flowsar_libero_rlinf.yaml', 'algorithm.ema_schedule'): 'flow_sar_ema_schedule: fixed',
-    ('flowsar_libero_rlinf.yaml', 'eval.every'): 'val_check_interval: -1',
-    ('luffy_libero_cpu.yaml', 'env.suite'): 'DATASET_NAME="libero_10"',
-    ('luffy_libero_cpu.yaml', 'env.fast_render'): 'env_args = {"bddl_file_name": task_bddl_file, "c',
-    ('flowsar_libero_cpu.yaml', 'env.pipeline'): 'total_num_envs: 32',
-    ('flowsar_libero_cpu.yaml', 'env.fast_render'): 'env_args = {"bddl_file_name": task_bddl_file, "c',
-    ('flowsar_libero_cpu.yaml', 'init.mode'): 'model_path: "/DATA/disk1/yjb/projects/VLA/FlowIP',
-    ('flowsar_libero_cpu.yaml', 'algorithm.ema_schedule'): 'flow_sar_ema_schedule: fixed',
-    ('flowsar_libero_cpu.yaml', 'train.mini_batch_unit'): 'batch_size_per_rank',
-    ('luffy_libero_cpu.yaml', 'env.num_envs'): 'actor_rollout_ref.rollout.micro_batch_size=1 \\',
-    ('luffy_libero_cpu.yaml', 'env.pipeline'): 'actor_rollout_ref.rollout.micro_batch_size=1 \\',
-    ('luffy_libero_cpu.yaml', 'init.mode'): 'actor_rollout_ref.model.path=$SFT_MODEL_PATH \\',
-    ('luffy_libero_cpu.yaml', 'algorithm.filter_accuracy'): 'filter_accuracy: False',
-    ('luffy_libero_cpu.yaml', 'train.lr_warmup_steps'): 'actor_rollout_ref.actor.optim.warmup_style=const',
-    ('luffy_libero_cpu.yaml', 'train.mini_batch_unit'): 'self.config.actor.ppo_mini_batch_size *= self.co',
-    ('luffy_libero_cpu.yaml', 'train.micro_batch_size'): 'actor_rollout_ref.actor.use_dynamic_bsz=True \\',
-    ('luffy_libero_cpu.yaml', 'eval.trials_per_task'): 'data.val_batch_size=496 \\',
-    ('luffy_libero_cpu.yaml', 'eval.samples_per_trial'): 'data.val_batch_size=496 \\',
-    ('luffy_libero.yaml', 'env.suite'): 'DATASET_NAME="libero_10"',
-    ('luffy_libero.yaml', 'env.task_ids'): 'data.num_trials_per_task=50 \\',
-    ('luffy_libero.yaml', 'env.pipeline'): 'actor_rollout_ref.rollout.micro_batch_size=1 \\',
-    ('luffy_libero.yaml', 'env.wrist_camera'): 'actor_rollout_ref.actor.num_images_in_input=1 \\',
-    ('luffy_libero.yaml', 'init.mode'): 'actor_rollout_ref.model.path=$SFT_MODEL_PATH \\',
-    ('luffy_libero.yaml', 'policy.type'): 'actor_rollout_ref.model.vla=$VLA_NAME \\',
-    ('luffy_libero.yaml', 'policy.lora_rank'): 'actor_rollout_ref.model.path=$MODEL_PATH \\',
-    ('luffy_libero.yaml', 'policy.image_pipeline'): 'actor_rollout_ref.rollout.center_crop=True \\',
-    ('luffy_libero.yaml', 'algorithm.adv_estimator'): 'algorithm.adv_estimator=grpo \\',
-    ('luffy_libero.yaml', 'algorithm.filter_accuracy'): 'filter_accuracy: False',
-    ('luffy_libero.yaml', 'train.lr_warmup_steps'): 'actor_rollout_ref.actor.optim.warmup_style=const',
-    ('luffy_libero.yaml', 'train.mini_batch_unit'): 'self.config.actor.ppo_mini_batch_size *= self.co',
-    ('luffy_libero.yaml', 'train.micro_batch_size'): 'actor_rollout_ref.actor.use_dynamic_bsz=True \\',
-    ('luffy_libero.yaml', 'eval.protocol'): 'data.val_batch_size=496 \\',
-    ('srpo_libero_cpu.yaml', 'env.task_ids'): 'actor_rollout_ref.embodied.env.num_trials_per_ta',
-    ('srpo_libero_cpu.yaml', 'env.pipeline'): 'export NUM_ENVS=16',
-    ('srpo_libero_cpu.yaml', 'env.fast_render'): 'actor_rollout_ref.embodied.env.env_type=libero',
-    ('srpo_libero_cpu.yaml', 'init.mode'): 'export MODEL_PATH=$HOME_PATH/models/Sylvest/Open',
-    ('srpo_libero_cpu.yaml', 'rollout.refill'): 'algorithm.filter_groups.enable=True',
-    ('srpo_libero_cpu.yaml', 'algorithm.loss_agg_mode'): 'response_mask_tmp_sum = response_mask_tmp.sum(ax',
-    ('srpo_libero_cpu.yaml', 'train.lr_schedule'): 'warmup_style: str = field(default="constant", me',
-    ('srpo_libero_cpu.yaml', 'train.mini_batch_unit'): 'dataloader = batch.split(self.config.ppo_mini_ba',
-    ('srpo_libero_cpu.yaml', 'eval.samples_per_trial'): 'batch["do_sample"] = NonTensorData(False)',
-    ('srpo_libero_grpo_cpu.yaml', 'env.pipeline'): 'export NUM_ENVS=16',
-    ('srpo_libero_grpo_cpu.yaml', 'env.fast_render'): 'actor_rollout_ref.embodied.env.env_type=libero',
-    ('srpo_libero_grpo_cpu.yaml', 'init.mode'): 'export MODEL_PATH=$HOME_PATH/models/Sylvest/Open',
-    ('srpo_libero_grpo_cpu.yaml', 'rollout.refill'): 'algorithm.filter_groups.enable=True',
-    ('srpo_libero_grpo_cpu.yaml', 'reward.mode'): "completes = data.batch['complete'].tolist()",
-    ('srpo_libero_grpo_cpu.yaml', 'train.lr_schedule'): 'warmup_style: str = field(default="constant", me',
-    ('srpo_libero_grpo_cpu.yaml', 'train.mini_batch_unit'): 'dataloader = batch.split(self.config.ppo_mini_ba',
-    ('srpo_libero_grpo_cpu.yaml', 'eval.samples_per_trial'): 'batch["do_sample"] = NonTensorData(False)',
-    ('gae_ppo_libero_cpu.yaml', 'env.pipeline'): 'num_envs: int = 1',
-    ('gae_ppo_libero_cpu.yaml', 'env.fast_render'): 'env_args = {"bddl_file_name": task_bddl_file, "c',
-    ('gae_ppo_libero_cpu.yaml', 'init.mode'): 'vla_config = OpenVLAActorConfig(',
-    ('gae_ppo_libero_cpu.yaml', 'algorithm.ratio_unit'): 'log_prob = log_prob.mean()',
-    ('gae_ppo_libero_cpu.yaml', 'algorithm.gae_unit'): 'should_add_chunk = (self.chunk_step_count == 8) ',
-    ('gae_ppo_libero_cpu.yaml', 'algorithm.clip_ratio_c'): 'policy_loss = -torch.min(ratio * advantage_clamp',
-    ('gae_ppo_libero_cpu.yaml', 'algorithm.cliprange_value'): 'value_loss = nn.functional.mse_loss(values, retu',
-    ('gae_ppo_libero_cpu.yaml', 'train.lr_warmup_steps'): 'self.actor_optimizer = optim.AdamW(actor_params,',
-    ('gae_ppo_libero_cpu.yaml', 'train.weight_decay'): 'self.actor_optimizer = optim.AdamW(vla_trainable',
-    ('gae_ppo_libero_cpu.yaml', 'train.micro_batch_size'): 'continue',
-    ('gae_ppo_libero_cpu.yaml', 'eval.samples_per_trial'): 'eval_temperature: float = 0.0',
-
-}
+# the hand-read tables, in docs/data/recipes_expect.yaml: SHORT (the tables' short file names -> the path in the
+# reference) and EXPECT ((config, key or the key-less row's first cell) -> text the cited lines must hold, for cells
+# written in words)
+with open(os.path.join(ROOT, "docs", "data", "recipes_expect.yaml"), encoding="utf-8") as _f:
+    _TABLES = yaml.safe_load(_f)
+SHORT: Dict[Tuple[str, str], str] = {(ref, cited): path for ref, names in _TABLES["short_names"].items()
+                                     for cited, path in names.items()}
+EXPECT: Dict[Tuple[str, str], str] = {(config, key): text for config, keys in _TABLES["expect"].items()
+                                      for key, text in keys.items()}
 CITE = re.compile(r"(?:(siiRL|SimpleVLA-RL|OpenVLA-OFT-RL|RLinf|FlowIPO|LUFFY|openvla-oft)\s+)?"
                   r"((?:SVLA script|script|start|quickstart|train\.sh|[\w./-]+\.\w+)):(\d+(?:[-,] ?\d+)*)(?:@(\w+))?")
 NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:e[-+]?\d+)?(?![\w.]*[a-df-z])", re.I)
