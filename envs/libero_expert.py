@@ -19,7 +19,11 @@ and turns it ~0.1 rad x a per step; the fingers need ~10 steps to close or open 
 """
 from __future__ import annotations
 
+import concurrent.futures as futures
 import math
+import multiprocessing
+import os
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -574,3 +578,173 @@ class DemoFileWriter:
 
         self.file.close()
         os.remove(self.tmp)
+
+
+# ---- the expert in worker processes: its success from LIBERO's init states, and demos recorded into HDF5 files
+# (benchmarks/libero_expert.py is the command line; benchmarks/libero_learning.py records its demos through it)
+_WORKER: Dict[str, Any] = {}  # per process: the env and expert, kept across episodes (the scene is built per task)
+
+
+def _worker_env(suite: str, task: int, image_size: int, cameras: bool, fast_render: bool):
+    from envs import EnvConfig
+    from envs.libero import LiberoEnv
+
+    key = (suite, image_size, cameras, fast_render)
+    if _WORKER.get("key") != key:
+        if "env" in _WORKER:
+            _WORKER["env"].close()
+        env = LiberoEnv(EnvConfig(suite=suite, task_ids=[task], image_size=image_size, fast_render=fast_render),
+                        cameras=cameras)
+        _WORKER.update(key=key, env=env, expert=LiberoExpert(env))
+    return _WORKER["env"], _WORKER["expert"]
+
+
+def close_worker_env() -> None:
+    """Close this process's simulator now, not while the interpreter tears EGL down (robosuite's render context then
+    printed "Exception ignored ... EGLError" tracebacks)."""
+    if "env" in _WORKER:
+        _WORKER.pop("env").close()
+
+
+def evaluate_episode(suite: str, task: int, trial: int) -> Dict[str, Any]:
+    """The expert from LIBERO's init state `trial` of `task`, no cameras."""
+    env, expert = _worker_env(suite, task, 8, False, True)
+    return {"task": task, "trial": trial, **run_episode(env, expert, {"task_id": task, "trial_id": trial})}
+
+
+def record_episode(suite: str, task: int, seed: int, image_size: int, fast_render: bool, trial: bool = False
+                   ) -> Dict[str, Any]:
+    """The expert from the random placement drawn with `seed` (with `trial`: from the suite's init state number
+    `seed`), recorded (both cameras); a success also carries the file's attributes and the scene's MJCF."""
+    env, expert = _worker_env(suite, task, image_size, True, fast_render)
+    start = {"task_id": task, "trial_id": seed} if trial else {"task_id": task, "placement_seed": seed}
+    out = run_episode(env, expert, start, record=True)
+    out.update(task=task, seed=seed, task_name=env.task_names[task])
+    if out["success"]:
+        out["file_attrs"] = demo_file_attrs(env, {})
+        out["model_file"] = env.raw_env.sim.model.get_xml()  # the scene's MJCF, as LIBERO's demos carry it
+    else:
+        out.pop("arrays")
+    return out
+
+
+def expert_pool(workers: int) -> Optional[futures.Executor]:
+    """`workers` spawned episode processes (one thread each); None for 1: episodes run in this process."""
+    if workers <= 1:
+        return None
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    return futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+
+
+def record_demos(suite: str, task_ids: List[int], out: str, image_size: int, fast_render: bool, workers: int,
+                 count: int = 0, seed: int = 1000, max_attempts: int = 0, trials: Optional[range] = None) -> None:
+    """Per task one file <out>/<suite>/<task name>_demo.hdf5 in LIBERO's layout: `count` successful demos from the
+    random placements drawn with seeds `seed`, `seed` + 1, ... (at most `max_attempts` episodes), or with `trials`
+    one attempt from each of those official init states. A file is written under a temporary name and renamed once
+    complete (an interrupted task leaves none)."""
+    from tqdm import tqdm
+
+    pool = expert_pool(workers)
+    per_task = len(trials) if trials is not None else count
+    bar = tqdm(total=per_task * len(task_ids), unit="demo" if trials is None else "trial",
+               desc=f"recording {suite}", dynamic_ncols=True)
+    t0 = time.time()
+    try:
+        for task in task_ids:
+            writers: List[Any] = []
+            try:
+                if trials is not None:
+                    attempts = _record_trials(suite, task, out, image_size, fast_render, pool, trials, bar, writers)
+                else:
+                    attempts = _record_task(suite, task, out, image_size, fast_render, pool, workers, count, seed,
+                                            max_attempts, bar, writers)
+            except BaseException:
+                for writer in writers:
+                    writer.abort()
+                raise
+            path = writers[0].path
+            tqdm.write(f"task {task}: {writers[0].num_demos} demos in {attempts} attempts "
+                       f"({writers[0].num_demos / attempts:.0%}) -> "
+                       f"{path} ({os.path.getsize(path) / 2**20:.1f} MiB); {(time.time() - t0) / 60:.1f} min so far")
+    finally:
+        bar.close()
+        if pool:
+            pool.shutdown(cancel_futures=True)
+    minutes = (time.time() - t0) / 60
+    print(f"recorded {per_task * len(task_ids)} {'init states' if trials is not None else 'demos'} in "
+          f"{minutes:.1f} min ({per_task * len(task_ids) / max(minutes, 1e-9):.2f}/min, {workers} workers)")
+
+
+def _file_extra(suite: str, task: int, image_size: int, fast_render: bool) -> Dict[str, Any]:
+    from envs import EnvConfig
+
+    return {"recorder": "vla-rl scripted expert (envs/libero_expert.py)", "suite": suite, "task_id": task,
+            "image_size": image_size, "fast_render": fast_render, "num_steps_wait": EnvConfig().num_steps_wait}
+
+
+def _record_task(suite: str, task: int, out: str, image_size: int, fast_render: bool,
+                 pool: Optional[futures.Executor], workers: int, count: int, seed: int, max_attempts: int, bar: Any,
+                 writers: List[Any]) -> int:
+    """One task's file: demo i is the i-th success in seed order, whatever order the workers finish in (the same
+    file every time); its writer goes into `writers` once it exists. -> episodes run."""
+    pending: Dict[int, Any] = {}  # seed -> future
+    finished: Dict[int, Dict[str, Any]] = {}  # seed -> result, not yet written
+    next_seed, next_write, kept, attempts = seed, seed, 0, 0
+    while kept < count:
+        if attempts >= max_attempts:
+            raise SystemExit(f"error: task {task}: only {kept} of {count} demos succeeded in {attempts} "
+                             f"attempts (--max-attempts)")
+        if pool:
+            needed = count - kept - sum(r["success"] for r in finished.values())  # no episode to spare
+            while len(pending) < min(workers, needed) and next_seed - seed < max_attempts:
+                pending[next_seed] = pool.submit(record_episode, suite, task, next_seed, image_size, fast_render)
+                next_seed += 1
+            done, _ = futures.wait(list(pending.values()), return_when=futures.FIRST_COMPLETED)
+            for s in [s for s, future in pending.items() if future in done]:
+                finished[s] = pending.pop(s).result()
+        else:
+            finished[next_seed] = record_episode(suite, task, next_seed, image_size, fast_render)
+            next_seed += 1
+        while next_write in finished and kept < count:
+            r = finished.pop(next_write)
+            attempts, next_write = attempts + 1, next_write + 1
+            if r["success"]:
+                if not writers:
+                    extra = {**_file_extra(suite, task, image_size, fast_render), "first_placement_seed": seed}
+                    path = os.path.join(out, suite, f"{r['task_name']}_demo.hdf5")
+                    writers.append(DemoFileWriter(path, {**r["file_attrs"], **extra}))
+                writers[0].add(r["arrays"], {"placement_seed": r["seed"], "model_file": r["model_file"]})
+                kept += 1
+                bar.update(1)
+            bar.set_postfix(task=task, attempts=attempts, kept=kept)
+    for future in pending.values():
+        future.cancel()
+    writers[0].close()
+    return attempts
+
+
+def _record_trials(suite: str, task: int, out: str, image_size: int, fast_render: bool,
+                   pool: Optional[futures.Executor], trials: range, bar: Any, writers: List[Any]) -> int:
+    """One attempt from each official init state in `trials` (e.g. RL's practice states 0..39, LUFFY's
+    demonstrations of them), the successes written in trial order with their trial_id; a failure is named and
+    skipped. -> episodes run."""
+    from tqdm import tqdm
+
+    trials = list(trials)
+    jobs = [(suite, task, j, image_size, fast_render, True) for j in trials]
+    results = list(pool.map(record_episode, *zip(*jobs))) if pool else [record_episode(*job) for job in jobs]
+    failed = [j for j, r in zip(trials, results) if not r["success"]]
+    for j, r in zip(trials, results):
+        if r["success"]:
+            if not writers:
+                extra = {**_file_extra(suite, task, image_size, fast_render), "trials": [trials[0], trials[-1]]}
+                path = os.path.join(out, suite, f"{r['task_name']}_demo.hdf5")
+                writers.append(DemoFileWriter(path, {**r["file_attrs"], **extra}))
+            writers[0].add(r["arrays"], {"trial_id": j, "model_file": r["model_file"]})
+        bar.update(1)
+    if not writers:
+        raise SystemExit(f"error: task {task}: the expert failed from every init state {trials[0]}-{trials[-1]}")
+    if failed:
+        tqdm.write(f"task {task}: no demo from init states {failed} (the expert failed there)")
+    writers[0].close()
+    return len(trials)
