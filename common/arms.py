@@ -1,12 +1,13 @@
 """Arms over seeds, in numbers: one run's row from its metrics rows, its curve against env steps, and an arm's end
 against its start or against another arm on one held-out set, pooled over the seeds (the statistics of the
 benchmarks' tables: libero_learning.py, tabletop_default.py, srpo_vs_grpo.py, compare_algorithms.py,
-flowsar_ablation.py; and of the tests that check the numbers docs/results.md quotes). The
+flowsar_ablation.py; and of the tests that check the numbers docs/results.md quotes), and libero_learning.py's --arms
+table built from them (arms_table, which tests/test_libero_learning_table.py checks on hand data). The
 bootstraps and the permutation test themselves are common/heldout.py's."""
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -143,3 +144,88 @@ def seed_level(arm_a: Dict[int, Dict], arm_b: Dict[int, Dict], mode: str) -> Dic
     ends = [np.array([heldout.per_state(r["outcomes"], mode) for r in arm.values()]) for arm in (arm_a, arm_b)]
     return {"permutation": heldout.seed_permutation_test(ends[0].mean(axis=1), ends[1].mean(axis=1)),
             "bootstrap": heldout.arms_seeds_and_states_bootstrap(ends[0], ends[1])}
+
+
+# ---------------------------------------------------------------------------------------- the --arms table
+
+def wall(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 7200 else f"{seconds / 60:.0f} min"
+
+
+def fmt_pair(r: Dict) -> str:
+    return f"{r['mean_a']:.2f} -> {r['mean_b']:.2f}, {r['diff']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+
+
+def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict,
+               comparisons: Sequence[Tuple[str, str]]) -> Dict:
+    """benchmarks/libero_learning.py's --arms table (markdown lines) and its numbers. `start`: the SFT start's outcomes
+    on the held-out set; `arms`: arm -> seed -> {"outcomes": the run's final policy's outcomes on the same set,
+    "summary": summary(rows)}; `header`: the SFT start's token accuracy and loss and its demos and steps;
+    `comparisons`: (a, b) pairs whose b - a is reported when both arms ran."""
+    modes = [m for m in ("greedy", "sampled") if m in start["episodes"]]
+    n = start["heldout_set"]["states"]
+    acc, loss = header.get("token_accuracy"), header.get("loss")
+    fit = f"flow-matching loss {header['flow_mse']:.3f}" if header.get("flow_mse") is not None else \
+        "token accuracy " + (f"{acc:.2f}" if acc is not None else "?") + ", " + \
+        (f"{loss:.2f} nats/token" if loss is not None else "loss ?")
+    lines = [f"SFT start ({header.get('demos')} demos, {header.get('sft_steps')} steps): {fit}; held-out "
+             + ", ".join(f"{m} {start['success'][m]:.2f} [{start['interval'][m][0]:.2f}, {start['interval'][m][1]:.2f}]"
+                         for m in modes)
+             + f" over {n} states ({start['heldout_set']['name']})", "",
+             "| arm | seed | " + " | ".join(f"held-out {m}: start -> end, end - start [95% CI] (states up / down)"
+                                           for m in modes)
+             + " | practice, first 3 -> last 3 iterations | env steps | iterations | wall |",
+             "|---|---|" + "---|" * len(modes) + "---|---|---|---|"]
+    out: Dict = {"heldout_set": start["heldout_set"], "start": {m: start["success"][m] for m in modes},
+                 "sft": header, "arms": {}, "differences": {}}
+    for arm, seeds in arms.items():
+        ends = {seed: r["outcomes"] for seed, r in seeds.items()}
+        lifts = {m: arm_lift(start, ends, m) for m in modes}
+        out["arms"][arm] = {"lift": lifts, "summaries": {s: r["summary"] for s, r in seeds.items()}}
+        for seed, r in seeds.items():
+            s = r["summary"]
+            lines.append(f"| {arm} | {seed} | " + " | ".join(f"{fmt_pair(p)} ({p['up']} / {p['down']})" for p in
+                                                             (lifts[m]["per_seed"][seed] for m in modes))
+                         + f" | {s['practice_first']:.2f} -> {s['practice_last']:.2f} | {s['total_env_steps']:,} | "
+                         f"{s['eval_iterations'][-1]} | {wall(s['wall_s'])} |")
+        summaries = [r["summary"] for r in seeds.values()]
+        lines.append(f"| {arm} | **pooled, {len(seeds)} seed{'s' if len(seeds) != 1 else ''}** | "
+                     + " | ".join(f"**{fmt_pair(lifts[m]['pooled'])}**, {lifts[m]['seeds_above_0']} of "
+                                  f"{len(seeds)} seeds > 0; seeds resampled too [{lifts[m]['over_seeds']['low']:+.2f}, "
+                                  f"{lifts[m]['over_seeds']['high']:+.2f}]" for m in modes)
+                     + f" | {mean([x['practice_first'] for x in summaries]):.2f} -> "
+                     f"{mean([x['practice_last'] for x in summaries]):.2f} | "
+                     f"{mean([x['total_env_steps'] for x in summaries]):,.0f} | | "
+                     f"{wall(mean([x['wall_s'] for x in summaries]))} |")
+    for arm, seeds in arms.items():
+        signals = {seed: r["summary"]["signals"] for seed, r in seeds.items() if r["summary"].get("signals")}
+        if signals:
+            lines += ["", f"{arm}: its signals, first 3 -> last 3 iterations, per seed: " + "; ".join(
+                f"seed {s} " + ", ".join(f"{k.split('/')[-1]} {v[0]:.3g} -> {v[1]:.3g}" for k, v in sig.items())
+                for s, sig in signals.items())]
+        demos = {seed: r["summary"]["demo_episodes"] for seed, r in seeds.items() if "demo_episodes" in r["summary"]}
+        if demos:
+            lines += ["", f"{arm}: demo episodes in its updates (the expert's, from the practice states), per seed: "
+                      + ", ".join(f"seed {s} {n:,} ({seeds[s]['summary']['demos_dropped']} dropped at replay)"
+                                  for s, n in demos.items())]
+    for a, b in comparisons:
+        if a in arms and b in arms:
+            diff = {m: arm_difference({s: r["outcomes"] for s, r in arms[a].items()},
+                                      {s: r["outcomes"] for s, r in arms[b].items()}, m) for m in modes}
+            out["differences"][f"{b} - {a}"] = diff
+            steps = [mean([r["summary"]["total_env_steps"] for r in arms[x].values()]) for x in (a, b)]
+            lines.append("")
+            lines.append(f"{b} - {a} at the end (each state's success averaged over each arm's seeds; env steps "
+                         f"{steps[1]:,.0f} vs {steps[0]:,.0f}): "
+                         + "; ".join(f"{m} {diff[m]['diff']:+.2f} [{diff[m]['low']:+.2f}, {diff[m]['high']:+.2f}]"
+                                     for m in modes))
+            seeds = {m: seed_level(arms[a], arms[b], m) for m in modes}
+            out["differences"][f"{b} - {a}, seed level"] = seeds
+            lines.append(f"{b} - {a} at the level of seeds ({len(arms[b])} against {len(arms[a])}): "
+                         + "; ".join(f"{m} seeds and states resampled {seeds[m]['bootstrap']['diff']:+.2f} "
+                                     f"[{seeds[m]['bootstrap']['low']:+.2f}, {seeds[m]['bootstrap']['high']:+.2f}], "
+                                     f"exact permutation test of the seeds' lifts p = "
+                                     f"{seeds[m]['permutation']['p_one_sided']:.3f} (one-sided; smallest possible "
+                                     f"{seeds[m]['permutation']['p_min']:.3f})" for m in modes))
+    out["lines"] = lines
+    return out

@@ -144,7 +144,8 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
            "control": ([0, 0, 1, 1], [0, 0, 1, 1])}
     by_arm = {arm: {seed: {"outcomes": outcomes(g if seed == 1 else s, [[x, x] for x in (g if seed == 1 else s)]),
                            "summary": summ} for seed in (1, 2)} for arm, (g, s) in end.items()}
-    t = ll.arms_table(start, by_arm, {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000})
+    t = arms.arms_table(start, by_arm, {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000},
+                        ll.COMPARISONS)
     lines = t["lines"]
     assert lines[0].startswith("SFT start (100 demos, 4000 steps): token accuracy 0.81, 0.64 nats/token; held-out "
                                "greedy 0.50 [")
@@ -199,7 +200,7 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     monkeypatch.setattr(m, "rows_of", lambda run_dir: [])
     monkeypatch.setattr(m, "summary", lambda rows: {})
     monkeypatch.setattr(m, "sft_header", lambda out: {})
-    monkeypatch.setattr(m, "arms_table", lambda start, arms, header: {"lines": []})
+    monkeypatch.setattr(m, "arms_table", lambda start, arms, header, comparisons: {"lines": []})
     monkeypatch.setattr(m, "plot_arms", lambda *a: None)
     monkeypatch.setattr(m, "robustness", lambda py, policies, args, out: sent.update(policies))
     args = SimpleNamespace(heldout_set=100, heldout_seed=0, demos=100, sft_steps=5000, sft_only=False,
