@@ -88,6 +88,18 @@ class OpenVLAOFTConfig:
                                   # crop_lanczos: 0.9-area centre crop, then PIL Lanczos to 224, no JPEG (the
                                   # GAE-PPO reference's, crop_lanczos_image) |
                                   # auto: libero on LIBERO suites, resize on the embedded one (set when RL starts)
+    num_images: int = ranged(1, "[1, 2]")  # camera images in the input: 1 = agent view (the SimpleVLA-RL / siiRL
+                                           # checkpoints) | 2 = agent view + wrist (the official OpenVLA-OFT LIBERO
+                                           # checkpoints, num_images_in_input 2)
+    use_proprio: Optional[bool] = False  # the 8-D state (eef xyz, axis-angle, 2 fingers) as one more Llama token
+                                         # after the patches, through the folder's proprio_projector--*.pt
+    proprio_norm: str = "q99"  # the state before the projector: q99 = 2 (x - q01) / (q99 - q01) - 1 clipped to
+                               # [-1, 1] with the checkpoint's proprio statistics (OpenVLA-OFT's training and
+                               # evaluation) | none = the raw state (the GAE-PPO reference's token path)
+    from_l1_checkpoint: bool = False  # true: an L1-regression checkpoint folder (action_head--*.pt: the official
+                                      # OpenVLA-OFT LIBERO ones) starts this token family as the GAE-PPO reference
+                                      # loads it (load_l1_action_head False): the LM's action-token logits are the
+                                      # policy, the action head is not loaded; false: such a folder is refused
 
 
 @dataclass

@@ -22,6 +22,7 @@ from train_gae_ppo import (Config, check_config, chunk_mean, explained_variance,
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
+OFT_L1_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft_l1")  # the official L1 layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.episodes_per_iteration=8",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1",
         "--no-wandb"]
@@ -364,11 +365,12 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
 
 @pytest.mark.real_libero
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
-    """configs/gae_ppo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder (the config's policy family;
-    the value head reads its hidden state), 64 px, 2 workers, 16 steps: one iteration."""
+    """configs/gae_ppo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder in the official L1 layout
+    (the config's start: its token head, agent view + wrist, the proprio token; the value head reads its hidden
+    state), 64 px, 2 workers, 16 steps: one iteration."""
     out = subprocess.run(
         [sys.executable, "train_gae_ppo.py", "--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb",
-         "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
+         "init.mode=checkpoint", f"init.path={OFT_L1_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
          "policy.unnorm_key=libero_10", "env.image_size=64", "env.num_envs=2",
          "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.episodes_per_iteration=2",
          "train.iterations=1",
@@ -383,3 +385,8 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     assert "train/value_loss" in row and "train/explained_variance" in row
     assert os.path.isfile(os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "modules",
                                        "value_head.safetensors"))
+    policy = os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "policy")
+    assert "proprio_projector--150000_checkpoint.pt" in os.listdir(policy)  # trained beside the LoRA, saved
+    with open(os.path.join(tmp_path, "runs", name, "config.yaml")) as f:
+        text = f.read()
+    assert "num_images: 2" in text and "use_proprio: true" in text and "wrist_camera: true" in text
