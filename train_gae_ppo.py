@@ -80,6 +80,16 @@ class AlgorithmConfig:
     huber_delta: float = ranged(1.0, "(0, inf)")  # value_loss=huber: the quadratic band (RLinf: 10)
     advantage_scale: float = ranged(1.0, "(0, inf)")  # advantages x this in the policy loss (after normalisation;
                                                       # the GAE-PPO reference: 0.5)
+    advantage_clamp: Optional[float] = ranged(None, "(0, inf)")  # the scaled advantages clamped to [-c, c] in the
+                                                                 # policy loss; null = none (the GAE-PPO reference: 10)
+    log_ratio_clamp: float = ranged(20.0, "(0, inf)")  # log r clamped to [-c, c] before exp (verl's 20; the GAE-PPO
+                                                       # reference: 5)
+    negative_clip_band: str = "same"  # same: the ratio clipped to [1 - clip_ratio_low, 1 + clip_ratio_high] for
+                                      # every advantage | swapped: [1 - clip_ratio_high, 1 + clip_ratio_low] where
+                                      # A <= 0 (the GAE-PPO reference)
+    loss_skip_above: Optional[float] = ranged(None, "(0, inf)")  # a policy-loss element larger than this in size
+                                                                 # adds nothing (the mean's count unchanged); null =
+                                                                 # none (the GAE-PPO reference: 100)
     freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
                                          # head only)
 
@@ -148,7 +158,8 @@ import numpy as np
 import torch
 
 from common.advantages import compute_gae, executed_actions, make_action_mask, masked_mean
-from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
+from common.losses import (LOSS_AGG_MODES, NEGATIVE_CLIP_BANDS, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla,
+                           compute_value_loss)
 from common.rollout import collect_rollouts, flatten_steps
 from common.fsdp import full_tensor, shard_policy
 from common.policy_start import initial_policy
@@ -170,10 +181,17 @@ def check_config(cfg: Config) -> None:
     if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
         raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
                           f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")
+    vh = cfg.value_head
+    if vh.activation not in ("gelu", "relu") or vh.init not in ("small_last", "torch", "rlinf"):
+        raise ConfigError(f"value_head.activation={cfg.value_head.activation!r}, value_head.init="
+                          f"{cfg.value_head.init!r}: use gelu or relu, and small_last, torch or rlinf")
     if a.loss_agg_mode not in LOSS_AGG_MODES:
         raise ConfigError(f"algorithm.loss_agg_mode={a.loss_agg_mode!r}: use one of {', '.join(LOSS_AGG_MODES)}")
     if a.value_loss not in VALUE_LOSSES:
         raise ConfigError(f"algorithm.value_loss={a.value_loss!r}: use one of {', '.join(VALUE_LOSSES)}")
+    if a.negative_clip_band not in NEGATIVE_CLIP_BANDS:
+        raise ConfigError(f"algorithm.negative_clip_band={a.negative_clip_band!r}: use one of "
+                          f"{', '.join(NEGATIVE_CLIP_BANDS)}")
     if t.grad_clip_mode not in ("separate", "joint"):
         raise ConfigError(f"train.grad_clip_mode={t.grad_clip_mode!r}: use separate or joint")
     if t.grad_clip_mode == "joint" and t.strategy == "fsdp":
@@ -454,7 +472,9 @@ if __name__ == "__main__":
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
-                            loss_agg_mode=alg.loss_agg_mode)
+                            loss_agg_mode=alg.loss_agg_mode, log_ratio_clamp=alg.log_ratio_clamp,
+                            advantage_clamp=alg.advantage_clamp, negative_clip_band=alg.negative_clip_band,
+                            loss_skip_above=alg.loss_skip_above)
                         actor_loss = pg_loss
                         if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
                             entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)

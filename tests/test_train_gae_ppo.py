@@ -216,6 +216,9 @@ def test_ratio_unit_step_is_one_ratio_per_policy_step_from_the_chunks_mean_log_p
     ("value_head.hidden_dims=[0,128]", "value_head.hidden_dims=[0, 128]: algorithm.use_gae needs a value head"),
     ("value_head.hidden_dims=[]", "value_head.hidden_dims=[]: algorithm.use_gae needs a value head"),
     ("train.critic_warmup_iterations=2", None),
+    ("algorithm.negative_clip_band=flipped", "algorithm.negative_clip_band='flipped': use one of same, swapped"),
+    ("algorithm.log_ratio_clamp=0", "algorithm.log_ratio_clamp=0.0: must be in (0, inf)"),
+    ("algorithm.advantage_clamp=-1", "algorithm.advantage_clamp=-1.0: must be in (0, inf)"),
 ])
 def test_bad_input_is_one_line(override, message):
     from common.config import ConfigError
