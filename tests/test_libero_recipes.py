@@ -25,7 +25,7 @@ STRUCTURE = {"mini_batch_unit", "loss_agg_mode", "refill", "ratio_unit", "gae_un
              "n", "flow_sar_loss_variant", "value_loss", "huber_delta", "value_loss_coef",
              "grad_clip_mode", "advantage_scale", "scope", "advantage_clamp", "log_ratio_clamp", "value_input",
              "activation", "init",
-             "negative_clip_band", "loss_skip_above"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
+             "negative_clip_band", "loss_skip_above", "bc_warmup_env_steps"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
 KEEP_ALL = "algorithm.accuracy_lower_bound=0.0"  # an untrained policy fails every group: keep them so the update runs
 
 

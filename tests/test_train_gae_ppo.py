@@ -261,6 +261,25 @@ def test_freeze_vla_for_critic_keeps_the_value_loss_out_of_the_policy_gradient(t
     assert frozen != actor_grad_norm("shared", "algorithm.freeze_vla_for_critic=false")
 
 
+def test_bc_warmup_phase_then_ppo(tmp_path):
+    """train.bc_warmup_env_steps=200 (the GAE-PPO reference's warm-up as its start runs it: cross-entropy on the
+    rollout's own tokens, the critic untouched): iteration 1 has collected 128 env steps (< 200): a warm-up update
+    (bc_loss, actor steps, no PPO loss, no value loss, no critic step); iteration 2 (256 >= 200) is PPO with its critic.
+    A flow policy is refused in one line."""
+    run(["--task-id", "0", "train.iterations=2", "eval.every=0", "train.bc_warmup_env_steps=200"], tmp_path)
+    (name,) = runs_in(tmp_path / "runs")
+    first, second = read_metrics(str(tmp_path / "runs" / name))
+    assert first["train/bc_phase"] == 1.0 and second["train/bc_phase"] == 0.0
+    assert 0 < first["train/bc_loss"] < 10 and first["train/grad_norm"] > 0 and first["train/optimizer_steps"] > 0
+    assert not any(k in first for k in ("train/pg_loss", "train/value_loss", "train/critic_grad_norm"))
+    assert "train/bc_loss" not in second and second["train/value_loss"] > 0 and second["train/critic_grad_norm"] > 0
+    from common.config import ConfigError
+
+    cfg = load_config(Config, os.path.join(ROOT, "configs/gae_ppo_libero_pi0.yaml"), ["train.bc_warmup_env_steps=5"])
+    with pytest.raises(ConfigError, match="train.bc_warmup_env_steps=5: the behaviour-cloning warm-up"):
+        check_config(cfg)
+
+
 def test_smoke_two_updates_then_resume_is_exact(tmp_path):
     run(["--task-id", "0", "train.iterations=2", "log.checkpoint_every=1"], tmp_path / "a")
     (name,) = runs_in(tmp_path / "a" / "runs")
@@ -385,7 +404,8 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     assert name.startswith("gae_ppo__libero_spatial__t0__s1__")
     (row,) = read_metrics(str(tmp_path / "runs" / name))
     assert row["rollout/env_steps"] == 32 and row["rollout/truncated_fraction"] == 1.0
-    assert "train/value_loss" in row and "train/explained_variance" in row
+    assert "train/explained_variance" in row  # the critic's values recorded
+    assert row["train/bc_phase"] == 1.0 and "train/bc_loss" in row  # the config's warm-up: 32 < 25000 env steps
     assert os.path.isfile(os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "modules",
                                        "value_head.safetensors"))
     policy = os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "policy")
