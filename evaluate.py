@@ -9,20 +9,20 @@ newest complete checkpoint). Outputs go to `plots/eval__<checkpoint name>/`. Suc
 `common.evaluation.evaluate_policy`, the same function the training scripts log `val/*` with.
 
 `--protocol` (envs/protocols.py; docs/libero.md, "Protocols") says how LIBERO episodes are run and scored. A reference
-protocol (simplevla-rl, siirl, openvla-oft, openpi, rlinf) sets exactly what that paper's code does: every task of the
-suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--trials narrow), its episode limit,
-settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding (greedy or
-deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6), a pi0 policy's ODE steps and actions per call (openpi 5;
-rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip + centre crop; rlinf: resize only).
-Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500 estimate the same rate).
-`heldout`, this project's own, evaluates the trials the checkpoint's training never practised on (an RL run's eval.trial_start onwards, else
-rollout.train_trials onwards; an SFT run's own evaluation trials; overlap is refused unless --allow-practice-trials)
-with the checkpoint's env settings and fixtures seeded by the trial id. Without --protocol: on the embedded suite
-heldout; an RL run its own eval.protocol; a published checkpoint folder (no training config beside it) its paper's: an
-OpenVLA-OFT discrete SFT checkpoint (config.json model_type openvla, no action_head file: SimpleVLA-RL's, siiRL's)
-simplevla-rl, an OpenVLA-OFT L1-regression one (action_head--*checkpoint* file) openvla-oft, a pi0 policy (a flow policy
-carrying a pi0 checkpoint's statistics) openpi; anything else heldout. results.json and the chart title record the
-protocol.
+protocol (simplevla-rl, siirl, openvla-oft, openpi, openvla-oft-rl, rlinf) sets exactly what that paper's code does:
+every task of the suite (--task-ids narrows), trials 0..49 with one episode each (--trial-start/--trials narrow), its
+episode limit, settling steps and their action, its fixture seeding, 256 px cameras with normal rendering, its decoding
+(greedy or deterministic ODE; rlinf samples OpenVLA-OFT at T 1.6), a pi0 policy's ODE steps and actions per call (openpi
+5; rlinf 5, libero_10 10) and an OpenVLA-OFT policy's image path (JPEG round trip + centre crop; rlinf: resize only;
+openvla-oft-rl: crop + Lanczos). Every pair is run (SimpleVLA-RL's RL validation draws 496 of the 500; the full 500
+estimate the same rate). `heldout`, this project's own, evaluates the trials the checkpoint's training never practised
+on (an RL run's eval.trial_start onwards, else rollout.train_trials onwards; an SFT run's own evaluation trials; overlap
+is refused unless --allow-practice-trials) with the checkpoint's env settings and fixtures seeded by the trial id.
+Without --protocol: on the embedded suite heldout; an RL run its own eval.protocol; a published checkpoint folder (no
+training config beside it) its paper's: an OpenVLA-OFT discrete SFT checkpoint (config.json model_type openvla, no
+action_head file: SimpleVLA-RL's, siiRL's) simplevla-rl, an OpenVLA-OFT L1-regression one (action_head--*checkpoint*
+file) openvla-oft, a pi0 policy (a flow policy carrying a pi0 checkpoint's statistics) openpi; anything else heldout.
+results.json and the chart title record the protocol.
 
 `--heldout-set N` (docs/libero.md, "Held-out sets and paired comparisons") evaluates on N initial states per task
 that the checkpoint's training never practised: the official held-out trials above plus states drawn from the suite's
@@ -46,7 +46,7 @@ import time
 from typing import Any, Dict, Optional, Sequence
 
 # envs/protocols.py NAMES (spelled out: importing envs loads gymnasium, ~0.6 s before --help could answer)
-PROTOCOL_NAMES = ("simplevla-rl", "siirl", "openvla-oft", "openpi", "rlinf", "heldout")
+PROTOCOL_NAMES = ("simplevla-rl", "siirl", "openvla-oft", "openpi", "openvla-oft-rl", "rlinf", "heldout")
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:

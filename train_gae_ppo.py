@@ -81,6 +81,16 @@ class AlgorithmConfig:
     huber_delta: float = ranged(1.0, "(0, inf)")  # value_loss=huber: the quadratic band (RLinf: 10)
     advantage_scale: float = ranged(1.0, "(0, inf)")  # advantages x this in the policy loss (after normalisation;
                                                       # the GAE-PPO reference: 0.5)
+    advantage_clamp: Optional[float] = ranged(None, "(0, inf)")  # the scaled advantages clamped to [-c, c] in the
+                                                                 # policy loss; null = none (the GAE-PPO reference: 10)
+    log_ratio_clamp: float = ranged(20.0, "(0, inf)")  # log r clamped to [-c, c] before exp (verl's 20; the GAE-PPO
+                                                       # reference: 5)
+    negative_clip_band: str = "same"  # same: the ratio clipped to [1 - clip_ratio_low, 1 + clip_ratio_high] for
+                                      # every advantage | swapped: [1 - clip_ratio_high, 1 + clip_ratio_low] where
+                                      # A <= 0 (the GAE-PPO reference)
+    loss_skip_above: Optional[float] = ranged(None, "(0, inf)")  # a policy-loss element larger than this in size
+                                                                 # adds nothing (the mean's count unchanged); null =
+                                                                 # none (the GAE-PPO reference: 100)
     freeze_vla_for_critic: bool = False  # detach the hidden state before the value head (the value loss trains the
                                          # head only)
 
@@ -114,6 +124,11 @@ class TrainConfig:
     fsdp_offload: bool = False  # fsdp: the shards and the optimizer step on the CPU (torch's CPUOffloadPolicy)
     critic_warmup_iterations: int = ranged(0, "[0, inf)")  # first N iterations train the value
                                                            # head only (the actor does not move)
+    bc_warmup_env_steps: int = ranged(0, "[0, inf)")  # token policies: while fewer env steps than this were collected
+                                                      # (this iteration's included), the update is cross-entropy of
+                                                      # the policy on its own rollout's tokens, not PPO, and the
+                                                      # critic waits (the GAE-PPO reference's warm-up as its start
+                                                      # runs it, no L1 head loaded: 25000)
 
 
 @dataclass
@@ -159,7 +174,8 @@ import torch
 from common.advantages import compute_gae, executed_actions, make_action_mask
 from common.checkpoint import module_file
 from common.masking import masked_mean
-from common.losses import LOSS_AGG_MODES, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla, compute_value_loss
+from common.losses import (LOSS_AGG_MODES, NEGATIVE_CLIP_BANDS, VALUE_LOSSES, agg_loss, compute_policy_loss_vanilla,
+                           compute_value_loss)
 from common.rollout import collect_rollouts, flatten_steps
 from common import fsdp
 from common.fsdp import full_tensor, shard_policy
@@ -182,10 +198,17 @@ def check_config(cfg: Config) -> None:
     if a.use_gae and (not cfg.value_head.hidden_dims or min(cfg.value_head.hidden_dims) < 1):
         raise ConfigError(f"value_head.hidden_dims={cfg.value_head.hidden_dims}: algorithm.use_gae needs a value head "
                           f"with layers of size >= 1 (the GAE-PPO reference: [1024, 512]), or set algorithm.use_gae=false")
+    vh = cfg.value_head
+    if vh.activation not in ("gelu", "relu") or vh.init not in ("small_last", "torch", "rlinf"):
+        raise ConfigError(f"value_head.activation={cfg.value_head.activation!r}, value_head.init="
+                          f"{cfg.value_head.init!r}: use gelu or relu, and small_last, torch or rlinf")
     if a.loss_agg_mode not in LOSS_AGG_MODES:
         raise ConfigError(f"algorithm.loss_agg_mode={a.loss_agg_mode!r}: use one of {', '.join(LOSS_AGG_MODES)}")
     if a.value_loss not in VALUE_LOSSES:
         raise ConfigError(f"algorithm.value_loss={a.value_loss!r}: use one of {', '.join(VALUE_LOSSES)}")
+    if a.negative_clip_band not in NEGATIVE_CLIP_BANDS:
+        raise ConfigError(f"algorithm.negative_clip_band={a.negative_clip_band!r}: use one of "
+                          f"{', '.join(NEGATIVE_CLIP_BANDS)}")
     if t.grad_clip_mode not in ("separate", "joint"):
         raise ConfigError(f"train.grad_clip_mode={t.grad_clip_mode!r}: use separate or joint")
     if t.grad_clip_mode == "joint" and t.strategy == "fsdp":
@@ -200,6 +223,9 @@ def check_config(cfg: Config) -> None:
     if t.critic_warmup_iterations > 0 and not a.use_gae:
         raise ConfigError(f"train.critic_warmup_iterations={t.critic_warmup_iterations} needs a critic: set "
                           f"algorithm.use_gae=true or critic_warmup_iterations=0")
+    if t.bc_warmup_env_steps > 0 and action_kind(cfg.policy.type) == "flow":
+        raise ConfigError(f"train.bc_warmup_env_steps={t.bc_warmup_env_steps}: the behaviour-cloning warm-up is a "
+                          f"cross-entropy on action tokens; a flow policy has none (set 0)")
     if action_kind(cfg.policy.type) == "flow":  # PPO's log-prob is the flow-SDE step's Gaussian density
         if cfg.policy.noise_method != "flow_sde" or not cfg.rollout.flow_noise_level > 0:
             raise ConfigError(f"policy.noise_method={cfg.policy.noise_method}, rollout.flow_noise_level="
@@ -431,11 +457,15 @@ if __name__ == "__main__":
             #    value loss, a mean over rows)
             t0 = time.perf_counter()
             move_actor = iteration >= cfg.train.critic_warmup_iterations  # critic warm-up: the actor waits
+            # behaviour-cloning warm-up (the GAE-PPO reference's first l1_warmup_steps env steps, OpenVLA_PPO.py:
+            # 1616-1619@f82c92f): cross-entropy on the rollout's own tokens, the critic untouched
+            bc = run.state["env_steps"] < cfg.train.bc_warmup_env_steps
+            metrics["train/bc_phase"] = float(bc)
             policy.train()
             if use_gae:
                 value_head.train()
             stats = {k: [] for k in ("pg_loss", "value_loss", "pg_clipfrac", "pg_clipfrac_lower", "ppo_kl", "entropy",
-                                     "value_clipfrac", "grad_norm", "critic_grad_norm")}
+                                     "value_clipfrac", "grad_norm", "critic_grad_norm", "bc_loss")}
             unit, size = cfg.train.mini_batch_unit, cfg.train.mini_batch_size
             if unit == "grid":  # RLinf's padded grid: each episode ceil(episode limit / chunk) rows, valid or not
                 per_episode = max([math.ceil(max_steps(cfg.env, t) / policy.action_chunk) for t in cfg.env.task_ids])
@@ -459,6 +489,7 @@ if __name__ == "__main__":
                                                                         executed=part.tensor("executed"))
                         adv, old_log_prob = part.tensor("advantages", device), part.tensor("old_log_probs", device)
                         adv = adv * alg.advantage_scale
+                        token_log_prob = log_prob  # per token, for the warm-up's cross-entropy
                         if alg.ratio_unit == "step":  # one ratio per policy step, from its chunk's mean log-prob
                             log_prob, old_log_prob = chunk_mean(log_prob), chunk_mean(old_log_prob)
                         token_mask = part.tensor("mask", device)  # executed actions' tokens (flow: 1, the chunk's)
@@ -469,13 +500,19 @@ if __name__ == "__main__":
                         pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower = compute_policy_loss_vanilla(
                             old_log_prob, log_prob, adv, mask, clip_ratio_low=alg.clip_ratio_low,
                             clip_ratio_high=alg.clip_ratio_high, clip_ratio_c=alg.clip_ratio_c,
-                            loss_agg_mode=alg.loss_agg_mode)
+                            loss_agg_mode=alg.loss_agg_mode, log_ratio_clamp=alg.log_ratio_clamp,
+                            advantage_clamp=alg.advantage_clamp, negative_clip_band=alg.negative_clip_band,
+                            loss_skip_above=alg.loss_skip_above)
                         actor_loss = pg_loss
                         if entropy is not None:  # token policies: the entropy bonus (flow policies have none)
                             entropy_loss = agg_loss(entropy, mask, alg.loss_agg_mode)
                             actor_loss = pg_loss - alg.entropy_coeff * entropy_loss
+                        if bc:  # warm-up: -log p of the executed tokens the policy sampled (the reference's
+                            # cross_entropy(logits, own tokens), OpenVLA_PPO.py:1149@f82c92f)
+                            actor_loss = bc_loss = agg_loss(-token_log_prob, mask, alg.loss_agg_mode)
+                            stats["bc_loss"].append(bc_loss.detach() * weight * micro.count)
                         loss = weight * actor_loss if move_actor else torch.zeros((), device=device)  # its share
-                        if use_gae:  # a mean over the micro-batch's rows: weighted by its share of the rows
+                        if use_gae and not bc:  # a mean over the micro-batch's rows: weighted by its share of rows
                             features = hidden.detach() if alg.freeze_vla_for_critic or not move_actor else hidden
                             vpreds = value_head(features)
                             ratio = alg.loss_agg_mode == "episode-ratio"  # the critic's rows weighted as the actor's
@@ -493,16 +530,16 @@ if __name__ == "__main__":
                         # count) and the executed tokens' mean entropy, comparable across loss_agg_modes
                         for k, v in (("pg_loss", pg_loss * weight * micro.count), ("pg_clipfrac", pg_clipfrac),
                                      ("ppo_kl", ppo_kl),
-                                     ("pg_clipfrac_lower", pg_clipfrac_lower)):
+                                     ("pg_clipfrac_lower", pg_clipfrac_lower)) if not bc else ():
                             stats[k].append(v.detach())  # read once after the update: no host sync here
                         if entropy is not None:
                             stats["entropy"].append(masked_mean(entropy.detach(), token_mask))
-                        if use_gae:
+                        if use_gae and not bc:
                             stats["value_loss"].append(vf_loss.detach())
                             stats["value_clipfrac"].append(vf_clipfrac.detach())
                     average_gradients(run.accelerator, actor_params + critic_params)  # ran out: contributes zeros
                     actor_norm, critic_norm = clip_gradients(actor_params, critic_params, cfg.train)
-                    if use_gae:
+                    if use_gae and not bc:
                         stats["critic_grad_norm"].append(critic_norm)
                         critic_opt.step()
                     if move_actor:

@@ -54,7 +54,8 @@ class EvalConfig:
                                                      # rollout temperature (val/sampled_success_rate:
                                                      # the stochastic policy RL trains); 0 = greedy only
     protocol: str = "heldout"  # heldout (this project's: trials never practised, fixtures seeded by trial id) |
-                               # simplevla-rl | siirl | openvla-oft | openpi | rlinf: that reference's LIBERO protocol
+                               # simplevla-rl | siirl | openvla-oft | openpi | openvla-oft-rl | rlinf: that
+                               # reference's LIBERO protocol
                                # (episode limit, settling steps, fixture seeding, 256 px, decoding, all 50 trials, RL
                                # practising on them) fills the env/rollout/eval keys left at their defaults and refuses
                                # others (envs/protocols.py, docs/libero.md "Protocols")

@@ -14,6 +14,7 @@ from common.masking import check_same_shape, masked_mean, masked_sum
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                   "traj-token-mean", "episode-ratio")
 VALUE_LOSSES = ("half-mse", "mse", "huber")
+NEGATIVE_CLIP_BANDS = ("same", "swapped")  # the PPO clip band for A <= 0 (compute_policy_loss_vanilla)
 
 
 def agg_loss(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
@@ -50,23 +51,36 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
                                 response_mask: torch.Tensor, clip_ratio: float = 0.2,
                                 clip_ratio_low: Optional[float] = None, clip_ratio_high: Optional[float] = None,
                                 clip_ratio_c: Optional[float] = 3.0, loss_agg_mode: str = "token-mean",
+                                log_ratio_clamp: float = 20.0, advantage_clamp: Optional[float] = None,
+                                negative_clip_band: str = "same", loss_skip_above: Optional[float] = None,
                                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """verl's PPO clipped loss with asymmetric clip and dual clip for A < 0 (Ye et al. 2019), as siiRL's SRPO uses it;
     clip_ratio_c None: no dual clip (RLinf's pi0 PPO: clip_ratio_c is passed only for GR00T,
-    rlinf/workers/actor/embodied_fsdp_actor_worker.py:664-668@a3816b5). Returns (pg_loss, pg_clipfrac, ppo_kl,
-    pg_clipfrac_lower)."""
+    rlinf/workers/actor/embodied_fsdp_actor_worker.py:664-668@a3816b5). The GAE-PPO reference's variant
+    (OpenVLA-OFT-RL OpenVLA_PPO.py:1804-1822@f82c92f) with log_ratio_clamp 5 (log r clamped to [-5, 5]; verl's 20 by
+    default), advantage_clamp 10 (A clamped to [-10, 10]; None: none), negative_clip_band "swapped" (for A <= 0 the
+    band is [1 - eps_high, 1 + eps_low]; "same": [1 - eps_low, 1 + eps_high] for both signs) and loss_skip_above 100
+    (an element whose loss exceeds it in size adds nothing, the mean's denominator unchanged; None: none). Returns
+    (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower)."""
     check_same_shape(old_log_prob=old_log_prob, log_prob=log_prob, advantages=advantages, response_mask=response_mask)
     if clip_ratio_c is not None and clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c (dual-clip constant) must be > 1.0, got {clip_ratio_c}")
+    if negative_clip_band not in NEGATIVE_CLIP_BANDS:
+        raise ValueError(f"negative_clip_band must be one of {NEGATIVE_CLIP_BANDS}, got {negative_clip_band!r}")
     eps_low = clip_ratio if clip_ratio_low is None else clip_ratio_low
     eps_high = clip_ratio if clip_ratio_high is None else clip_ratio_high
+    if advantage_clamp is not None:
+        advantages = torch.clamp(advantages, min=-advantage_clamp, max=advantage_clamp)
 
-    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
+    negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-log_ratio_clamp, max=log_ratio_clamp)
     ratio = torch.exp(negative_approx_kl)
     ppo_kl = masked_mean(-negative_approx_kl, response_mask)
 
     pg_losses1 = -advantages * ratio
-    pg_losses2 = -advantages * torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    clipped = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    if negative_clip_band == "swapped":  # the GAE-PPO reference: A > 0 [1 - low, 1 + high], else [1 - high, 1 + low]
+        clipped = torch.where(advantages > 0, clipped, torch.clamp(ratio, 1.0 - eps_high, 1.0 + eps_low))
+    pg_losses2 = -advantages * clipped
     clip_pg_losses1 = torch.maximum(pg_losses1, pg_losses2)
     pg_clipfrac = masked_mean((pg_losses2 > pg_losses1).float(), response_mask)
 
@@ -77,6 +91,8 @@ def compute_policy_loss_vanilla(old_log_prob: torch.Tensor, log_prob: torch.Tens
         clip_pg_losses2 = torch.minimum(pg_losses3, clip_pg_losses1)
         pg_clipfrac_lower = masked_mean(((clip_pg_losses1 > pg_losses3) & (advantages < 0)).float(), response_mask)
         pg_losses = torch.where(advantages < 0, clip_pg_losses2, clip_pg_losses1)
+    if loss_skip_above is not None:  # the reference's `continue` past a sample whose |loss| > 100
+        pg_losses = torch.where(pg_losses.abs() > loss_skip_above, torch.zeros_like(pg_losses), pg_losses)
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 

@@ -167,6 +167,8 @@ def initial_policy(run: Any, kind: str):
     except PolicyLoadError as e:
         raise ConfigError(f"init.path {path}: not a saved policy ({e}); point init.path at a train_sft.py output") \
             from None
+    if found != family and cls.reads_folder_of(found, cfg.policy):  # e.g. policy.from_l1_checkpoint
+        found = family
     if action_kind(found) == "regression":
         raise ConfigError(no_rl_message(path))
     if found != family:

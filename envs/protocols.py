@@ -4,6 +4,8 @@
     siirl          siiRL's SRPO recipe (same facts as SimpleVLA-RL, its own code)
     openvla-oft    OpenVLA-OFT's run_libero_eval.py (the L1-regression checkpoints' paper numbers)
     openpi         openpi's examples/libero/main.py (pi0's paper numbers)
+    openvla-oft-rl the GAE-PPO reference's LIBERO setup (OpenVLA-OFT-RL: the official OpenVLA-OFT checkpoint's token
+                   head, two images + proprio, its own crop + Lanczos image path)
     rlinf          RLinf's LIBERO configs (OpenVLA-OFT GRPO: sampled at T 1.6; pi0 PPO: 4-step ODE)
     heldout        this project's own: trials training never practised, fixtures seeded by the trial id
 
@@ -68,6 +70,12 @@ PROTOCOLS: Dict[str, Dict[str, Any]] = {
         max_steps=_per_suite(220, 280, 300, 520, 400), num_steps_wait=10, wait_action="open", fixture_seed="stream:7",
         practice_on_eval_trials=False, decoding="greedy", temperature=None, flow_steps=10,
         image_size=256, fast_render=False, image_pipeline=None, action_chunk=_per_suite(5, 5, 5, 5, 5),
+        eval_batch=None),
+    "openvla-oft-rl": dict(
+        reference="OpenVLA-OFT-RL GAE-PPO (AbhinandanVellanki/OpenVLA-OFT-RL @f82c92f)",
+        max_steps=_per_suite(220, 280, 300, 520, 400), num_steps_wait=10, wait_action="open", fixture_seed="stream:0",
+        practice_on_eval_trials=True, decoding="greedy", temperature=None, flow_steps=None,
+        image_size=256, fast_render=False, image_pipeline="crop_lanczos", action_chunk=None,
         eval_batch=None),
     "rlinf": dict(
         reference="RLinf (RLinf/RLinf @a3816b5)",
@@ -145,6 +153,20 @@ SOURCES: Dict[str, Dict[str, str]] = {
         decoding="src/openpi/models/pi0.py:222 (ODE, num_steps=10)",
         image="examples/libero/main.py:18 (LIBERO_ENV_RESOLUTION = 256)",
         action_chunk="examples/libero/main.py:29 (replan_steps 5), :148 (the first 5 of the predicted chunk)"),
+    "openvla-oft-rl": dict(
+        trials="libero_rl/envs/libero_env.py:271-276 and libero_rl/utils/task_utils.py:229-243 (every episode, "
+               "practice or validation, starts from a random one of the task's 50 init states)",
+        max_steps="libero_rl/utils/task_utils.py:26-32, :215-218 (no max_episode_length given: "
+                  "OpenVLA_PPO.py:2442-2451)",
+        num_steps_wait="OpenVLA_PPO.py:2450; libero_rl/envs/libero_env.py:284-287",
+        wait_action="libero_rl/utils/action_utils.py:17-26 (zero deltas, gripper -1: open)",
+        fixture_seed="libero_rl/envs/libero_env.py:149-151 (env.seed(0) once: seed=0 at OpenVLA_PPO.py:2449) on its "
+                     "one env, reset without a seed per episode (OpenVLA_PPO.py:1286,1535)",
+        decoding="OpenVLA_PPO.py:2148-2153 (validate_tokenized: argmax); ppo/config.py:264 (eval_temperature 0.0)",
+        image="libero_rl/envs/make_env.py:28 (resolution 256)",
+        image_pipeline="libero_rl/utils/obs_utils.py:268-273 (0.9-area centre crop, PIL Lanczos to 224, no JPEG); "
+                       "OpenVLA_PPO.py:1401-1408",
+        action_chunk="OpenVLA_PPO.py:1443-1445 (all 8 actions of a chunk queued and executed)"),
     "rlinf": dict(
         trials="examples/embodiment/config/libero_spatial_ppo_openpi.yaml:79, libero_spatial_grpo_openvlaoft.yaml:82 "
                "(500 eval envs: 10 tasks x 50 states); env/libero_spatial.yaml:24-27 (training starts drawn from the "
@@ -278,7 +300,7 @@ def apply_to_run_config(cfg: Any, kind: str) -> Dict[str, Any]:
     p = resolve(name, cfg.env.suite, kind)
     if is_reference(name) and not p["practice_on_eval_trials"]:
         raise ConfigError(f"eval.protocol={name}: {p['reference']} evaluates checkpoints and trains no RL, so it "
-                          f"names no practice trials; train with eval.protocol=simplevla-rl, siirl or rlinf (RL "
+                          f"names no practice trials; train with eval.protocol=simplevla-rl, siirl, openvla-oft-rl or rlinf (RL "
                           f"practising on the states it is evaluated on) or {HELDOUT}, and measure the result with "
                           f"`python evaluate.py --checkpoint <run> --protocol {name}`")
     resumed = bool(getattr(cfg, "resume", None))
@@ -371,7 +393,8 @@ def table_rows() -> List[List[str]]:
             p = resolve(name, "libero_spatial", kind)
             label = f"{name} ({'OpenVLA-OFT' if kind == 'token' else 'pi0'})" if split else name
             ode = resolve(name, "libero_spatial", "flow")["flow_steps"] if kind == "flow" or not split else None
-            image = {"libero": "JPEG + crop", "resize": "resize only"}.get(p["image_pipeline"] or "", "-")
+            image = {"libero": "JPEG + crop", "resize": "resize only",
+                     "crop_lanczos": "crop + Lanczos"}.get(p["image_pipeline"] or "", "-")
             rows.append([label, steps, f"{p['num_steps_wait']} x {p['wait_action']}", p["fixture_seed"],
                          "greedy" if p["decoding"] == "greedy" else f"sampled T {p['temperature']}",
                          str(ode) if ode else "-", "-" if chunks[0] is None else "/".join(map(str, chunks))

@@ -42,7 +42,8 @@ class EnvConfig:
                                  # every reset: RLinf 0) | stream:N (seeded N once per task, the RNG running on across
                                  # its trials in order: OpenVLA-OFT 0, openpi 7); docs/libero.md
     wrist_camera: bool = True  # render the wrist camera; false: obs["wrist"] is black and only the agent view is
-                               # rendered (policies that read the agent view alone, e.g. openvla_oft)
+                               # rendered (policies that read the agent view alone, e.g. openvla_oft with
+                               # policy.num_images 1)
 
 
 SUITES = {

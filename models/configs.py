@@ -67,6 +67,11 @@ class FlowPolicyConfig:
                                     # last) | flow_sde (RLinf: one random step is an SDE step, sigma = s sqrt(t/(1-t)))
     delta_action_dims: Optional[int] = ranged(None, "[0, 64]")  # first N action dims relative to the state; None = as the checkpoint
                                              # says (openpi pi0_libero: 6; 0 without statistics)
+    value_input: str = "prefix"  # the value head's input: prefix = PaliGemma's output mean-pooled over the valid
+                                 # image and prompt tokens (width hidden_size; a function of the observation) |
+                                 # expert = the action expert's output mean-pooled over the horizon (width
+                                 # expert_dim; RLinf's pi0 critic: the mean of the values at every denoising step of
+                                 # the rollout's chain, the flow-SDE step's in the update)
 
 
 @dataclass
@@ -88,6 +93,18 @@ class OpenVLAOFTConfig:
                                   # crop_lanczos: 0.9-area centre crop, then PIL Lanczos to 224, no JPEG (the
                                   # GAE-PPO reference's, crop_lanczos_image) |
                                   # auto: libero on LIBERO suites, resize on the embedded one (set when RL starts)
+    num_images: int = ranged(1, "[1, 2]")  # camera images in the input: 1 = agent view (the SimpleVLA-RL / siiRL
+                                           # checkpoints) | 2 = agent view + wrist (the official OpenVLA-OFT LIBERO
+                                           # checkpoints, num_images_in_input 2)
+    use_proprio: Optional[bool] = False  # the 8-D state (eef xyz, axis-angle, 2 fingers) as one more Llama token
+                                         # after the patches, through the folder's proprio_projector--*.pt
+    proprio_norm: str = "q99"  # the state before the projector: q99 = 2 (x - q01) / (q99 - q01) - 1 clipped to
+                               # [-1, 1] with the checkpoint's proprio statistics (OpenVLA-OFT's training and
+                               # evaluation) | none = the raw state (the GAE-PPO reference's token path)
+    from_l1_checkpoint: bool = False  # true: an L1-regression checkpoint folder (action_head--*.pt: the official
+                                      # OpenVLA-OFT LIBERO ones) starts this token family as the GAE-PPO reference
+                                      # loads it (load_l1_action_head False): the LM's action-token logits are the
+                                      # policy, the action head is not loaded; false: such a folder is refused
 
 
 @dataclass
@@ -117,6 +134,12 @@ class EncoderConfig:
 class ValueHeadConfig:
     hidden_dims: List[int] = field(default_factory=lambda: [1024, 512])  # the GAE-PPO reference: 4096->1024->512->1
     dropout: float = ranged(0.0, "[0, 1)")  # dropout between the value head's layers
+    activation: str = "gelu"  # between the layers: gelu | relu (both references: the GAE-PPO reference's
+                              # vla_oft/min_vla/value_head.py, RLinf's pi0 critic)
+    init: str = "small_last"  # small_last: torch's default Linear init, the last layer N(0, 0.01^2) with zero bias
+                              # (values start near 0) | torch: torch's default everywhere (the GAE-PPO reference) |
+                              # rlinf: kaiming-normal (fan_out, for the activation), the last layer N(0, 0.02^2),
+                              # zero biases (RLinf's ValueHead._init_weights)
 
 
 # family -> (module, policy class, config class, kind); the policy's module is imported on use (models/policy.py

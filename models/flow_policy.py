@@ -45,9 +45,12 @@ PPO on this family (RLinf's): the sample keeps the SDE step's chain data (step i
 `transition_log_prob` recomputes that step's Gaussian density with gradients, over the executed part only (first
 action_chunk steps x 7 env dims: the rest of the horizon and the padding dims never reach the env, so they carry no
 credit and would only add noise to the ratio), summed to one log-prob per chunk (RLinf's chunk-level log-prob).
-`hidden` (the value head's input) is PaliGemma's output mean-pooled over the valid prefix tokens (RLinf's
-value_after_vlm mean_token mode): RLinf's pi0 critic reads the expert's output at the sampled chain's x_t instead,
-which depends on the sampling noise, not on the observation alone (no V(s_last) to bootstrap a truncated episode).
+`hidden` (the value head's input) is, with value_input prefix, PaliGemma's output mean-pooled over the valid prefix
+tokens (RLinf's value_after_vlm mean_token mode, a function of the observation); with value_input expert (RLinf's pi0
+critic, openpi_action_model.py:176-179,1154-1163,1274-1284@a3816b5) the action expert's output before the action
+projection, mean-pooled over the horizon, at each denoising step: a sample records all S steps' (B, S, expert_dim)
+(the value head averages their S values, RLinf's rollout value), the update's `transition_log_prob` the flow-SDE
+step's (B, expert_dim), and `hidden` (a truncated episode's bootstrap) an ODE chain's from fresh noise.
 """
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ from models.vla_backbone import STATE_DIM, Obs, to_pixels, autocast, check_obs, 
 
 PRESETS = ("tiny", "pi0")
 NOISE_METHODS = ("additive", "flow_sde")
+VALUE_INPUTS = ("prefix", "expert")  # what the value head reads (FlowPolicyConfig.value_input)
 LORA_TARGETS = r".*\.(language_model|dit)\.layers\.\d+\.(self_attn\.(q_proj|k_proj|v_proj|o_proj)|" \
                r"mlp\.(gate_proj|up_proj|down_proj))"
 LORA_VISION_TARGETS = r".*\.vision_tower\..*self_attn\.(q_proj|k_proj|v_proj|out_proj)"
@@ -119,7 +123,8 @@ class FlowSample(NamedTuple):
     x_t: Optional[torch.Tensor] = None
     x_next: Optional[torch.Tensor] = None
     log_prob: Optional[torch.Tensor] = None
-    hidden: Optional[torch.Tensor] = None  # (B, hidden_size) the prefix's pooled output (Prefix.hidden)
+    hidden: Optional[torch.Tensor] = None  # the value head's input: (B, hidden_size) the prefix's pooled output
+                                           # (Prefix.hidden), or with value_input expert (B, steps, expert_dim)
 
 
 def tiny_pi0_config(cfg: FlowPolicyConfig, vocab_size: int) -> PI0Config:
@@ -357,6 +362,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
             raise ValueError(f"time_sampling must be 'beta' or 'uniform', got {cfg.time_sampling!r}")
         if cfg.noise_method not in NOISE_METHODS:
             raise ValueError(f"noise_method must be one of {NOISE_METHODS}, got {cfg.noise_method!r}")
+        if cfg.value_input not in VALUE_INPUTS:
+            raise ValueError(f"value_input must be one of {VALUE_INPUTS}, got {cfg.value_input!r}")
         if cfg.preset not in PRESETS:
             raise ValueError(f"preset must be one of {PRESETS}, got {cfg.preset!r}")
         if cfg.image_size % 16 != 0 or cfg.image_size <= 0:
@@ -534,26 +541,44 @@ class FlowPolicy(nn.Module, PolicyFamily):
         return Prefix(out.past_key_values, mask, inputs["state"], inputs["raw_state"], hidden)
 
     def hidden(self, obs: Obs, instructions: Optional[Sequence[str]] = None) -> torch.Tensor:
-        """The value head's input (B, hidden_size) float32: PaliGemma's last hidden state mean-pooled over the valid
-        image and prompt tokens (RLinf's `value_after_vlm` "mean_token" features). A function of the observation
-        alone (so V(s_last) bootstraps a truncated episode); frozen under train_expert_only."""
+        """The value head's input, float32. value_input prefix: (B, hidden_size), PaliGemma's last hidden state
+        mean-pooled over the valid image and prompt tokens (RLinf's `value_after_vlm` "mean_token" features), a
+        function of the observation alone; frozen under train_expert_only. value_input expert: (B, steps,
+        expert_dim), the expert's features at every step of an ODE chain from fresh noise (`sample`)."""
+        if self.cfg.value_input == "expert":
+            with torch.no_grad():
+                return self.sample(obs, instructions).hidden
         return self.prefix(obs, instructions).hidden
 
     @property
     def hidden_size(self) -> int:
+        """The value head's input width: PaliGemma's (value_input prefix) or the action expert's (expert)."""
+        if self.cfg.value_input == "expert":
+            return self.pi0_config.dit_config.hidden_size
         return self.pi0_config.vlm_config.text_config.hidden_size
 
     def velocity(self, obs: Optional[Obs], instructions: Optional[Sequence[str]], x_t: torch.Tensor,
-                 t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None) -> torch.Tensor:
+                 t: Union[float, torch.Tensor], prefix: Optional[Prefix] = None, return_features: bool = False):
         """v(x_t, t | obs, instruction), (B, horizon, D) float32, with gradients; `t` a float or (B,) tensor. With a
-        `prefix` only the action expert runs (PI0's forward on the cached prefix)."""
+        `prefix` only the action expert runs (PI0's forward on the cached prefix). `return_features`: also the
+        expert's output over the horizon (what the action projection reads) mean-pooled, (B, expert_dim) float32
+        (RLinf's `_compute_value_from_suffix` input, chunk_critic_input False)."""
         if prefix is None:
             prefix = self.prefix(obs, instructions)
         x_t, t = self._check_xt(x_t, t, prefix.state.shape[0])
-        with self._autocast():
-            out = self.core(state=prefix.state, noise=self._pad_actions(x_t), timestep=t,
-                            attention_mask=prefix.attention_mask, past_key_values=_fresh_cache(prefix.past_key_values))
-        return out.logits[..., :self.model_dim].float()
+        seen: List[torch.Tensor] = []
+        hook = self.core.action_out_proj.register_forward_hook(lambda m, args, out: seen.append(args[0])) \
+            if return_features else None
+        try:
+            with self._autocast():
+                out = self.core(state=prefix.state, noise=self._pad_actions(x_t), timestep=t,
+                                attention_mask=prefix.attention_mask,
+                                past_key_values=_fresh_cache(prefix.past_key_values))
+        finally:
+            if hook is not None:
+                hook.remove()
+        v = out.logits[..., :self.model_dim].float()
+        return (v, seen[0].float().mean(1)) if return_features else v
 
     def rollout_step(self, obs, instructions, *, temperature: float = 1.0, greedy: bool = False, generators=None,
                      flow_steps: Optional[int] = None, flow_noise_level: float = 0.0, keep_hidden: bool = False,
@@ -597,13 +622,19 @@ class FlowPolicy(nn.Module, PolicyFamily):
         if tuple(x.shape) != shape:
             raise ValueError(f"noise has shape {tuple(x.shape)}; expected {shape}")
         x1, dt = x.clone(), 1.0 / num_steps
+        expert = self.cfg.value_input == "expert"
+        features = []  # value_input expert: the expert's pooled output at every step (RLinf's rollout value)
         sde = noise_level > 0 and self.cfg.noise_method == "flow_sde"
         # RLinf: one random denoising step per call (shared by the batch) is the SDE step; torch's RNG (seeded, resumed)
         sde_step = int(torch.randint(num_steps, ())) if sde else -1
         chain = {}
         for i, t in enumerate(openpi_time_grid(num_steps)):  # openpi's float32 times; the step stays dt = 1 / N
             step_prefix = prefix if reuse_prefix else self.prefix(obs, instructions)
-            v = self.velocity(None, None, x, t, step_prefix)
+            if expert:
+                v, f = self.velocity(None, None, x, t, step_prefix, return_features=True)
+                features.append(f)
+            else:
+                v = self.velocity(None, None, x, t, step_prefix)
             if i == sde_step:
                 mean, std = flow_sde_step(x, v, t, dt, noise_level, num_steps)
                 x_t, x = x, mean + std * _randn(shape, self.device, generators)
@@ -613,7 +644,8 @@ class FlowPolicy(nn.Module, PolicyFamily):
                 x = x - dt * v
                 if noise_level > 0 and not sde and i < num_steps - 1:
                     x = x + noise_level * math.sqrt(dt) * _randn(shape, self.device, generators)
-        return FlowSample(self.env_actions(x, prefix.raw_state), x, x1, hidden=prefix.hidden, **chain)
+        hidden = torch.stack(features, dim=1) if expert else prefix.hidden
+        return FlowSample(self.env_actions(x, prefix.raw_state), x, x1, hidden=hidden, **chain)
 
     def _executed(self, x: torch.Tensor) -> torch.Tensor:
         """The executed part of a model-space tensor (B, horizon, D): the first action_chunk steps (the rest of the
@@ -646,7 +678,11 @@ class FlowPolicy(nn.Module, PolicyFamily):
                        for c in zip(*(flow_sde_coefficients(ti, dt, noise_level, num_steps) for ti in t)))
         x_t = torch.as_tensor(x_t, dtype=torch.float32, device=self.device)
         x_next = torch.as_tensor(x_next, dtype=torch.float32, device=self.device)
-        v = self.velocity(None, None, x_t, torch.tensor(t, dtype=torch.float32), prefix)
+        times, hidden = torch.tensor(t, dtype=torch.float32), prefix.hidden
+        if self.cfg.value_input == "expert":  # the expert's output at the flow-SDE step's x_t (RLinf's update value)
+            v, hidden = self.velocity(None, None, x_t, times, prefix, return_features=True)
+        else:
+            v = self.velocity(None, None, x_t, times, prefix)
         tt, omt = (torch.tensor(c, dtype=torch.float32, device=self.device)[:, None, None]
                    for c in (t, [1.0 - ti for ti in t]))  # 1 - t in double, as the rollout's Python floats
         mean = (x_t - v * tt) * w0 + (x_t + v * omt) * w1
@@ -656,7 +692,7 @@ class FlowPolicy(nn.Module, PolicyFamily):
                 torch.as_tensor(executed, device=terms.device).reshape(-1, 1)
             terms = torch.where(ran[:, :, None], terms, torch.zeros((), dtype=terms.dtype, device=terms.device))
         log_prob = terms.sum((1, 2))
-        return (log_prob, prefix.hidden) if return_hidden else log_prob
+        return (log_prob, hidden) if return_hidden else log_prob
 
     def ppo_log_prob(self, obs, instructions, record, *, temperature: float = 1.0, noise_level: float = 0.0,
                      executed: Optional[torch.Tensor] = None):

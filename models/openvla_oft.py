@@ -14,6 +14,12 @@ first action) give a 256-way categorical per action dimension, 8 steps x 7 dims 
 transformers' Dinov2WithRegisters / Siglip layers (timm's blocks compute the same function; the published key names
 are timm's and are mapped here), because timm cannot be imported next to a CPU-only torch (it imports torchvision).
 
+Inputs: the agent view (policy.num_images 1, the SimpleVLA-RL / siiRL checkpoints) or agent view then wrist (2, the
+official OpenVLA-OFT LIBERO checkpoints), and with policy.use_proprio the 8-d state as one token after the patches
+through the folder's proprio_projector--*.pt (normalised with its q01/q99, or raw: policy.proprio_norm). An
+L1-regression folder (action_head--*.pt, models/openvla_oft_l1.py) is refused unless policy.from_l1_checkpoint: then
+its LM's action-token logits are the policy and the head is not loaded (the GAE-PPO reference's start).
+
 Token ids in this module's API (act / log_prob tokens) are bin indices k = vocab id - 31744 in [0, 256), as the RL
 papers' 256-way categorical. Actions leave `act` in LIBERO's convention: un-normalised with the checkpoint's own
 q01/q99 statistics where `mask` is set, gripper converted from the dataset's 1 = open / 0 = close to -1 = open /
@@ -39,9 +45,10 @@ from models.configs import OFT_ACTION_CHUNK as ACTION_CHUNK, OFT_IMAGE_SIZE as I
 from base.config_fields import ConfigError
 from models.memory import Model, Stack, tuned
 from models.policy import PolicyFamily, read_config_json
-from models.saved import PolicyLoadError, is_l1_folder, no_rl_message
+from models.saved import PROPRIO, PolicyLoadError, component_files, is_l1_folder, no_rl_message
 
 N_BINS = 256
+PROPRIO_DIM = 8  # LIBERO's state as OpenVLA-OFT reads it: eef xyz, eef axis-angle, 2 finger positions
 LIBERO_RENDER_SIZE = 256  # the reference's LIBERO camera renders (the libero image pipeline crops/resizes to 224)
 ACTION_TOKEN_BEGIN = 31744  # vocab id of bin index 0 (= 32000 - 256); ids 31744..31999 are the action tokens
 VOCAB_FOR_DECODING = 32000  # text_config.vocab_size (32064) - pad_to_multiple_of (64)
@@ -257,6 +264,43 @@ def apply_image_pipeline(images, pipeline: str) -> Any:
     if pipeline == "crop_lanczos":
         return np.stack([crop_lanczos_image(im, rotate=False) for im in as_numpy(images)])
     return images
+
+
+# ---------------------------------------------------------------- proprio token (the published projector file)
+class ProprioProjector(nn.Module):
+    """fc2(GELU(fc1(proprio))): the 8-d state -> one LM-width token (openvla-oft's ProprioProjector, its key names)."""
+
+    def __init__(self, llm_dim: int, proprio_dim: int = PROPRIO_DIM):
+        super().__init__()
+        self.fc1 = nn.Linear(proprio_dim, llm_dim)
+        self.fc2 = nn.Linear(llm_dim, llm_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+def load_component(module: nn.Module, path: str) -> None:
+    """Strict load of a published `.pt` state dict (DDP's `module.` prefix stripped), one-line errors."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated or not a torch file
+        raise PolicyLoadError(f"{path} is unreadable ({type(e).__name__}); download it again") from None
+    if not isinstance(state, dict):
+        raise PolicyLoadError(f"{path} holds no state dict")
+    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or bad:
+        raise PolicyLoadError(f"{path} does not match an L1-regression head (or proprio projector) of this LM width "
+                              f"({len(missing)} missing, {len(unexpected)} unexpected, {len(bad)} misshaped keys, e.g. "
+                              f"{(missing + unexpected + bad)[:2]}); a diffusion head or another model's file?")
+    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def save_component(module: nn.Module, path: str) -> None:
+    """The published form: a torch state dict with DDP's `module.` prefix."""
+    torch.save({f"module.{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, path)
 
 
 # ---------------------------------------------------------------- model
@@ -581,7 +625,9 @@ def write_published(folder: str, core: OFTCore, hf_config: Dict, stats: Dict, to
 
 def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
     """-> (config.json, dataset_statistics.json) of a published folder, with one-line errors; `l1`: the folder may
-    (must, for the L1 class) hold an L1-regression action head (models/openvla_oft_l1.py)."""
+    (must, for the L1 class) hold an L1-regression action head (models/openvla_oft_l1.py; the token family reads such
+    a folder with policy.from_l1_checkpoint). A proprio projector file alone is this family's own (a token policy
+    saved with use_proprio)."""
     try:
         with open(os.path.join(folder, "config.json")) as f:
             hf_config = json.load(f)
@@ -591,7 +637,7 @@ def read_folder(folder: str, l1: bool = False) -> Tuple[Dict, Dict]:
     if hf_config.get("model_type") != "openvla" or not hf_config.get("use_fused_vision_backbone", False):
         raise PolicyLoadError(f"{folder} is not a fused-backbone OpenVLA checkpoint (config.json model_type "
                               f"{hf_config.get('model_type')!r}); use an OpenVLA-OFT folder")
-    heads = sorted(f for f in os.listdir(folder) if f.startswith(("action_head--", "proprio_projector--")))
+    heads = sorted(f for f in os.listdir(folder) if f.startswith("action_head--"))
     if heads and not l1:
         raise PolicyLoadError(no_rl_message(folder))
     if list(hf_config.get("image_sizes", [IMAGE_SIZE, IMAGE_SIZE])) != [IMAGE_SIZE, IMAGE_SIZE]:
@@ -627,7 +673,13 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         return "simplevla-rl"
 
     def reads_wrist_camera(self) -> bool:
-        return False  # the agent view only
+        return self.cfg.num_images > 1  # agent view + wrist (the official OpenVLA-OFT LIBERO checkpoints' input)
+
+    @classmethod
+    def reads_folder_of(cls, found: str, policy_cfg: Any) -> bool:
+        """An L1-regression folder starts this token family with policy.from_l1_checkpoint (the GAE-PPO reference's
+        start from the official checkpoint, its action head not loaded)."""
+        return not cls.l1 and found == "openvla_oft_l1" and bool(getattr(policy_cfg, "from_l1_checkpoint", False))
 
     @classmethod
     def resolve_for_suite(cls, policy_cfg: OpenVLAOFTConfig, suite: str) -> OpenVLAOFTConfig:
@@ -725,9 +777,19 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
 
     @classmethod
     def _meta_heads(cls, net: nn.Module, core: "OFTCore", cfg: OpenVLAOFTConfig, folder: str) -> Tuple[int, int]:
-        """(camera images per sample, extra Llama tokens) of the memory plan's network; a subclass adds its heads
-        to `net` here (the L1 variant: its action head and proprio projector)."""
-        return 1, 0
+        """(camera images per sample, extra Llama tokens) of the memory plan's network, with the proprio projector
+        (one more Llama token) added to `net` when used; a subclass adds its heads here (the L1 variant: its action
+        head)."""
+        if cfg.use_proprio:
+            with torch.device("meta"):
+                net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(cls._projector_dtype(cfg)))
+        return cfg.num_images, int(bool(cfg.use_proprio))
+
+    @classmethod
+    def _projector_dtype(cls, cfg: OpenVLAOFTConfig) -> torch.dtype:
+        """The proprio projector's dtype: float32 (RL trains it whole, outside the LoRA-wrapped network, as the GAE-PPO
+        reference's actor optimizer does: OpenVLA_PPO.py:316,326@f82c92f)."""
+        return torch.float32
 
     def __init__(self, cfg: OpenVLAOFTConfig, _load_weights: bool = True):
         super().__init__()
@@ -736,9 +798,13 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         if cfg.action_chunk != ACTION_CHUNK:
             raise ValueError(f"OpenVLA-OFT predicts {ACTION_CHUNK} actions per call; set action_chunk: "
                              f"{ACTION_CHUNK} (got {cfg.action_chunk})")
+        if cfg.num_images not in (1, 2):
+            raise PolicyLoadError(f"policy.num_images={cfg.num_images}: 1 (agentview) or 2 (agentview + wrist)")
+        if cfg.proprio_norm not in ("q99", "none"):
+            raise ValueError(f"proprio_norm must be q99 or none, got {cfg.proprio_norm!r}")
         self.cfg = cfg
         folder = cfg.init_path
-        self.hf_config, self.stats = read_folder(folder, l1=self.l1)
+        self.hf_config, self.stats = read_folder(folder, l1=self.l1 or cfg.from_l1_checkpoint)
         self.unnorm_key, action_stats = unnorm_stats(self.stats, cfg.unnorm_key)
         self.action_tokenizer = OFTActionTokenizer(action_stats)
         self.tokenizer_dir = folder
@@ -752,10 +818,46 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
         self.net = core
         self.hidden_size = core.hidden_size
         self.action_chunk = ACTION_CHUNK
+        self.proprio_projector = None
+        self.files = {}
+        if cfg.use_proprio:
+            self._load_proprio(folder)
         if cfg.lora_rank > 0:
             self.net = wrap_lora(core, cfg)
         if cfg.gradient_checkpointing:
             self.set_gradient_checkpointing(True)
+
+    def _load_proprio(self, folder: str) -> None:
+        """The folder's proprio_projector--*_checkpoint.pt (strict) and, for proprio_norm q99, the 8-d proprio
+        q01/q99 of the statistics key; one-line errors when either is missing."""
+        projectors = component_files(folder, PROPRIO)
+        if len(projectors) != 1:
+            raise PolicyLoadError(f"policy.use_proprio=true but {folder} has {len(projectors) or 'no'} "
+                                  f"{PROPRIO}--*_checkpoint.pt (one expected: the official OpenVLA-OFT LIBERO "
+                                  f"checkpoints hold one; the SimpleVLA-RL / siiRL ones read no proprio)")
+        stats = self.stats[self.unnorm_key].get("proprio") or {}
+        if self.cfg.proprio_norm == "q99" and not all(len(stats.get(k) or []) == PROPRIO_DIM for k in ("q01", "q99")):
+            raise PolicyLoadError(f"{folder}/dataset_statistics.json has no 8-d proprio q01/q99 under "
+                                  f"{self.unnorm_key!r}; the proprio token cannot be normalised (policy.proprio_norm="
+                                  f"none feeds the raw state)")
+        if self.cfg.proprio_norm == "q99":
+            self.proprio_q01 = np.asarray(stats["q01"], np.float64)
+            self.proprio_q99 = np.asarray(stats["q99"], np.float64)
+            self.proprio_mask = np.asarray(stats.get("mask", [True] * PROPRIO_DIM), bool)
+        self.files[PROPRIO] = projectors[0]
+        self.proprio_projector = ProprioProjector(self.hidden_size).to(self._projector_dtype(self.cfg))
+        load_component(self.proprio_projector, os.path.join(folder, projectors[0]))
+
+    def normalize_proprio(self, state) -> np.ndarray:
+        """(B, 8) env state -> the projector's input: proprio_norm q99: 2 (x - q01) / (q99 - q01 + 1e-8) - 1 where
+        mask, clipped to [-1, 1] (openvla-oft's normalize_proprio); none: the state as it is."""
+        x = np.asarray(as_numpy(state), np.float64)
+        if x.ndim != 2 or x.shape[1] != PROPRIO_DIM:
+            raise ValueError(f"obs['state'] must be (B, {PROPRIO_DIM}), got {x.shape}")
+        if self.cfg.proprio_norm == "none":
+            return x
+        scaled = 2.0 * (x - self.proprio_q01) / (self.proprio_q99 - self.proprio_q01 + 1e-8) - 1.0
+        return np.clip(np.where(self.proprio_mask, scaled, x), -1.0, 1.0)
 
     @property
     def core(self) -> OFTCore:
@@ -787,13 +889,33 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
             out.append(ids)
         return out
 
-    def _forward(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _run(self, obs, instructions, action_hidden: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The network on `obs`: the agent view (then the wrist view with num_images 2) through the image pipeline and
+        the processor, the proprio token after the patches with use_proprio (openvla-oft's order: patches, proprio,
+        prompt), the prompt -> OFTCore's (logits or action-position hidden states, last-prompt hidden state)."""
         from models.vla_backbone import autocast
 
         images, instructions = check_image_obs(obs, instructions)
-        images = apply_image_pipeline(images, self.cfg.image_pipeline)
+        views = [images]
+        if self.cfg.num_images == 2:
+            if "wrist" not in obs:
+                raise ValueError("this policy reads the wrist camera (policy.num_images=2): obs needs a 'wrist' image "
+                                 "batch")
+            views.append(obs["wrist"])
+        pixels = torch.cat([pixel_values(apply_image_pipeline(v, self.cfg.image_pipeline), self.device)
+                            for v in views], dim=1)
         with autocast(self.device, self.cfg.bf16):
-            return self.net(pixel_values(images, self.device), self.prompt_ids(instructions))
+            extra = None
+            if self.proprio_projector is not None:
+                if "state" not in obs:
+                    raise ValueError("this policy reads the proprio state (policy.use_proprio=true): obs needs a "
+                                     "'state' batch (B, 8)")
+                p = torch.as_tensor(self.normalize_proprio(obs["state"]), device=self.device)
+                extra = self.proprio_projector(p.to(self.proprio_projector.fc1.weight.dtype))[:, None]
+            return self.net(pixels, self.prompt_ids(instructions), extra_tokens=extra, action_hidden=action_hidden)
+
+    def _forward(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self._run(obs, instructions)
 
     @torch.no_grad()
     def act(self, obs, instructions: Optional[Sequence[str]] = None, temperature: float = 1.0,
@@ -860,6 +982,8 @@ class OpenVLAOFTPolicy(nn.Module, PolicyFamily):
 
         cfg = dataclasses.replace(self.cfg, init_path="")
         write_published(path, self.core, self.hf_config, self.stats, self.tokenizer_dir)
+        if self.proprio_projector is not None:
+            save_component(self.proprio_projector, os.path.join(path, self.files[PROPRIO]))
         if cfg.lora_rank > 0:
             lora = {k: v.detach().contiguous() for k, v in self.net.state_dict().items() if "lora_" in k}
             save_file(lora, os.path.join(path, ADAPTER_FILE))

@@ -38,11 +38,9 @@ from torch import nn
 
 from models.action_tokenizer import ACTION_DIM
 from models.configs import OpenVLAOFTL1Config
-from models.openvla_oft import (ACTION_CHUNK, OpenVLAOFTPolicy, apply_image_pipeline, check_image_obs, as_numpy,
-                                pixel_values)
+from models.openvla_oft import (ACTION_CHUNK, PROPRIO_DIM, OpenVLAOFTPolicy, ProprioProjector, as_numpy,  # noqa: F401
+                                load_component, save_component, weights_dtype)
 from models.saved import HEAD, PROPRIO, PolicyLoadError, component_files, no_rl_message
-
-PROPRIO_DIM = 8
 
 
 class ResidualBlock(nn.Module):
@@ -86,42 +84,6 @@ class L1ActionHead(nn.Module):
         return self.model(h.reshape(h.shape[0], ACTION_CHUNK, -1))
 
 
-class ProprioProjector(nn.Module):
-    """fc2(GELU(fc1(proprio))): the normalised 8-d state -> one LM-width token."""
-
-    def __init__(self, llm_dim: int, proprio_dim: int = PROPRIO_DIM):
-        super().__init__()
-        self.fc1 = nn.Linear(proprio_dim, llm_dim)
-        self.fc2 = nn.Linear(llm_dim, llm_dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
-
-
-def load_component(module: nn.Module, path: str) -> None:
-    """Strict load of a published `.pt` state dict (DDP's `module.` prefix stripped), one-line errors."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated or not a torch file
-        raise PolicyLoadError(f"{path} is unreadable ({type(e).__name__}); download it again") from None
-    if not isinstance(state, dict):
-        raise PolicyLoadError(f"{path} holds no state dict")
-    state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
-    own = module.state_dict()
-    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    bad = [k for k in own if k in state and tuple(state[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or bad:
-        raise PolicyLoadError(f"{path} does not match an L1-regression head of this LM width ({len(missing)} missing, "
-                              f"{len(unexpected)} unexpected, {len(bad)} misshaped keys, e.g. "
-                              f"{(missing + unexpected + bad)[:2]}); a diffusion head or another model's file?")
-    module.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
-
-
-def save_component(module: nn.Module, path: str) -> None:
-    """The published form: a torch state dict with DDP's `module.` prefix."""
-    torch.save({f"module.{k}": v.detach().cpu().contiguous() for k, v in module.state_dict().items()}, path)
-
-
 class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
     """The discrete policy's model, image pipeline, LoRA, save and load, plus the L1 head and proprio projector:
     act / sft_loss (L1 on normalised demo actions) / hidden / save / load / reference; no log-probs."""
@@ -133,20 +95,18 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
         """openvla-oft's own evaluation: the L1-regression checkpoints are the OpenVLA-OFT paper's."""
         return "openvla-oft"
 
-    def reads_wrist_camera(self) -> bool:
-        return self.cfg.num_images > 1  # the published L1 checkpoints read agentview + wrist
-
     @classmethod
     def _meta_heads(cls, net: nn.Module, core: nn.Module, cfg: OpenVLAOFTL1Config, folder: str) -> Tuple[int, int]:
         """The memory plan's network (OpenVLAOFTPolicy.memory_model) with the L1 head and, when used, the proprio
         projector (one more Llama token); the camera images per sample."""
         proprio = bool(component_files(folder, PROPRIO)) if cfg.use_proprio is None else bool(cfg.use_proprio)
-        dtype = torch.bfloat16 if cfg.bf16_weights else torch.float32
         with torch.device("meta"):
-            net.add_module("action_head", L1ActionHead(core.hidden_size).to(dtype))
-            if proprio:
-                net.add_module("proprio_projector", ProprioProjector(core.hidden_size).to(dtype))
-        return cfg.num_images, int(proprio)
+            net.add_module("action_head", L1ActionHead(core.hidden_size).to(weights_dtype(cfg)))
+        return super()._meta_heads(net, core, dataclasses.replace(cfg, use_proprio=proprio), folder)
+
+    @classmethod
+    def _projector_dtype(cls, cfg: OpenVLAOFTL1Config) -> torch.dtype:
+        return weights_dtype(cfg)  # the published dtype with bf16_weights (evaluation and SFT)
 
     def __init__(self, cfg: OpenVLAOFTL1Config, _load_weights: bool = True):
         folder = cfg.init_path
@@ -160,35 +120,13 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
         if component_files(folder, "noisy_action_projector"):
             raise PolicyLoadError(f"{folder} is a diffusion-head OpenVLA-OFT checkpoint (noisy_action_projector); only "
                                   f"the L1-regression and discrete variants load")
-        if cfg.num_images not in (1, 2):
-            raise PolicyLoadError(f"policy.num_images={cfg.num_images}: 1 (agentview) or 2 (agentview + wrist)")
         use_proprio = bool(projectors) if cfg.use_proprio is None else bool(cfg.use_proprio)
         if use_proprio and not projectors:
             raise PolicyLoadError(f"policy.use_proprio=true but {folder} has no {PROPRIO}--*_checkpoint.pt")
-        super().__init__(dataclasses.replace(cfg, use_proprio=use_proprio), _load_weights)
-        self.files = {HEAD: heads[0], PROPRIO: projectors[0] if projectors else f"{PROPRIO}--0_checkpoint.pt"}
-        dtype = torch.bfloat16 if cfg.bf16_weights else torch.float32
-        self.action_head = L1ActionHead(self.hidden_size).to(dtype)
+        super().__init__(dataclasses.replace(cfg, use_proprio=use_proprio), _load_weights)  # + the proprio projector
+        self.files[HEAD] = heads[0]
+        self.action_head = L1ActionHead(self.hidden_size).to(weights_dtype(cfg))
         load_component(self.action_head, os.path.join(folder, heads[0]))
-        self.proprio_projector = None
-        if use_proprio:
-            stats = self.stats[self.unnorm_key].get("proprio") or {}
-            if not all(len(stats.get(k) or []) == PROPRIO_DIM for k in ("q01", "q99")):
-                raise PolicyLoadError(f"{folder}/dataset_statistics.json has no 8-d proprio q01/q99 under "
-                                      f"{self.unnorm_key!r}; the proprio token cannot be normalised")
-            self.proprio_q01 = np.asarray(stats["q01"], np.float64)
-            self.proprio_q99 = np.asarray(stats["q99"], np.float64)
-            self.proprio_mask = np.asarray(stats.get("mask", [True] * PROPRIO_DIM), bool)
-            self.proprio_projector = ProprioProjector(self.hidden_size).to(dtype)
-            load_component(self.proprio_projector, os.path.join(folder, projectors[0]))
-
-    def normalize_proprio(self, state) -> np.ndarray:
-        """(B, 8) env state -> 2 (x - q01) / (q99 - q01 + 1e-8) - 1 where mask, clipped to [-1, 1]."""
-        x = np.asarray(as_numpy(state), np.float64)
-        if x.ndim != 2 or x.shape[1] != PROPRIO_DIM:
-            raise ValueError(f"obs['state'] must be (B, {PROPRIO_DIM}), got {x.shape}")
-        scaled = 2.0 * (x - self.proprio_q01) / (self.proprio_q99 - self.proprio_q01 + 1e-8) - 1.0
-        return np.clip(np.where(self.proprio_mask, scaled, x), -1.0, 1.0)
 
     def normalize_actions(self, actions) -> torch.Tensor:
         """Env actions (..., 7) -> the head's targets: q01/q99-normalised and clipped where mask; gripper from
@@ -203,24 +141,7 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
 
     def _features(self, obs, instructions) -> Tuple[torch.Tensor, torch.Tensor]:
         """-> (action-position hidden states (B, 56, D), hidden state at the last prompt position (B, D))."""
-        from models.vla_backbone import autocast
-
-        images, instructions = check_image_obs(obs, instructions)
-        views = [images]
-        if self.cfg.num_images == 2:
-            if "wrist" not in obs:
-                raise ValueError("this checkpoint reads the wrist camera: obs needs a 'wrist' image batch")
-            views.append(obs["wrist"])
-        views = [apply_image_pipeline(v, self.cfg.image_pipeline) for v in views]
-        pixels = torch.cat([pixel_values(v, self.device) for v in views], dim=1)
-        with autocast(self.device, self.cfg.bf16):
-            extra = None
-            if self.proprio_projector is not None:
-                if "state" not in obs:
-                    raise ValueError("this checkpoint reads the proprio state: obs needs a 'state' batch (B, 8)")
-                p = torch.as_tensor(self.normalize_proprio(obs["state"]), device=self.device)
-                extra = self.proprio_projector(p.to(self.proprio_projector.fc1.weight.dtype))[:, None]
-            return self.net(pixels, self.prompt_ids(instructions), extra_tokens=extra, action_hidden=True)
+        return self._run(obs, instructions, action_hidden=True)
 
     def predict(self, obs, instructions: Optional[Sequence[str]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
         """-> (normalised actions (B, 8, 7) float32 with gradients, last-prompt hidden state (B, D))."""
@@ -263,10 +184,8 @@ class OpenVLAOFTL1Policy(OpenVLAOFTPolicy):
 
     def save(self, path: str) -> None:
         """The discrete variant's files + the head (and proprio projector) under their published names."""
-        super().save(path)
+        super().save(path)  # + the proprio projector
         save_component(self.action_head, os.path.join(path, self.files[HEAD]))
-        if self.proprio_projector is not None:
-            save_component(self.proprio_projector, os.path.join(path, self.files[PROPRIO]))
 
 
 __all__ = ["OpenVLAOFTL1Config", "OpenVLAOFTL1Policy", "L1ActionHead", "ProprioProjector"]

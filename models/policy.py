@@ -13,6 +13,7 @@ Every family:
   published            True: starts only from a published checkpoint folder (no scratch policy, no auto-SFT)
   paper_protocol()     the evaluation protocol of the paper its published checkpoints come from (evaluate.py)
   reads_wrist_camera() whether the env must render the wrist camera for it
+  reads_folder_of(found, policy_cfg)  whether RL starts this family from another family's folder (default: never)
   resizes_images       True: takes camera images of any size (else exactly cfg.image_size)
   detect(folder)       does the folder hold a policy of this family (from its files; default: config.json's type)
   resolve_for_suite(policy_cfg, suite) -> policy_cfg   suite-dependent defaults (e.g. OpenVLA-OFT's image pipeline)
@@ -116,6 +117,13 @@ class PolicyFamily:
         """A folder this family saved: config.json names it (`type`, or `policy_type` in older saves)."""
         cfg = read_config_json(folder)
         return cfg.get("type", cfg.get("policy_type")) == cls.family()
+
+    @classmethod
+    def reads_folder_of(cls, found: str, policy_cfg: Any) -> bool:
+        """Whether this family, configured as `policy_cfg`, starts RL from a folder of family `found` (another
+        family's: `family_of_folder`); none by default (OpenVLA-OFT's token family reads an L1-regression folder with
+        policy.from_l1_checkpoint)."""
+        return False
 
     @classmethod
     def resolve_for_suite(cls, policy_cfg: Any, suite: str) -> Any:

@@ -47,7 +47,8 @@ def no_rl_message(folder: str) -> str:
     return (f"{folder} is an OpenVLA-OFT L1-regression checkpoint: its action head regresses continuous actions, so "
             f"it has no log-probs for RL to train; evaluate it (evaluate.py) or fine-tune it "
             f"(train_sft.py policy.init_path=...), and start RL from a discrete OpenVLA-OFT SFT checkpoint instead: "
-            f"{DISCRETE_CHECKPOINTS}")
+            f"{DISCRETE_CHECKPOINTS} (or, as the GAE-PPO reference, from its LM's untrained action tokens: "
+            f"policy.type=openvla_oft policy.from_l1_checkpoint=true)")
 
 
 def component_files(folder: str, name: str) -> List[str]:

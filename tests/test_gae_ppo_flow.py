@@ -92,6 +92,55 @@ def test_rollout_log_probs_are_recomputed_at_update_time_with_gradients():
     assert policy.hidden_size == 32
 
 
+def test_value_input_expert_reads_the_action_experts_output():
+    """value_input expert (RLinf's pi0 critic, openpi_action_model.py:176-179,1154-1163,1274-1284@a3816b5): the
+    expert's last hidden state over the horizon (PI0's `last_hidden_state[:, -chunk_size:]`, what the action
+    projection reads) mean-pooled, expert_dim wide; a rollout records it at each of the S denoising steps and the value
+    head averages the S values (RLinf's rollout value); the update's `transition_log_prob` gives the flow-SDE step's,
+    equal to the rollout's record at that step; `hidden` (the bootstrap) an ODE chain's S steps."""
+    from models.value_head import ValueHead
+
+    torch.manual_seed(0)
+    cfg = dict(SMALL, expert_dim=24, action_chunk=4, num_steps=3, train_expert_only=True)
+    policy = FlowPolicy(FlowPolicyConfig(**cfg, value_input="expert"))
+    assert policy.hidden_size == 24 and FlowPolicy(FlowPolicyConfig(**cfg)).hidden_size == 32  # prefix: PaliGemma's
+    obs, instr = make_obs(2, 32), INSTR[:2]
+    prefix = policy.prefix(obs, instr)
+    x = torch.randn(2, policy.horizon, policy.model_dim)
+    v, features = policy.velocity(None, None, x, 0.5, prefix, return_features=True)
+    with torch.no_grad():  # by hand: PI0's own forward, its expert output over the horizon, mean-pooled
+        from models.flow_policy import _fresh_cache
+
+        t = torch.full((2,), 0.5)
+        embeds = policy.core.embed_action_time(prefix.state, policy._pad_actions(x), t)
+        out = policy.core.model(attention_mask=prefix.attention_mask, action_embeds=embeds,
+                                past_key_values=_fresh_cache(prefix.past_key_values))
+        want = out.last_hidden_state[:, -policy.horizon:].float().mean(1)
+    np.testing.assert_allclose(features.detach().numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(v.detach().numpy(), policy.velocity(None, None, x, 0.5, prefix).detach().numpy())
+    env = make_vector_env(EnvConfig(num_envs=3, image_size=32, max_steps=12, action_chunk=4))
+    try:
+        batch = collect_rollouts(env, policy, [0, 0, 0], [0, 1, 2], flow_noise_level=0.5, keep_hidden=True,
+                                 keep_chain=True, progress=False)
+    finally:
+        env.close()
+    steps = flatten_steps(batch)
+    assert steps.data["hidden"].shape == (9, 3, 24)  # 9 policy steps x 3 denoising steps x expert width
+    part = steps.take(slice(0, 4))
+    _, h = policy.transition_log_prob(part.obs, part.instructions, part.tensor("sde_step"), part.tensor("x_t"),
+                                      part.tensor("x_next"), 0.5, return_hidden=True)
+    rows = np.arange(4)
+    np.testing.assert_allclose(h.detach().numpy(), steps.data["hidden"][rows, steps.data["sde_step"][:4]],
+                               rtol=1e-5, atol=1e-5)
+    head = ValueHead(24)
+    per_step = torch.stack([head(torch.as_tensor(steps.data["hidden"][:, s])) for s in range(3)], 1)
+    np.testing.assert_allclose(head(torch.as_tensor(steps.data["hidden"])).detach().numpy(),
+                               per_step.mean(1).detach().numpy(), rtol=1e-6)  # the mean of the S values
+    assert policy.hidden(part.obs, part.instructions).shape == (4, 3, 24)
+    with pytest.raises(ValueError, match="value_input must be one of"):
+        FlowPolicy(FlowPolicyConfig(**cfg, value_input="suffix"))
+
+
 @pytest.mark.parametrize("override, message", [
     ("policy.noise_method=additive", "GAE-PPO on a flow policy needs policy.noise_method=flow_sde and "
                                      "rollout.flow_noise_level > 0"),

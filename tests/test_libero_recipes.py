@@ -17,11 +17,15 @@ COMMON = ["--task-id", "0", "--no-wandb", "env.num_envs=2", "env.fast_render=tru
           "train.iterations=2", "eval.every=0", "log.checkpoint_every=1000"]
 OFT = ["init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.bf16_weights=false", "policy.unnorm_key=libero_10",
        "env.image_size=64"]
+OFT_L1 = ["init.mode=checkpoint", f"init.path={os.path.join(ROOT, 'tests', 'fixtures', 'tiny_openvla_oft_l1')}",
+          "policy.bf16_weights=false", "policy.unnorm_key=libero_10", "env.image_size=64"]  # the official layout
 TOKEN = ["init.mode=scratch", "policy.hidden_size=64", "policy.num_layers=1"]  # the tiny token policy, untrained
 STRUCTURE = {"mini_batch_unit", "loss_agg_mode", "refill", "ratio_unit", "gae_unit", "adam_beta1", "adam_beta2",
              "weight_decay", "update_epochs", "update_epochs", "clip_ratio_c", "clip_ratio_high", "loss_remove_clip",
              "n", "loss_variant", "value_loss", "huber_delta", "value_loss_coef",
-             "grad_clip_mode", "advantage_scale", "scope"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
+             "grad_clip_mode", "advantage_scale", "scope", "advantage_clamp", "log_ratio_clamp", "value_input",
+             "activation", "init",
+             "negative_clip_band", "loss_skip_above", "bc_warmup_env_steps"}  # the update-structure keys no override here touches (n: FlowSAR's 1)
 KEEP_ALL = "algorithm.accuracy_lower_bound=0.0"  # an untrained policy fails every group: keep them so the update runs
 
 
@@ -76,7 +80,7 @@ CASES = {
                                   {"rollout/env_steps": 128, "sampling/rounds": 2, "sampling/kept_groups": 0,
                                    "train/skipped_update": 1, "train/optimizer_steps": 0}),
     # 2 episodes x 4 policy steps in mini-batches of 2 steps, 10 epochs: 40 actor steps (ratio per step, wd 0.01)
-    "gae_ppo_libero.yaml": ("train_gae_ppo.py", None, [*OFT, "policy.lora_rank=4", "env.max_steps=32"],
+    "gae_ppo_libero.yaml": ("train_gae_ppo.py", None, [*OFT_L1, "policy.lora_rank=4", "env.max_steps=32"],
                             {"rollout/env_steps": 64, "train/optimizer_steps": 40}),
     "gae_ppo_libero_cpu.yaml": ("train_gae_ppo.py", None, [*TOKEN, "env.max_steps=32"],
                                 {"rollout/env_steps": 64, "train/optimizer_steps": 40}),

@@ -104,6 +104,48 @@ def test_ppo_gradients_vanish_on_clipped_tokens_and_log_ratio_is_clamped():
     assert [t.item() for t in empty] == [0.0, 0.0, 0.0, 0.0]
 
 
+def test_ppo_gae_ppo_reference_variant_hand_values():
+    """The GAE-PPO reference's loss (OpenVLA-OFT-RL OpenVLA_PPO.py:1804-1822@f82c92f): clip low 0.2 / high 0.28,
+    for A <= 0 the band swapped to [1 - 0.28, 1 + 0.2], no dual clip. Per token of ppo_inputs: r 1.5, A 1 -> -1.28;
+    r 0.5, A 1 -> -0.5; r 0.5, A -1 -> max(0.5, 0.72) = 0.72 (verl's band: 0.8); r 5, A -1 -> max(5, 1.2) = 5;
+    r 1, A -2 -> 2."""
+    old, new, adv, mask = ppo_inputs()
+    ref = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, negative_clip_band="swapped")
+    pg_loss, clipfrac, _, lower = compute_policy_loss_vanilla(old, new, adv, mask, **ref)
+    assert pg_loss.item() == pytest.approx((-1.28 - 0.5 + 0.72 + 5.0 + 2.0) / 5, rel=1e-5)
+    assert clipfrac.item() == pytest.approx(2 / 5) and lower.item() == 0.0
+    same, *_ = compute_policy_loss_vanilla(old, new, adv, mask, **{**ref, "negative_clip_band": "same"})
+    assert same.item() == pytest.approx((-1.28 - 0.5 + 0.8 + 5.0 + 2.0) / 5, rel=1e-5)
+    with pytest.raises(ValueError, match="negative_clip_band must be one of"):
+        compute_policy_loss_vanilla(old, new, adv, mask, negative_clip_band="flipped")
+
+
+def test_ppo_log_ratio_and_advantage_clamps_and_the_skip_rule():
+    """Token 0: log r = 6, A = -20; token 1: r = 1, A = 3 (loss -3). Clamps 5 and 10: r = e^5, A = -10, loss
+    10 e^5 = 1484.13 (no dual clip, band [0.72, 1.2]); verl's defaults: r = e^6, A = -20, loss 20 e^6 = 8068.6. With
+    loss_skip_above 100 token 0 adds nothing and still counts: (0 - 3) / 2, its gradient zero. The defaults
+    (log_ratio_clamp 20, no advantage clamp, same band, no skip) are the loss as before."""
+    old, new = torch.zeros(1, 2), torch.tensor([[6.0, 0.0]], requires_grad=True)
+    adv, mask = torch.tensor([[-20.0, 3.0]]), torch.ones(1, 2)
+    ref = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None, negative_clip_band="swapped")
+    clamped, _, kl, _ = compute_policy_loss_vanilla(old, new, adv, mask, log_ratio_clamp=5.0, advantage_clamp=10.0,
+                                                    **ref)
+    assert clamped.item() == pytest.approx((10 * math.exp(5) - 3) / 2, rel=1e-6)
+    assert kl.item() == pytest.approx(-5.0 / 2)
+    plain, *_ = compute_policy_loss_vanilla(old, new, adv, mask, **ref)
+    assert plain.item() == pytest.approx((20 * math.exp(6) - 3) / 2, rel=1e-6)
+    skipped, *_ = compute_policy_loss_vanilla(old, new, adv, mask, log_ratio_clamp=5.0, advantage_clamp=10.0,
+                                              loss_skip_above=100.0, **ref)
+    assert skipped.item() == pytest.approx(-1.5)
+    skipped.backward()
+    assert new.grad[0].tolist() == pytest.approx([0.0, -3 / 2])  # d(-A r)/d log p = -A r at r = 1
+    o, n, a, m = ppo_inputs()
+    default = compute_policy_loss_vanilla(o, n, a, m)
+    spelled = compute_policy_loss_vanilla(o, n, a, m, log_ratio_clamp=20.0, advantage_clamp=None,
+                                          negative_clip_band="same", loss_skip_above=None)
+    assert all(torch.equal(x, y) for x, y in zip(default, spelled))
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # KL, entropy, value loss, SFT
 # ---------------------------------------------------------------------------------------------------------------------

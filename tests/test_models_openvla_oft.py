@@ -294,6 +294,105 @@ def test_libero_image_rotates_and_keeps_flat_colours():
     assert out[:30, -30:].max() < 10 and out[-30:, :30].max() < 10
 
 
+# ---------------------------------------------------------------- two images + proprio from the official layout
+L1 = os.path.join(FIXTURES, "tiny_openvla_oft_l1")  # the official OpenVLA-OFT LIBERO checkpoints' published layout
+TWO = dict(from_l1_checkpoint=True, num_images=2, use_proprio=True)
+
+
+def _two_view_obs():
+    texts = ["open the drawer", "put the bowl on the plate"]
+    state = np.array([[0.05, -0.1, 1.0, 3.0, 0.2, -0.1, 0.03, -0.03], [-0.2, 0.1, 0.9, 2.9, -0.1, 0.0, 0.01, -0.01]],
+                     np.float32)
+    return {"agentview": np.stack([golden_image(i, 224) for i in (0, 1)]),
+            "wrist": np.stack([golden_image(i, 224) for i in (5, 6)]), "state": state}, texts
+
+
+def test_token_family_reads_two_images_and_proprio_from_the_official_layout():
+    """The GAE-PPO reference's start (OpenVLA-OFT-RL start:119-127, vla_oft/min_vla/config.py:11,198,211,233
+    @f82c92f): the official checkpoint's layout (action head + proprio projector files) read by the token family with
+    from_l1_checkpoint (the head not loaded), agent view then wrist, the projector's token after the patches. Its
+    backbone pass equals the L1 family's (golden-tested against openvla-oft's predict_action) exactly; the log-probs
+    move with the wrist image and with the state."""
+    from models.openvla_oft_l1 import OpenVLAOFTL1Policy
+
+    with pytest.raises(PolicyLoadError, match="L1-regression .* policy.from_l1_checkpoint=true"):
+        OpenVLAOFTPolicy.load(L1)  # refused unless asked: its action tokens were never trained
+    pol = OpenVLAOFTPolicy.load(L1, **TWO).eval()
+    assert pol.reads_wrist_camera() and not hasattr(pol, "action_head") and pol.cfg.proprio_norm == "q99"
+    assert pol.proprio_projector.fc1.weight.shape == (32, 8) and pol.proprio_projector.fc1.weight.dtype == torch.float32
+    obs, texts = _two_view_obs()
+    l1 = OpenVLAOFTL1Policy.load(L1).eval()
+    np.testing.assert_array_equal(pol.hidden(obs, texts).detach().numpy(), l1.hidden(obs, texts).detach().numpy())
+    _, tokens, lp_act = pol.act(obs, texts, greedy=True)
+    lp, _ = pol.log_prob(obs, texts, tokens)
+    assert tokens.shape == lp.shape == (2, 56)
+    np.testing.assert_allclose(lp.detach().numpy(), lp_act.numpy(), atol=1e-5)
+    wrist = pol.log_prob(dict(obs, wrist=obs["wrist"][::-1].copy()), texts, tokens)[0]
+    state = pol.log_prob(dict(obs, state=obs["state"] + np.float32(0.05)), texts, tokens)[0]
+    assert (wrist - lp).abs().max() > 1e-3 and (state - lp).abs().max() > 1e-3
+    one = OpenVLAOFTPolicy.load(L1, from_l1_checkpoint=True).eval()  # agent view only, no proprio
+    assert not one.reads_wrist_camera() and one.proprio_projector is None
+    assert (one.log_prob({"agentview": obs["agentview"]}, texts, tokens)[0] - lp).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="wrist"):
+        pol.log_prob({"agentview": obs["agentview"], "state": obs["state"]}, texts, tokens)
+    with pytest.raises(ValueError, match="state"):
+        pol.log_prob({"agentview": obs["agentview"], "wrist": obs["wrist"]}, texts, tokens)
+    with pytest.raises(PolicyLoadError, match="use_proprio=true but .* no proprio_projector"):
+        OpenVLAOFTPolicy.load(TINY, use_proprio=True)  # SimpleVLA-RL's layout: no projector
+
+
+def test_proprio_normalisation_by_hand():
+    """q99 (OpenVLA-OFT's): 2 (x - q01) / (q99 - q01) - 1 clipped, the fixture's x bounds -0.25 / 0.15; none (the
+    GAE-PPO reference's token path, OpenVLA_PPO.py:775-779,849-853@f82c92f): the raw state reaches the projector."""
+    state = np.zeros((2, 8), np.float32)
+    state[0, 0], state[1, 0] = -0.05, 0.5
+    q99 = OpenVLAOFTPolicy.load(L1, **TWO)
+    p = q99.normalize_proprio(state)
+    assert abs(p[0, 0]) < 1e-6 and p[1, 0] == 1.0
+    raw = OpenVLAOFTPolicy.load(L1, **TWO, proprio_norm="none")
+    np.testing.assert_array_equal(raw.normalize_proprio(state), state.astype(np.float64))
+    obs, texts = _two_view_obs()
+    _, tokens, _ = q99.act(obs, texts, greedy=True)
+    assert (raw.log_prob(obs, texts, tokens)[0] - q99.log_prob(obs, texts, tokens)[0]).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="proprio_norm"):
+        OpenVLAOFTPolicy.load(L1, **TWO, proprio_norm="mean_std")
+
+
+def test_two_view_policy_trains_its_projector_saves_and_reloads_as_the_token_family(tmp_path):
+    """LoRA on the backbone, the projector trained whole (the reference's actor optimizer holds it:
+    OpenVLA_PPO.py:316,326@f82c92f); the saved folder holds the projector but no action head, so it is the token
+    family's and reloads to the same log-probs; the memory plan counts two images and the proprio token."""
+    from models.policy import family_of_folder
+
+    torch.manual_seed(0)
+    pol = OpenVLAOFTPolicy.load(L1, **TWO, lora_rank=4)
+    trainable = {n for n, p in pol.named_parameters() if p.requires_grad}
+    assert {"proprio_projector.fc1.weight", "proprio_projector.fc2.bias"} <= trainable
+    assert all("lora_" in n for n in trainable if not n.startswith("proprio_projector."))
+    obs, texts = _two_view_obs()
+    _, tokens, _ = pol.act(obs, texts, greedy=True)
+    pol.log_prob(obs, texts, tokens)[0].sum().backward()
+    assert pol.proprio_projector.fc1.weight.grad.abs().max() > 0
+    with torch.no_grad():
+        pol.proprio_projector.fc2.bias.add_(0.1)
+        for n, p in pol.net.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.05)
+    moved = pol.log_prob(obs, texts, tokens)[0]
+    pol.save(str(tmp_path / "saved"))
+    files = os.listdir(tmp_path / "saved")
+    assert "proprio_projector--150000_checkpoint.pt" in files and not any(f.startswith("action_head") for f in files)
+    assert family_of_folder(str(tmp_path / "saved")) == "openvla_oft"
+    back = OpenVLAOFTPolicy.load(str(tmp_path / "saved"))
+    assert back.cfg.num_images == 2 and back.cfg.use_proprio is True
+    np.testing.assert_allclose(back.log_prob(obs, texts, tokens)[0].detach().numpy(), moved.detach().numpy(),
+                               atol=1e-5)
+    one = OpenVLAOFTPolicy.memory_model(OpenVLAOFTConfig(init_path=L1, from_l1_checkpoint=True), L1)
+    two = OpenVLAOFTPolicy.memory_model(OpenVLAOFTConfig(init_path=L1, **TWO), L1)
+    patches = 256  # (224 / 14)^2 per image
+    assert int(one.notes[0].split()[0]) + patches + 1 == int(two.notes[0].split()[0])
+
+
 # ---------------------------------------------------------------- the family table
 def test_family_table_and_saved_folder_dispatch(tmp_path, policy):
     from models.openvla_oft import OpenVLAOFTPolicy as Cls

@@ -16,7 +16,7 @@ def test_value_head_sizes_output_and_errors():
     assert v.shape == (5,) and v.abs().max() < 0.5  # small last layer, zero bias: values start near 0
     small = ValueHead(16, ValueHeadConfig(hidden_dims=[8]))
     assert [m.out_features for m in small.net if isinstance(m, torch.nn.Linear)] == [8, 1]
-    with pytest.raises(ValueError, match=r"shape \(5, 64\); expected \(B, 128\)"):
+    with pytest.raises(ValueError, match=r"shape \(5, 64\); expected \(B, 128\) or \(B, S, 128\)"):
         head(torch.randn(5, 64))
     # it regresses: a few Adam steps fit a linear target
     torch.manual_seed(0)
@@ -30,6 +30,40 @@ def test_value_head_sizes_output_and_errors():
         loss.backward()
         opt.step()
     assert loss.item() < 0.05
+
+
+def test_value_head_activation_init_and_step_mean():
+    """relu (both references' critics) against a hand-built ReLU MLP with the same weights; init rlinf (RLinf's
+    ValueHead._init_weights): zero biases, hidden weights kaiming-normal over fan_out (std sqrt(2 / fan_out)), the
+    last N(0, 0.02^2); torch: torch's default (the last bias not zero); small_last, the default, draws as before (the
+    same weights from the same seed). A (B, S, D) input gives the mean of the S values."""
+    torch.manual_seed(0)
+    relu = ValueHead(16, ValueHeadConfig(hidden_dims=[8], activation="relu"))
+    l1, l2 = [m for m in relu.net if isinstance(m, torch.nn.Linear)]
+    x = torch.randn(4, 16)
+    np.testing.assert_allclose(relu(x).detach().numpy(), l2(torch.relu(l1(x))).squeeze(-1).detach().numpy(),
+                               rtol=1e-6)
+    torch.manual_seed(0)
+    rl = ValueHead(2048, ValueHeadConfig(hidden_dims=[1024, 512], activation="relu", init="rlinf"))
+    w = [m for m in rl.net if isinstance(m, torch.nn.Linear)]
+    assert all(float(m.bias.abs().max()) == 0.0 for m in w)
+    assert abs(float(w[0].weight.std()) - (2 / 1024) ** 0.5) < 0.002  # fan_out = 1024
+    assert abs(float(w[1].weight.std()) - (2 / 512) ** 0.5) < 0.003
+    assert abs(float(w[2].weight.std()) - 0.02) < 0.003
+    torch.manual_seed(0)
+    assert float(ValueHead(64, ValueHeadConfig(hidden_dims=[32], init="torch")).net[-1].bias.abs().max()) > 0
+    torch.manual_seed(0)
+    a = ValueHead(16, ValueHeadConfig(hidden_dims=[8]))
+    torch.manual_seed(0)
+    l1, l2 = torch.nn.Linear(16, 8), torch.nn.Linear(8, 1)  # the default's draws, by hand
+    torch.nn.init.normal_(l2.weight, std=0.01)
+    assert torch.equal(a.net[0].weight, l1.weight) and torch.equal(a.net[-1].weight, l2.weight)
+    h = torch.randn(3, 5, 16)
+    np.testing.assert_allclose(a(h).detach().numpy(), torch.stack([a(h[:, s]) for s in range(5)], 1).mean(1)
+                               .detach().numpy(), rtol=1e-6)
+    for bad in (dict(activation="tanh"), dict(init="xavier")):
+        with pytest.raises(ValueError, match="value_head"):
+            ValueHead(16, ValueHeadConfig(**bad))
 
 
 def test_frame_indices_hand_values():

@@ -33,6 +33,8 @@ EXPECTED = {
                                     "libero", (None,) * 5, None),
     ("openpi", "flow"): ((220, 280, 300, 520, 400), 10, "open", "stream:7", "greedy", None, 10, False, None,
                          (5, 5, 5, 5, 5), None),
+    ("openvla-oft-rl", "token"): ((220, 280, 300, 520, 400), 10, "open", "stream:0", "greedy", None, None, True,
+                                  "crop_lanczos", (None,) * 5, None),
     ("rlinf", "token"): ((512, 512, 512, 512, 512), 15, "zero", "env:0", "sampled", 1.6, None, True, "resize",
                          (None,) * 5, None),
     ("rlinf", "flow"): ((240, 240, 320, 480, 512), 15, "open", "env:0", "greedy", None, 4, True, None,

@@ -22,6 +22,7 @@ from train_gae_ppo import (Config, check_config, chunk_mean, explained_variance,
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
 OFT_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft")  # OpenVLA-OFT in the published layout
+OFT_L1_TINY = os.path.join(ROOT, "tests", "fixtures", "tiny_openvla_oft_l1")  # the official L1 layout
 FAST = ["init.mode=scratch", "env.num_envs=8", "env.max_steps=16", "rollout.prompts_per_iteration=8",
         "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1",
         "--no-wandb"]
@@ -215,6 +216,9 @@ def test_ratio_unit_step_is_one_ratio_per_policy_step_from_the_chunks_mean_log_p
     ("value_head.hidden_dims=[0,128]", "value_head.hidden_dims=[0, 128]: algorithm.use_gae needs a value head"),
     ("value_head.hidden_dims=[]", "value_head.hidden_dims=[]: algorithm.use_gae needs a value head"),
     ("train.critic_warmup_iterations=2", None),
+    ("algorithm.negative_clip_band=flipped", "algorithm.negative_clip_band='flipped': use one of same, swapped"),
+    ("algorithm.log_ratio_clamp=0", "algorithm.log_ratio_clamp=0.0: must be in (0, inf)"),
+    ("algorithm.advantage_clamp=-1", "algorithm.advantage_clamp=-1.0: must be in (0, inf)"),
 ])
 def test_bad_input_is_one_line(override, message):
     from common.config import ConfigError
@@ -255,6 +259,25 @@ def test_freeze_vla_for_critic_keeps_the_value_loss_out_of_the_policy_gradient(t
     frozen = actor_grad_norm("frozen", "algorithm.freeze_vla_for_critic=true")
     assert frozen == actor_grad_norm("no_value_loss", "algorithm.value_loss_coef=0")
     assert frozen != actor_grad_norm("shared", "algorithm.freeze_vla_for_critic=false")
+
+
+def test_bc_warmup_phase_then_ppo(tmp_path):
+    """train.bc_warmup_env_steps=200 (the GAE-PPO reference's warm-up as its start runs it: cross-entropy on the
+    rollout's own tokens, the critic untouched): iteration 1 has collected 128 env steps (< 200): a warm-up update
+    (bc_loss, actor steps, no PPO loss, no value loss, no critic step); iteration 2 (256 >= 200) is PPO with its critic.
+    A flow policy is refused in one line."""
+    run(["--task-id", "0", "train.iterations=2", "eval.every=0", "train.bc_warmup_env_steps=200"], tmp_path)
+    (name,) = runs_in(tmp_path / "runs")
+    first, second = read_metrics(str(tmp_path / "runs" / name))
+    assert first["train/bc_phase"] == 1.0 and second["train/bc_phase"] == 0.0
+    assert 0 < first["train/bc_loss"] < 10 and first["train/grad_norm"] > 0 and first["train/optimizer_steps"] > 0
+    assert not any(k in first for k in ("train/pg_loss", "train/value_loss", "train/critic_grad_norm"))
+    assert "train/bc_loss" not in second and second["train/value_loss"] > 0 and second["train/critic_grad_norm"] > 0
+    from common.config import ConfigError
+
+    cfg = load_config(Config, os.path.join(ROOT, "configs/gae_ppo_libero_pi0.yaml"), ["train.bc_warmup_env_steps=5"])
+    with pytest.raises(ConfigError, match="train.bc_warmup_env_steps=5: the behaviour-cloning warm-up"):
+        check_config(cfg)
 
 
 def test_smoke_two_updates_then_resume_is_exact(tmp_path):
@@ -364,11 +387,12 @@ def test_two_processes_with_a_critic_warmup(tmp_path):
 
 @pytest.mark.real_libero
 def test_libero_config_end_to_end_one_short_iteration(tmp_path):
-    """configs/gae_ppo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder (the config's policy family;
-    the value head reads its hidden state), 64 px, 2 workers, 16 steps: one iteration."""
+    """configs/gae_ppo_libero.yaml on the real simulator with the tiny OpenVLA-OFT folder in the official L1 layout
+    (the config's start: its token head, agent view + wrist, the proprio token; the value head reads its hidden
+    state), 64 px, 2 workers, 16 steps: one iteration."""
     out = subprocess.run(
         [sys.executable, "train_gae_ppo.py", "--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb",
-         "init.mode=checkpoint", f"init.path={OFT_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
+         "init.mode=checkpoint", f"init.path={OFT_L1_TINY}", "policy.lora_rank=4", "policy.bf16_weights=false",
          "policy.unnorm_key=libero_10", "env.image_size=64", "env.num_envs=2",
          "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout", "rollout.prompts_per_iteration=2",
          "train.iterations=1",
@@ -380,6 +404,12 @@ def test_libero_config_end_to_end_one_short_iteration(tmp_path):
     assert name.startswith("gae_ppo__libero_spatial__t0__s1__")
     (row,) = read_metrics(str(tmp_path / "runs" / name))
     assert row["rollout/env_steps"] == 32 and row["rollout/truncated_fraction"] == 1.0
-    assert "train/value_loss" in row and "train/explained_variance" in row
+    assert "train/explained_variance" in row  # the critic's values recorded
+    assert row["train/bc_phase"] == 1.0 and "train/bc_loss" in row  # the config's warm-up: 32 < 25000 env steps
     assert os.path.isfile(os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "modules",
                                        "value_head.safetensors"))
+    policy = os.path.join(tmp_path, "runs", name, "checkpoints", "iter_000001", "policy")
+    assert "proprio_projector--150000_checkpoint.pt" in os.listdir(policy)  # trained beside the LoRA, saved
+    with open(os.path.join(tmp_path, "runs", name, "config.yaml")) as f:
+        text = f.read()
+    assert "num_images: 2" in text and "use_proprio: true" in text and "wrist_camera: true" in text

@@ -194,3 +194,25 @@ def test_crop_lanczos_is_the_gae_ppo_references_image_path():
     batch = apply_image_pipeline(board[None], "crop_lanczos")
     assert batch.shape == (1, 224, 224, 3) and (batch == crop_lanczos_image(board, rotate=False)).all()
     assert apply_image_pipeline(board[None], "resize") is not batch  # resize: the frames as they are
+
+
+def test_crop_lanczos_equals_the_references_code_on_a_random_render():
+    """The reference's own steps, as its libero_rl/utils/obs_utils.py:13-45,207-231,175-205,268-273@f82c92f write them
+    (copied here line by line: rotate 180 degrees, central int(h sqrt(0.9)) crop at (h - ch) // 2, PIL LANCZOS to
+    224 x 224, uint8), on a random 256 px render: the same bytes as crop_lanczos_image, for the agent view and the
+    wrist view alike."""
+    from PIL import Image
+
+    from models.openvla_oft import crop_lanczos_image
+
+    rng = np.random.default_rng(0)
+    for frame in rng.integers(0, 256, (2, 256, 256, 3), dtype=np.uint8):
+        img = frame[::-1, ::-1].astype(np.uint8)  # get_image_from_obs(rotate=True)
+        h, w = img.shape[:2]  # center_crop_image(crop_scale=0.9)
+        crop_h, crop_w = int(h * np.sqrt(0.9)), int(w * np.sqrt(0.9))
+        start_h, start_w = (h - crop_h) // 2, (w - crop_w) // 2
+        img = img[start_h:start_h + crop_h, start_w:start_w + crop_w]
+        ref = np.array(Image.fromarray(img.astype(np.uint8)).resize((224, 224), resample=Image.LANCZOS),
+                       dtype=np.uint8)  # preprocess_image(method="lanczos")
+        assert (crop_h, start_h) == (242, 7)
+        np.testing.assert_array_equal(crop_lanczos_image(frame), ref)
