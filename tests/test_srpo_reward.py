@@ -98,43 +98,43 @@ def groups_with_successes(counts, n):
 
 def test_filter_accuracy_bounds_are_inclusive():
     success = groups_with_successes([0, 1, 5, 9, 10], n=10)  # accuracy 0, 0.1, 0.5, 0.9, 1.0
-    keep = filter_groups(success, torch.zeros(50, dtype=torch.long), n_samples=10, max_steps=512)
+    keep = filter_groups(success, torch.zeros(50, dtype=torch.bool), n_samples=10)
     assert keep.dtype == torch.bool and keep.shape == (50,)
     assert keep.reshape(5, 10).all(dim=1).tolist() == [False, True, True, True, False]
     assert keep.reshape(5, 10).any(dim=1).tolist() == [False, True, True, True, False]  # whole groups only
-    assert filter_groups(success, torch.zeros(50), 10, 512, filter_accuracy=False).all()
-    narrow = filter_groups(success, torch.zeros(50), 10, 512, accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
+    assert filter_groups(success, torch.zeros(50), 10, filter_accuracy=False).all()
+    narrow = filter_groups(success, torch.zeros(50), 10, accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
     assert narrow.reshape(5, 10)[:, 0].tolist() == [False, False, True, False, False]
 
 
-def test_filter_truncation_drops_a_group_if_any_sample_hits_max_steps():
+def test_filter_truncation_drops_a_group_if_any_sample_was_truncated():
     success = np.array([1, 0, 1, 0, 1, 0], dtype=bool)
-    finish = np.array([100, 512, 100, 200, 511, 300])  # group 0 has a truncated sample (finish_step >= max_steps)
-    keep = filter_groups(success, finish, n_samples=2, max_steps=512, filter_truncated=True)
+    truncated = np.array([0, 1, 0, 0, 0, 0], dtype=bool)  # group 0 has a truncated sample (RolloutBatch.truncated)
+    keep = filter_groups(success, truncated, n_samples=2, filter_truncated=True)
     assert keep.tolist() == [False, False, True, True, True, True]
-    assert filter_groups(success, finish, 2, 512, filter_truncated=False).all()
-    only_trunc = filter_groups(np.zeros(6, bool), finish, 2, 512, filter_accuracy=False, filter_truncated=True)
+    assert filter_groups(success, truncated, 2, filter_truncated=False).all()
+    only_trunc = filter_groups(np.zeros(6, bool), truncated, 2, filter_accuracy=False, filter_truncated=True)
     assert only_trunc.tolist() == [False, False, True, True, True, True]
 
 
 def test_filter_empty_results_and_errors():
-    all_fail = filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), n_samples=4, max_steps=10)
+    all_fail = filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), n_samples=4)
     assert all_fail.tolist() == [False] * 8  # an empty result is a normal outcome
-    assert filter_groups(torch.zeros(0, dtype=torch.bool), torch.zeros(0), 4, 10).shape == (0,)
+    assert filter_groups(torch.zeros(0, dtype=torch.bool), torch.zeros(0), 4).shape == (0,)
     with pytest.raises(ValueError, match=r"multiple of n_samples=4.*success \(6,\)"):
-        filter_groups(torch.zeros(6, dtype=torch.bool), torch.zeros(6), 4, 10)
-    with pytest.raises(ValueError, match=r"finish_step \(7,\)"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(7), 4, 10)
+        filter_groups(torch.zeros(6, dtype=torch.bool), torch.zeros(6), 4)
+    with pytest.raises(ValueError, match=r"truncated \(7,\)"):
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(7), 4)
     with pytest.raises(ValueError, match="n_samples must be >= 1"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 0, 10)
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 0)
     with pytest.raises(ValueError, match="accuracy_lower_bound"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 4, 10, accuracy_lower_bound=0.9,
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 4, accuracy_lower_bound=0.9,
                       accuracy_upper_bound=0.1)
 
 
 def test_filter_metrics_counts():
     success = groups_with_successes([0, 2, 4], n=4)
-    keep = filter_groups(success, torch.zeros(12), 4, 10)
+    keep = filter_groups(success, torch.zeros(12), 4)
     m = filter_metrics(success, keep, 4)
     assert m == {"sampling/groups": 3.0, "sampling/kept_groups": 1.0, "sampling/kept_fraction": pytest.approx(1 / 3),
                  "sampling/all_success_groups": 1.0, "sampling/all_failure_groups": 1.0,
