@@ -5,7 +5,8 @@ import pytest
 import torch
 from scipy.special import expit
 
-from common.dynamic_sampling import filter_groups, filter_metrics
+from common.dynamic_sampling import filter_groups, filter_metrics, sample_rounds
+from common.rollout import RolloutBatch
 from train_srpo import compute_embodied_reward
 
 torch.set_num_threads(1)
@@ -141,3 +142,53 @@ def test_filter_metrics_counts():
                  "sampling/success_rate": 0.5}
     empty = filter_metrics(torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool), 4)
     assert empty["sampling/kept_fraction"] == 0.0 and empty["sampling/success_rate"] == 0.0
+
+
+def _round_batch(complete, truncated, invalid, steps=10):
+    B = len(complete)
+    return RolloutBatch(task_ids=np.zeros(B, np.int64), trial_ids=np.arange(B), group_ids=np.arange(B) // 2,
+                        task_names=["t"] * B, instructions=["i"] * B, complete=np.array(complete, bool),
+                        finish_step=np.full(B, steps), valid_steps=np.ones(B, np.int64), invalid=np.array(invalid, bool),
+                        actions=np.zeros((B, 1, 1, 7), np.float32), rewards=np.zeros((B, 1), np.float32),
+                        dones=np.ones((B, 1), bool), truncated=np.array(truncated, bool),
+                        stats={"rollout/env_steps": float(B * steps)})
+
+
+class _OneProcess:  # the run's collective surface, one process
+    world, rank, stopped = 1, 0, False
+
+    def __init__(self, stop_at=None):
+        self.counted, self.stop_at = [], stop_at
+
+    def gather(self, items):
+        return list(items)
+
+    def count_env_steps(self, batch, metrics, seconds):
+        self.counted.append(len(batch))
+        metrics["rollout/env_steps"] = batch.stats["rollout/env_steps"]
+
+    def should_stop(self):
+        self.stopped = len(self.counted) == self.stop_at
+        return self.stopped
+
+
+def test_sample_rounds_refills_until_the_quota_with_offset_groups():
+    """Rounds of 2 groups x 2 samples, quota 2 groups: round 0 keeps group 1 (group 0 all solved), round 1 keeps
+    nothing (group 0 truncated, group 1's episodes crashed), round 2 keeps both: 3 rounds, group ids offset by the
+    round (x quota), crashed episodes dropped from the kept rows and from the keep mask."""
+    rounds = [_round_batch([1, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]),
+              _round_batch([0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 1, 1]),
+              _round_batch([0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0])]
+    run = _OneProcess()
+    out = sample_rounds(run, lambda r: (rounds[r], rounds[r]), 2, 2, 5, True, filter_truncated=True,
+                        accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
+    assert out.rounds == 3 and run.counted == [4, 4, 4] and out.env_steps == 120.0
+    assert [k.tolist() for _, k in out.seen] == [[False, False, True, True], [False] * 4, [True] * 4]
+    assert [b.group_ids.tolist() for b in out.kept] == [[1, 1], [], [4, 4, 5, 5]]
+    assert out.group_rounds == [0, 2, 2] and out.metrics == {"rollout/env_steps": 40.0}
+    one = sample_rounds(_OneProcess(), lambda r: (rounds[r], rounds[r]), 2, 2, 5, False)  # no refill: one round
+    assert one.rounds == 1 and [b.group_ids.tolist() for b in one.kept] == [[1, 1]]
+    stopped = sample_rounds(_OneProcess(stop_at=2), lambda r: (_round_batch([0, 1] * 2, [0] * 4, [0] * 4),) * 2, 2,
+                            2, 5, True, filter_accuracy=False)
+    assert stopped.rounds == 1 and len(stopped.kept) == 1  # the round stopped in is counted, not filtered
+
