@@ -59,7 +59,7 @@ class AlgorithmConfig:
                                                          # the demo can teach (LUFFY's point)
     accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # drop groups whose on-policy samples
                                                          # all succeeded (no signal left)
-    filter_truncated: bool = False  # drop a prompt if any on-policy sample hit max_steps
+    filter_truncated: bool = False  # drop a prompt if any on-policy sample was truncated (max_steps, no success)
     clip_ratio: float = ranged(0.2, "(0, 1)")  # on-policy PPO clip range (cliprange)
     clip_upper_bound: float = ranged(100.0, "[1, inf)")  # upper clip = max(clip_upper_bound, 1 + clip_ratio)
     on_policy_reshape: str = "no_reshape"  # no_reshape | logp | p_logp | square_root | pow | p_div_p_0.1 | p_div_p_0.5
@@ -137,7 +137,7 @@ import torch
 
 from common.advantages import compute_advantage, make_action_mask
 from common.demos import load_hdf5_demos, rollout_demos
-from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
+from common.dynamic_sampling import filter_metrics, group_offset, sample_rounds, trim_to_quota
 from common.losses import agg_loss
 from common.masking import check_same_shape, masked_mean, masked_sum, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -145,7 +145,7 @@ from common.fsdp import shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
-                          outcomes, rollout_metrics, sample_prompts, sharded_update)
+                          rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM
 
 
@@ -398,9 +398,9 @@ if __name__ == "__main__":
             # 1.-3. in rounds: prompts, rollouts and demonstrations, dynamic sampling. With rollout.refill, further
             #    rounds of fresh prompts until every process's kept groups together reach the quota (P per process),
             #    at most rollout.max_rounds; then the first quota groups in the order (round, process)
-            rounds, kept, kept_demo, seen, group_rounds, env_steps, demo_ok, demo_bad = 0, [], [], [], [], 0.0, [], 0
-            t0 = time.perf_counter()
-            while True:
+            demos = []  # per round, its demonstrations (group ids offset as the round's)
+
+            def roll_out(round_index: int):
                 # 1. prompts: tabletop (task, practice trial); LIBERO a demo (its task, reset to its first state)
                 if libero_prompts is None:
                     tasks, trials = sample_prompts(run, P)
@@ -416,50 +416,39 @@ if __name__ == "__main__":
                 policy.eval()
                 on_batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=n_on, temperature=temp,
                                             progress=run.is_main, reset_options=reset_options,
-                                            desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
+                                            desc=f"rollout {iteration}" + (f" round {round_index + 1}" if round_index
+                                                                           else ""))
                 on_batch.extras["prefix_mask"] = np.zeros(on_batch.tokens.shape, dtype=bool)
+                if not n_off:
+                    return on_batch, on_batch  # filtered, counted
                 demo_batch = rollout_demos(run.envs, policy.action_tokenizer, policy.action_chunk, tasks, trials,
-                                           demo_actions, reset_options) if n_off else None
-                round_metrics: dict = {}
-                run.count_env_steps(on_batch if demo_batch is None else RolloutBatch.concat([on_batch, demo_batch]),
-                                       round_metrics, time.perf_counter() - t0)
-                if run.should_stop():  # a safe stop point per round
-                    break
-                env_steps += round_metrics["rollout/env_steps"]
+                                           demo_actions, reset_options)
+                demo_batch.group_ids = demo_batch.group_ids + group_offset(run, round_index, P)
+                demos.append(demo_batch)
+                return on_batch, RolloutBatch.concat([on_batch, demo_batch])
 
-                # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
-                task_max = np.array([task_max_steps[int(t)] for t in on_batch.task_ids])
-                horizon = int(task_max.max())
-                keep_on = filter_groups(torch.as_tensor(on_batch.complete),
-                                        torch.as_tensor(on_batch.finish_step + horizon - task_max), n_on, horizon,
-                                        alg.filter_accuracy, alg.filter_truncated, alg.accuracy_lower_bound,
-                                        alg.accuracy_upper_bound).numpy()
-                seen.append((outcomes(on_batch), keep_on))  # every round's outcomes, for the metrics
-                shift = (rounds * run.world + run.rank) * P  # group ids unique over processes and rounds
-                on_batch.group_ids = on_batch.group_ids + shift
-                kept.append(on_batch.select(keep_on & ~on_batch.invalid))
-                if demo_batch is not None:  # keep n_off copies of each verified demo of a kept group; drop failed ones
-                    ok = demo_batch.complete & ~demo_batch.invalid
-                    demo_ok += ok.tolist()
-                    limit = np.array([task_max_steps[int(t)] for t in demo_batch.task_ids])
-                    demo_bad += int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())
-                    demo_batch.group_ids = demo_batch.group_ids + shift
-                    kept_demo.append(demo_batch.select(np.repeat(np.flatnonzero(
-                        ok & np.isin(demo_batch.group_ids, kept[-1].group_ids)), n_off)))
-                rounds += 1
-                group_rounds += [rounds - 1] * len(np.unique(kept[-1].group_ids))
-                if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
-                                   cfg.rollout.refill):
-                    break
+            # 3. dynamic sampling on the on-policy rows' binary success (their groups are n_on consecutive rows)
+            sampled = sample_rounds(run, roll_out, n_on, P, cfg.rollout.max_rounds, cfg.rollout.refill,
+                                    filter_accuracy=alg.filter_accuracy, filter_truncated=alg.filter_truncated,
+                                    accuracy_lower_bound=alg.accuracy_lower_bound,
+                                    accuracy_upper_bound=alg.accuracy_upper_bound)
             if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
                 break
-            metrics["time/rollout"] = time.perf_counter() - t0
-            metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
-            metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
-                                                                                               1e-9)
-            metrics["sampling/rounds"] = float(rounds)
-            rollout_metrics(run, [b for b, _ in seen], metrics)
-            complete_all, keep_all = zip(*run.gather([row for b, k in seen
+            kept, kept_demo, demo_ok, demo_bad = sampled.kept, [], [], 0
+            for on_kept, demo_batch in zip(kept, demos):  # keep n_off copies of each verified demo of a kept group;
+                ok = demo_batch.complete & ~demo_batch.invalid  # drop failed ones
+                demo_ok += ok.tolist()
+                limit = np.array([task_max_steps[int(t)] for t in demo_batch.task_ids])
+                demo_bad += int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())
+                kept_demo.append(demo_batch.select(np.repeat(np.flatnonzero(
+                    ok & np.isin(demo_batch.group_ids, on_kept.group_ids)), n_off)))
+            metrics["time/rollout"] = sampled.seconds
+            metrics.update(sampled.metrics)  # charts/env_steps: the run's total after the last round
+            metrics["rollout/env_steps"] = sampled.env_steps
+            metrics["charts/SPS"] = sampled.env_steps / max(sampled.seconds, 1e-9)
+            metrics["sampling/rounds"] = float(sampled.rounds)
+            rollout_metrics(run, [b for b, _ in sampled.seen], metrics)
+            complete_all, keep_all = zip(*run.gather([row for b, k in sampled.seen
                                                       for row in zip(b.complete.tolist(), k.tolist())]))
             metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), n_on))
             if n_off:
@@ -474,7 +463,7 @@ if __name__ == "__main__":
             batch = RolloutBatch.concat(kept + kept_demo) if len(kept + kept_demo) > 1 else kept[0]
             is_demo = np.arange(len(batch)) >= sum(len(b) for b in kept)  # demo rows come last
             if cfg.rollout.refill:  # the surplus of the last round over the quota is dropped
-                trained = trim_to_quota(run.gather, run.rank, group_rounds, P)
+                trained = trim_to_quota(run.gather, run.rank, sampled.group_rounds, P)
                 groups = list(dict.fromkeys(np.concatenate([b.group_ids for b in kept]).tolist()))  # round order
                 rows = np.isin(batch.group_ids, np.array(groups, dtype=np.int64)[trained])
                 batch, is_demo = batch.select(rows), is_demo[rows]

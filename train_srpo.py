@@ -69,7 +69,7 @@ class AlgorithmConfig:
                                                          # this
     accuracy_upper_bound: float = ranged(0.9, "[0, 1]")  # dynamic sampling: drop prompts whose mean success is above
                                                          # this
-    filter_truncated: bool = False  # drop a prompt if any of its samples hit max_steps
+    filter_truncated: bool = False  # drop a prompt if any of its samples was truncated (max_steps, no success)
     clip_ratio_low: float = ranged(0.2, "[0, 1)")  # PPO clip: the ratio is kept >= 1 - clip_ratio_low
     clip_ratio_high: float = ranged(0.28, "[0, inf)")  # PPO clip: the ratio is kept <= 1 + clip_ratio_high (DAPO's
                                                        # clip-higher)
@@ -162,7 +162,7 @@ from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
 from common.advantages import compute_advantage, make_action_mask, shuffle_within_groups
-from common.dynamic_sampling import filter_groups, filter_metrics, refill_more, trim_to_quota
+from common.dynamic_sampling import filter_metrics, sample_rounds, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.masking import masked_mean
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -170,8 +170,7 @@ from common.fsdp import shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
-                          optimizer_step, outcomes, rollout_metrics, sample_prompts, sharded_update)
-from envs import max_steps
+                          optimizer_step, rollout_metrics, sample_prompts, sharded_update)
 from models import ACTION_DIM, make_trajectory_encoder
 
 
@@ -292,7 +291,6 @@ if __name__ == "__main__":
                    evaluation=EvalSettings(temperature=cfg.rollout.temperature), banner=f" | reward {cfg.reward.mode}"
                    + (" shuffled within groups (control)" if cfg.reward.shuffle else "")
                    + (f" | stops at {cfg.train.total_timesteps:,} env steps" if cfg.train.total_timesteps else ""))
-        task_max_steps = {t: max_steps(cfg.env, t) for t in cfg.env.task_ids}
         A = policy.action_chunk * ACTION_DIM  # action tokens per policy step
         temp, mb = cfg.rollout.temperature, cfg.train.micro_batch_size
         P, agg, budget = cfg.rollout.prompts_per_iteration, cfg.algorithm.loss_agg_mode, cfg.train.total_timesteps
@@ -308,49 +306,35 @@ if __name__ == "__main__":
             #    whose group success lies in [lower, upper] (binary success). With rollout.refill, further rounds of
             #    fresh prompts until every process's kept groups together reach the quota (prompts_per_iteration per
             #    process), at most rollout.max_rounds; then the first quota groups in the order (round, process)
-            rounds, kept, seen, group_rounds, env_steps = 0, [], [], [], 0.0
-            t0 = time.perf_counter()
-            while True:
+            def roll_out(round_index: int):
                 tasks, trials = sample_prompts(run, P)
                 policy.eval()
                 batch = collect_rollouts(run.envs, policy, tasks, trials, n_samples=cfg.rollout.n, temperature=temp,
                                          keep_frames=cfg.reward.mode == "srpo", progress=run.is_main,
                                          video_frames=cfg.reward.encoder.num_frames,  # what the encoder reads
-                                         desc=f"rollout {iteration}" + (f" round {rounds + 1}" if rounds else ""))
-                batch.group_ids = batch.group_ids + (rounds * run.world + run.rank) * P  # unique: processes, rounds
-                round_metrics: dict = {}
-                run.count_env_steps(batch, round_metrics, time.perf_counter() - t0)
-                if run.should_stop():  # a safe stop point per round
-                    break
-                env_steps += round_metrics["rollout/env_steps"]
-                task_max = np.array([task_max_steps[int(t)] for t in batch.task_ids])
-                horizon = int(task_max.max())  # shift each row so that "hit its own task's max_steps" reads >= horizon
-                keep = filter_groups(torch.as_tensor(batch.complete),
-                                     torch.as_tensor(batch.finish_step + horizon - task_max), cfg.rollout.n, horizon,
-                                     cfg.algorithm.filter_accuracy, cfg.algorithm.filter_truncated,
-                                     cfg.algorithm.accuracy_lower_bound, cfg.algorithm.accuracy_upper_bound).numpy()
-                keep &= ~batch.invalid  # episodes of a crashed simulator worker never enter an update
-                seen.append((outcomes(batch), keep))  # every round's outcomes, for the metrics
-                kept.append(batch.select(keep))
-                rounds += 1
-                group_rounds += [rounds - 1] * len(np.unique(kept[-1].group_ids))
-                if not refill_more(run.gather, len(group_rounds), P, rounds, cfg.rollout.max_rounds,
-                                   cfg.rollout.refill):
-                    break
+                                         desc=f"rollout {iteration}" + (f" round {round_index + 1}" if round_index
+                                                                        else ""))
+                return batch, batch  # filtered, counted
+
+            sampled = sample_rounds(run, roll_out, cfg.rollout.n, P, cfg.rollout.max_rounds, cfg.rollout.refill,
+                                    filter_accuracy=cfg.algorithm.filter_accuracy,
+                                    filter_truncated=cfg.algorithm.filter_truncated,
+                                    accuracy_lower_bound=cfg.algorithm.accuracy_lower_bound,
+                                    accuracy_upper_bound=cfg.algorithm.accuracy_upper_bound)
             if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
                 break
-            metrics["time/rollout"] = time.perf_counter() - t0
-            metrics.update(round_metrics)  # charts/env_steps: the run's total after the last round
-            metrics["rollout/env_steps"], metrics["charts/SPS"] = env_steps, env_steps / max(metrics["time/rollout"],
-                                                                                               1e-9)
-            metrics["sampling/rounds"] = float(rounds)
-            rollout_metrics(run, [b for b, _ in seen], metrics)
-            complete_all, keep_all = zip(*run.gather([row for b, k in seen
+            metrics["time/rollout"] = sampled.seconds
+            metrics.update(sampled.metrics)  # charts/env_steps: the run's total after the last round
+            metrics["rollout/env_steps"] = sampled.env_steps
+            metrics["charts/SPS"] = sampled.env_steps / max(sampled.seconds, 1e-9)
+            metrics["sampling/rounds"] = float(sampled.rounds)
+            rollout_metrics(run, [b for b, _ in sampled.seen], metrics)
+            complete_all, keep_all = zip(*run.gather([row for b, k in sampled.seen
                                                       for row in zip(b.complete.tolist(), k.tolist())]))
             metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), cfg.rollout.n))
-            batch = RolloutBatch.concat(kept) if len(kept) > 1 else kept[0]
+            batch = RolloutBatch.concat(sampled.kept) if len(sampled.kept) > 1 else sampled.kept[0]
             if cfg.rollout.refill:  # the surplus of the last round over the quota is dropped
-                trained = trim_to_quota(run.gather, run.rank, group_rounds, P)
+                trained = trim_to_quota(run.gather, run.rank, sampled.group_rounds, P)
                 groups = [g for g in dict.fromkeys(batch.group_ids.tolist())]  # kept groups in round order
                 batch = batch.select(np.isin(batch.group_ids, np.array(groups, dtype=np.int64)[trained]))
                 metrics["sampling/trained_groups"] = float(sum(run.gather([int(trained.sum())])))

@@ -127,10 +127,10 @@ if __name__ == "__main__":
                   for j in rng.integers(0, args.trials, args.prompts)]
         videos = [v for g in groups for v in g[0].frames]
         success = np.concatenate([g[0].complete for g in groups])
-        steps = np.concatenate([g[0].finish_step for g in groups])
         progress = np.concatenate([g[1] for g in groups])
         grasped = np.concatenate([g[2] for g in groups])
-        keep = filter_groups(success, steps, args.n, int(steps.max())).numpy()  # accuracy in [0.1, 0.9], as SRPO
+        truncated = np.concatenate([g[0].truncated for g in groups])
+        keep = filter_groups(success, truncated, args.n).numpy()  # accuracy in [0.1, 0.9], as SRPO
         fail = keep & ~success
         print(f"batch {b}: success {success.mean():.2f}, kept groups {keep.sum() // args.n}/{args.prompts}, "
               f"kept failures {fail.sum()} ({grasped[fail].mean() if fail.any() else 0:.2f} grasped)", flush=True)

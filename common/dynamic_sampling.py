@@ -4,10 +4,14 @@ rollout.refill roll out further rounds until the kept groups reach the quota, th
 (siiRL, SimpleVLA-RL)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Union
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 import numpy as np
 import torch
+
+from common.train import outcomes
 
 ArrayOrTensor = Union[np.ndarray, torch.Tensor]
 
@@ -16,19 +20,21 @@ def _to_numpy(x: ArrayOrTensor | Sequence) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrTensor | Sequence[int], n_samples: int,
-                  max_steps: int, filter_accuracy: bool = True, filter_truncated: bool = False,
-                  accuracy_lower_bound: float = 0.1, accuracy_upper_bound: float = 0.9) -> torch.Tensor:
+def filter_groups(success: ArrayOrTensor | Sequence[bool], truncated: ArrayOrTensor | Sequence[bool], n_samples: int,
+                  filter_accuracy: bool = True, filter_truncated: bool = False, accuracy_lower_bound: float = 0.1,
+                  accuracy_upper_bound: float = 0.9) -> torch.Tensor:
     """siiRL's _filter_batch as a row mask: keep a group of n_samples consecutive rows if lower <= mean
-    success <= upper (inclusive) and, with filter_truncated, none of its rows has finish_step >= max_steps."""
+    success <= upper (inclusive) and, with filter_truncated, none of its rows was truncated (RolloutBatch.truncated:
+    cut at its task's max_steps without success; siiRL tests finish_step >= max_steps, which also drops a group with
+    a success on exactly the last allowed step)."""
     device = success.device if isinstance(success, torch.Tensor) else torch.device("cpu")
     success = torch.as_tensor(_to_numpy(success)).to(torch.float64)
-    finish_step = torch.as_tensor(_to_numpy(finish_step))
+    truncated = torch.as_tensor(_to_numpy(truncated)).to(torch.bool)
     if n_samples < 1:
         raise ValueError(f"n_samples must be >= 1, got {n_samples}")
-    if success.ndim != 1 or finish_step.shape != success.shape or success.shape[0] % n_samples != 0:
-        raise ValueError(f"need success (B,) and finish_step (B,) with B a multiple of n_samples={n_samples}, got "
-                         f"success {tuple(success.shape)}, finish_step {tuple(finish_step.shape)}")
+    if success.ndim != 1 or truncated.shape != success.shape or success.shape[0] % n_samples != 0:
+        raise ValueError(f"need success (B,) and truncated (B,) with B a multiple of n_samples={n_samples}, got "
+                         f"success {tuple(success.shape)}, truncated {tuple(truncated.shape)}")
     if not 0.0 <= accuracy_lower_bound <= accuracy_upper_bound <= 1.0:
         raise ValueError(f"need 0 <= accuracy_lower_bound <= accuracy_upper_bound <= 1, got "
                          f"{accuracy_lower_bound}, {accuracy_upper_bound}")
@@ -38,7 +44,7 @@ def filter_groups(success: ArrayOrTensor | Sequence[bool], finish_step: ArrayOrT
         accuracy = success.reshape(num_groups, n_samples).mean(dim=-1)
         keep &= (accuracy >= accuracy_lower_bound) & (accuracy <= accuracy_upper_bound)
     if filter_truncated:
-        keep &= ~(finish_step.reshape(num_groups, n_samples) >= max_steps).any(dim=-1)
+        keep &= ~truncated.reshape(num_groups, n_samples).any(dim=-1)
     return keep.repeat_interleave(n_samples).to(device)
 
 
@@ -90,4 +96,55 @@ def trim_to_quota(gather: Callable[[List], List], rank: int, group_rounds: Seque
     return np.array([(r, p, i) in kept for r, p, i in mine], dtype=bool)
 
 
-__all__ = ["filter_groups", "filter_metrics", "refill_more", "trim_to_quota"]
+@dataclass
+class SampledRounds:
+    """One iteration's dynamic sampling: what each round kept and saw, and the counts for the logs."""
+
+    kept: List[Any] = field(default_factory=list)  # per round, its kept episodes (RolloutBatch.select)
+    seen: List[Tuple[Any, np.ndarray]] = field(default_factory=list)  # per round, (its outcomes, keep mask)
+    group_rounds: List[int] = field(default_factory=list)  # per kept group, in order, the round it was rolled in
+    rounds: int = 0  # rounds rolled out and filtered
+    env_steps: float = 0.0  # env steps of those rounds, all processes
+    metrics: Dict[str, float] = field(default_factory=dict)  # the last round's run.count_env_steps metrics
+    seconds: float = 0.0  # wall time of the rounds
+
+
+def group_offset(run: Any, round_index: int, quota: int) -> int:
+    """What to add to the group ids (0 .. quota - 1) of round `round_index` on this process: unique over the
+    processes and rounds of an iteration."""
+    return (round_index * run.world + run.rank) * quota
+
+
+def sample_rounds(run: Any, roll_out: Callable[[int], Tuple[Any, Any]], n_samples: int, quota: int,
+                  max_rounds: int, refill: bool, **filters: Any) -> SampledRounds:
+    """Roll out rounds until the kept groups reach the quota (SRPO's and LUFFY's rollout + dynamic sampling).
+    `roll_out(r)` rolls out round r's quota prompts x n_samples and returns (the batch to filter, the batch whose
+    env steps count: the same or more, e.g. with demonstrations). Each round: group ids offset (`group_offset`), env
+    steps counted, a safe stop point (`run.should_stop()`: the rounds end there, that round not filtered), groups
+    kept by `filter_groups(complete, truncated, n_samples, **filters)` less the episodes of a crashed simulator
+    worker (`invalid`), which never enter an update. Without rollout.refill one round; with it, further rounds until
+    every process's kept groups together reach quota x processes, at most `max_rounds` (`refill_more`)."""
+    out = SampledRounds()
+    t0 = time.perf_counter()
+    while True:
+        batch, counted = roll_out(out.rounds)
+        batch.group_ids = batch.group_ids + group_offset(run, out.rounds, quota)
+        out.metrics = {}
+        run.count_env_steps(counted, out.metrics, time.perf_counter() - t0)
+        if run.should_stop():  # a safe stop point per round
+            break
+        out.env_steps += out.metrics["rollout/env_steps"]
+        keep = filter_groups(torch.as_tensor(batch.complete), torch.as_tensor(batch.truncated), n_samples,
+                             **filters).numpy() & ~batch.invalid
+        out.seen.append((outcomes(batch), keep))  # every round's outcomes, for the metrics
+        out.kept.append(batch.select(keep))
+        out.rounds += 1
+        out.group_rounds += [out.rounds - 1] * len(np.unique(out.kept[-1].group_ids))
+        if not refill_more(run.gather, len(out.group_rounds), quota, out.rounds, max_rounds, refill):
+            break
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+__all__ = ["filter_groups", "filter_metrics", "group_offset", "refill_more", "sample_rounds", "SampledRounds",
+           "trim_to_quota"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
@@ -181,6 +181,314 @@ def episode_generators(num_episodes: int) -> List[torch.Generator]:
     return [torch.Generator().manual_seed(int(x)) for x in seeds]
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How the policy draws each chunk: the knobs of `policy.rollout_step` (models/policy.py). A token family reads
+    `temperature` and `greedy`; a flow family `flow_steps` (None: its config's) and `flow_noise_level` (0: the
+    deterministic ODE). `keep_hidden` records each step's pooled hidden state (extras["hidden"]: token families
+    `act`'s, flow families the prefix's features); `keep_chain` (flow-SDE sampling) what PPO needs to recompute a
+    step's log-prob: extras["sde_step"] (B, T) int64, extras["x_t"] and ["x_next"] (B, T, horizon, D), and the step's
+    log-density in old_log_probs (B, T, 1)."""
+
+    temperature: float = 1.0
+    greedy: bool = False
+    flow_steps: Optional[int] = None
+    flow_noise_level: float = 0.0
+    keep_hidden: bool = False
+    keep_chain: bool = False
+
+
+class EpisodeRecorder:
+    """The episodes of one collection as they happen, whichever loop runs them (`run_blocks`, `stream_episodes`).
+    Per episode: its task name and instruction and first frame at its reset (`begin`), its frames and env steps per
+    chunk (`record_chunk`), and at its end `complete`, `truncated`, `invalid` and the last observation
+    (`end_episode`). Per policy call (`act`): the episodes' rows, their step index, the actions, the observations and
+    the family's record. `batch()` lays it all out as a RolloutBatch; `seconds` and `env_steps` are its stats."""
+
+    def __init__(self, prompts: np.ndarray, policy, sampling: Sampling, generators: Optional[List[torch.Generator]],
+                 reset_options: Optional[Dict[str, Sequence[Any]]], keep_obs: bool, keep_frames: bool, sampled: bool,
+                 bar: tqdm):
+        total = len(prompts)
+        self.prompts, self.policy, self.sampling, self.generators = prompts, policy, sampling, generators
+        self.extra_options = reset_options or {}  # key -> one value per prompt
+        self.keep_obs, self.keep_frames, self.sampled, self.bar = keep_obs, keep_frames, sampled, bar
+        self.calls: List[Dict[str, Any]] = []  # one record per policy call: episode rows, their step index, arrays
+        self.step_of = np.zeros(total, dtype=np.int64)  # policy calls made so far per episode
+        self.finish_step = np.zeros(total, dtype=np.int64)
+        self.complete = np.zeros(total, dtype=bool)
+        self.truncated = np.zeros(total, dtype=bool)
+        self.invalid = np.zeros(total, dtype=bool)
+        self.last_obs: Dict[str, np.ndarray] = {}
+        self.names: List[str] = [""] * total
+        self.instructions: List[str] = [""] * total
+        self.frames: List[List[np.ndarray]] = [[] for _ in range(total)]  # each episode's video, in parts
+        self.env_steps = 0
+        # the policy's calls, the waits for the envs, and the workers' own seconds stepping chunks (physics +
+        # render), resetting and, of that, building a task's simulator
+        self.seconds = {"policy": 0.0, "env": 0.0, "physics": 0.0, "reset": 0.0, "build": 0.0}
+
+    def reset_options(self, rows: np.ndarray) -> Dict[str, list]:
+        """The reset options for envs starting episodes `rows` (one entry per env): their (task, trial) and the
+        caller's per-prompt options (e.g. LIBERO "init_states" of demos)."""
+        p = self.prompts[rows]
+        options = {"task_ids": p[:, 0].tolist(), "trial_ids": p[:, 1].tolist()}
+        for key, values in self.extra_options.items():
+            options[key] = [values[g] for g in p[:, 2]]
+        return options
+
+    def begin(self, e: int, info: Dict[str, Any], j: int, reset_obs: Dict[str, np.ndarray]) -> None:
+        """Episode `e` was reset in row j of a reset's result (`info`, observations `reset_obs`)."""
+        self.names[e], self.instructions[e] = str(info["task_name"][j]), str(info["task_description"][j])
+        if self.keep_frames and not self.sampled:  # sampled: the whole (sampled) video comes with the episode's end
+            # a copy: the loops overwrite their observation buffers with every chunk (a view would show the last
+            # observation as frame 0)
+            self.frames[e].append(reset_obs["agentview"][j][None].copy())
+
+    def count_reset(self, info: Dict[str, Any]) -> None:
+        self.seconds["reset"] += float(np.sum(info["reset_s"]))
+        self.seconds["build"] += float(np.sum(info["build_s"]))
+
+    def act(self, obs: Dict[str, np.ndarray], rows: np.ndarray) -> Dict[str, Any]:
+        """The policy's chunk for episodes `rows` seeing observations `obs`: its call record (kept in `calls`)."""
+        gens = None if self.generators is None else [self.generators[r] for r in rows]
+        t0 = time.perf_counter()
+        act, record = self.policy.rollout_step(obs, [self.instructions[e] for e in rows], generators=gens,
+                                               **asdict(self.sampling))  # the family's record
+        act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
+        self.seconds["policy"] += time.perf_counter() - t0
+        call = {"rows": rows, "t": self.step_of[rows].copy(), "actions": act}
+        self.step_of[rows] += 1
+        if self.keep_obs:
+            call.update(obs)
+        call["record"] = record
+        self.calls.append(call)
+        return call
+
+    def record_chunk(self, call: Dict[str, Any], idx: np.ndarray, res: Dict[str, Any],
+                     env_obs: Dict[str, np.ndarray]) -> np.ndarray:
+        """The chunk of `call` ran on envs `idx` with result `res`: copy the envs' observations into the loop's
+        buffer `env_obs`, count the steps, keep rewards, dones and frames, end the episodes that ended (returned:
+        a bool per env of idx)."""
+        for key in OBS_KEYS:
+            env_obs[key][idx] = res["obs"][key]
+        self.finish_step[call["rows"]] += res["steps"]
+        self.env_steps += int(np.sum(res["steps"]))
+        self.seconds["physics"] += float(np.sum(res["busy_s"]))
+        ended = res["terminated"] | res["truncated"]
+        call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
+        for j, (i, e) in enumerate(zip(idx, call["rows"])):
+            if self.keep_frames and (ended[j] or not self.sampled):  # sampled: the video comes with its end
+                self.frames[e].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
+            if ended[j]:
+                self.end_episode(e, res, j, env_obs, i)
+        return ended
+
+    def end_episode(self, e: int, res: Dict[str, Any], j: int, env_obs: Dict[str, np.ndarray], i: int) -> None:
+        """Episode `e` ended in row j of a chunk's result `res`, on env i (its last observation in env_obs[key][i])."""
+        self.complete[e] = bool(res["success"][j])
+        self.truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
+        self.invalid[e] = bool(res["invalid"][j])
+        if self.keep_obs:
+            for key in OBS_KEYS:
+                if key not in self.last_obs:
+                    self.last_obs[key] = np.zeros((len(self.prompts),) + env_obs[key].shape[1:], env_obs[key].dtype)
+                self.last_obs[key][e] = env_obs[key][i]
+        self.bar.update(1)
+
+    def batch(self, chunk: int, n_env: int, video_frames: int, wall: float) -> RolloutBatch:
+        """The recorded episodes as a RolloutBatch (per-step arrays padded to the longest episode's policy steps)."""
+        total, calls = len(self.prompts), self.calls
+        T = int(self.step_of.max()) if total else 0
+        frames = None
+        if self.keep_frames:  # an episode's frames: the reset view, then one per env step it took (or its sampled
+            frames = [np.concatenate(parts) for parts in self.frames]  # video)
+            if video_frames > 0 and not self.sampled:  # envs that keep every frame: the sampled video here
+                frames = [f[sample_frame_indices(len(f), video_frames)] if len(f) else f for f in frames]
+
+        def gather(key: str, shape: tuple, dtype) -> np.ndarray:
+            return scatter_calls(calls, key, (total, T) + shape, dtype)
+
+        s = self.seconds
+        batch = RolloutBatch(
+            task_ids=self.prompts[:, 0].copy(), trial_ids=self.prompts[:, 1].copy(),
+            group_ids=self.prompts[:, 2].copy(), task_names=self.names, instructions=self.instructions,
+            complete=self.complete, finish_step=self.finish_step, valid_steps=self.step_of, invalid=self.invalid,
+            truncated=self.truncated, last_obs=self.last_obs,
+            actions=gather("actions", (chunk, ACTION_DIM), np.float32),
+            rewards=gather("rewards", (), np.float32),
+            dones=gather("dones", (), bool),
+            frames=frames,
+            stats={"rollout/env_steps": float(self.env_steps), "time/rollout_policy_s": s["policy"],
+                   "time/rollout_env_s": s["env"], "time/rollout_s": wall, "time/rollout_physics_s": s["physics"],
+                   "time/rollout_reset_s": s["reset"], "time/rollout_build_s": s["build"],
+                   "rollout/envs": float(n_env)},
+        )
+        if self.keep_obs and calls:
+            for key in OBS_KEYS:
+                first = calls[0][key]
+                batch.obs[key] = gather(key, first.shape[1:], first.dtype)
+        for key, first in (calls[0]["record"].items() if calls else ()):  # the family's record of every call:
+            # tokens, old_log_probs and noise are RolloutBatch fields, anything else (hidden, x0, a flow-SDE chain)
+            # extras
+            per_step = scatter_calls([{"rows": c["rows"], "t": c["t"], key: c["record"][key]} for c in calls], key,
+                                     (total, T) + first.shape[1:],
+                                     np.int64 if np.issubdtype(first.dtype, np.integer) else np.float32)
+            if key in ("tokens", "old_log_probs", "noise"):
+                setattr(batch, key, per_step)
+            else:
+                batch.extras[key] = per_step
+        return batch
+
+
+def run_blocks(vec_env, rec: EpisodeRecorder, chunk_kwargs: Dict[str, Any]) -> None:
+    """The blocked loop (env.pipeline off): the episodes in blocks of N, one per env, every env reset together; the
+    policy acts once per chunk for all running envs (one call, torch's global RNG), then they step their chunks (in
+    parallel workers), waited for; the block runs until its last episode ends. The last block may not fill every
+    env: the spare envs replay the block's first episode and are ignored."""
+    n_env, total = vec_env.num_envs, len(rec.prompts)
+    for start in range(0, total, n_env):
+        k = min(n_env, total - start)
+        ep = np.arange(start, start + k)  # the block's episodes, env i runs ep[i]
+        t0 = time.perf_counter()
+        spares = np.full(n_env - k, start, dtype=np.int64)
+        vec_env.reset_envs_async(np.arange(n_env), rec.reset_options(np.concatenate([ep, spares])))
+        obs, info = vec_env.reset_envs_wait(np.arange(n_env))
+        obs = {key: obs[key] for key in OBS_KEYS}  # the envs' observations, overwritten by every chunk
+        rec.count_reset(info)
+        rec.seconds["env"] += time.perf_counter() - t0
+        for j in range(k):
+            rec.begin(ep[j], info, j, obs)
+        running = np.arange(n_env) < k  # spare envs never run
+        while running.any():
+            idx = np.flatnonzero(running)
+            call = rec.act({key: obs[key][idx] for key in OBS_KEYS}, ep[idx])
+            vec_env.step_chunk_async(idx, call["actions"], rec.keep_frames, **chunk_kwargs)
+            t0 = time.perf_counter()
+            res = vec_env.step_chunk_wait(idx)
+            rec.seconds["env"] += time.perf_counter() - t0
+            running[idx[rec.record_chunk(call, idx, res, obs)]] = False
+
+
+class StreamedEnvs:
+    """The envs of a streamed collection (env.pipeline) and what each runs. The envs form groups (two halves), each
+    acting in its own policy calls. A group takes episodes from a queue: one shared queue when every group is one env
+    (an episode then never shares a policy call, so which env runs it changes nothing), else rows dealt to the
+    groups in turn. A group's next move (`advance`) is to reset its free envs to its next episodes, else a policy
+    call for every env of it with an episode (so which episodes share a call is fixed by the rows, not by the
+    clock); `send` starts it in the workers, `collect` takes its results."""
+
+    def __init__(self, vec_env, rec: EpisodeRecorder, chunk_kwargs: Dict[str, Any]):
+        n_env, total = vec_env.num_envs, len(rec.prompts)
+        self.vec_env, self.rec, self.chunk_kwargs = vec_env, rec, chunk_kwargs
+        self.groups = np.array_split(np.arange(n_env), min(2, n_env))
+        n_groups = len(self.groups)
+        if all(len(m) == 1 for m in self.groups):
+            self.queues = [deque(range(total))] * n_groups  # one queue object, shared
+        else:
+            self.queues = [deque(range(g, total, n_groups)) for g in range(n_groups)]
+        self.slot_row = np.full(n_env, -1, dtype=np.int64)  # the episode each env runs (-1: none)
+        self.busy = np.zeros(n_env, dtype=bool)  # a chunk or a reset is in flight in the env
+        self.slot_obs: Dict[str, np.ndarray] = {}  # the envs' observations
+        self.in_flight: Dict[int, Any] = {}  # group -> its chunk's call record, or the envs it is resetting
+        self.done = [False] * n_groups
+
+    def advance(self, g: int) -> Optional[Any]:
+        """Group g's next move: resets of its free envs to the next rows, else a policy call for its envs with an
+        episode; returns what to send (None: the group is done)."""
+        members, queue = self.groups[g], self.queues[g]
+        free = []
+        for i in members:
+            if self.slot_row[i] < 0 and queue:
+                self.slot_row[i] = queue.popleft()
+                free.append(i)
+        if free:
+            return np.array(free, dtype=np.int64)
+        idx = members[self.slot_row[members] >= 0]
+        if not len(idx):
+            return None
+        call = self.rec.act({key: self.slot_obs[key][idx] for key in OBS_KEYS}, self.slot_row[idx].copy())
+        call["idx"] = idx
+        return call
+
+    def send(self, g: int, what: Any) -> None:
+        """Start group g's move in the workers: a chunk (a call record) or resets (env ids); None: it is done."""
+        if what is None:
+            self.done[g] = True
+            return
+        self.in_flight[g] = what
+        if isinstance(what, dict):
+            idx = what["idx"]
+            self.vec_env.step_chunk_async(idx, what["actions"], self.rec.keep_frames, **self.chunk_kwargs)
+        else:
+            idx = what
+            self.vec_env.reset_envs_async(idx, self.rec.reset_options(self.slot_row[idx]))
+        self.busy[idx] = True
+
+    def ready(self, g: int) -> bool:
+        """Group g's workers have answered."""
+        members = self.groups[g]
+        return bool(self.vec_env.envs_ready(members[self.busy[members]]).all())
+
+    def collect(self, g: int) -> None:
+        """Take group g's results: its chunk's outcome or its envs' resets."""
+        what = self.in_flight.pop(g)
+        t0 = time.perf_counter()
+        if isinstance(what, dict):  # a chunk
+            idx = what.pop("idx")
+            res = self.vec_env.step_chunk_wait(idx)
+            self.rec.seconds["env"] += time.perf_counter() - t0
+            ended = self.rec.record_chunk(what, idx, res, self.slot_obs)
+            self.slot_row[idx[ended]] = -1
+        else:  # resets
+            idx = what
+            got, info = self.vec_env.reset_envs_wait(idx)
+            self.rec.seconds["env"] += time.perf_counter() - t0
+            self.rec.count_reset(info)
+            for key in OBS_KEYS:
+                if key not in self.slot_obs:
+                    self.slot_obs[key] = np.zeros((len(self.busy),) + got[key].shape[1:], got[key].dtype)
+                self.slot_obs[key][idx] = got[key]
+            for j, i in enumerate(idx):
+                self.rec.begin(self.slot_row[i], info, j, got)
+        self.busy[idx] = False
+
+    def wait_any(self) -> None:
+        """Sleep until one of the envs with something in flight answers."""
+        t0 = time.perf_counter()
+        pending = np.flatnonzero(self.busy)
+        self.vec_env.wait_envs(pending[~self.vec_env.envs_ready(pending)])
+        self.rec.seconds["env"] += time.perf_counter() - t0
+
+
+def stream_episodes(vec_env, rec: EpisodeRecorder, overlap: bool, chunk_kwargs: Dict[str, Any]) -> None:
+    """The streamed loop (env.pipeline): every episode runs as soon as an env frees, no block barrier; a group's env
+    whose episode ends is reset to the group's next episode in its worker while the other groups go on stepping
+    (StreamedEnvs). With `overlap` a group is served as soon as its envs answer; without it all groups go in rounds
+    (act, step, wait for all): the same calls on the same inputs, so the same episodes, bit for bit."""
+    envs = StreamedEnvs(vec_env, rec, chunk_kwargs)
+    n_groups = len(envs.groups)
+    if overlap:
+        for g in range(n_groups):
+            envs.send(g, envs.advance(g))
+        while not all(envs.done):
+            served = False
+            for g in range(n_groups):
+                if envs.done[g] or not envs.ready(g):
+                    continue
+                envs.collect(g)
+                envs.send(g, envs.advance(g))
+                served = True
+            if not served:  # every group is waiting for its workers: sleep until one of those answers
+                envs.wait_any()
+    else:
+        while not all(envs.done):
+            moves = [(g, envs.advance(g)) for g in range(n_groups) if not envs.done[g]]
+            for g, what in moves:
+                envs.send(g, what)
+            for g in list(envs.in_flight):
+                envs.collect(g)
+
+
 @torch.no_grad()
 def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequence[int], n_samples: int = 1,
                      temperature: float = 1.0, greedy: bool = False, keep_frames: bool = False,
@@ -192,331 +500,48 @@ def collect_rollouts(vec_env, policy, task_ids: Sequence[int], trial_ids: Sequen
                      pipeline: Optional[bool] = None, overlap: bool = True) -> RolloutBatch:
     """Roll out every (task, trial) prompt `n_samples` times on `vec_env` (N envs at a time) with `policy`.
 
-    Token policies are called as `policy.act(obs, instructions, temperature, greedy, generators=...)`; flow policies
-    (no `act`) as `policy.sample(obs, instructions, flow_steps, flow_noise_level, generators=...)`. Each call returns a
-    chunk of actions that the envs execute (`vec_env.step_chunk_async/wait`); envs that finish stop being fed.
-    Without `pipeline` (default: `vec_env.pipeline`, set from env.pipeline; off on the embedded suite) the episodes run
-    in blocks of N (all envs reset together, the block runs until its last episode ends) and the policy acts once per
-    chunk for all active envs, drawing from torch's global RNG (`generators=None`). With it the episodes are streamed
-    (`stream_episodes` below): an env that frees is reset to the next episode in its worker while the others step, no
-    block barrier; the policy acts for the two halves of the envs in separate calls, every episode drawing from its
-    own torch Generator (`episode_generators`), and `overlap` (default) serves each half as soon as its workers answer,
-    its chunk stepping while the policy computes the other half's; `overlap=False` makes the same calls on the same
-    inputs in rounds, so the episodes, actions and log-probs are identical bit for bit (on any device): only the clock
-    changes. `stats` holds the collection's timings: its wall time, the policy's calls, the waits for the envs and the
-    workers' own seconds stepping (physics + render), resetting and, of that, building a task's simulator.
-    `keep_hidden` stores the policy's pooled hidden state of every step in `extras["hidden"]` (token policies: `act`'s,
-    flow policies: the sample's prefix features). `keep_chain` (flow policies, flow-SDE sampling) stores what PPO needs
-    to recompute each step's log-prob: `extras["sde_step"]` (B, T) int64, `extras["x_t"]` and `extras["x_next"]`
-    (B, T, horizon, D), and the step's log-density in `old_log_probs` (B, T, 1).
+    Each policy call is `policy.rollout_step(obs, instructions, generators=..., **Sampling)`: a chunk of actions
+    that the envs execute (`vec_env.step_chunk_async/wait`) and the family's record of the call (`Sampling` holds
+    temperature, greedy, flow_steps, flow_noise_level, keep_hidden and keep_chain, and says what each does). Envs
+    that finish stop being fed; an `EpisodeRecorder` keeps what happens and lays it out as the batch.
+    Without `pipeline` (default: `vec_env.pipeline`, set from env.pipeline; off on the embedded suite) the episodes
+    run in blocks of N (`run_blocks`), the policy drawing from torch's global RNG. With it they are streamed
+    (`stream_episodes`): an env that frees is reset to the next episode in its worker while the others step; the
+    policy acts for the two halves of the envs in separate calls, every episode drawing from its own torch Generator
+    (`episode_generators`), and `overlap` (default) serves each half as soon as its workers answer; `overlap=False`
+    makes the same calls on the same inputs in rounds, so the episodes, actions and log-probs are identical bit for
+    bit (on any device): only the clock changes. `stats` holds the collection's timings: its wall time, the policy's
+    calls, the waits for the envs and the workers' own seconds stepping (physics + render), resetting and, of that,
+    building a task's simulator.
     `reset_options` adds per-prompt reset options (key -> one value per prompt, e.g. LIBERO "init_states" of demos).
+    `keep_obs` keeps the observation of every policy call (`obs`) and after each episode's end (`last_obs`).
     `keep_frames` keeps each episode's agent views (the reset view, then one per env step) in `frames`; with
     `video_frames` n only its n frames at base.video.sample_frame_indices (what the trajectory encoders read of a
     video: the same embeddings), which LIBERO's workers alone render (`renders_sampled_video`: ~16 renders per episode
     instead of one per step); other envs keep every frame and the rollout samples them.
     """
     prompts = make_prompts(task_ids, trial_ids, n_samples)
-    n_env = vec_env.num_envs
-    chunk = policy.action_chunk
-    total = len(prompts)
     pipeline = bool(getattr(vec_env, "pipeline", False)) if pipeline is None else bool(pipeline)
     sampled = keep_frames and video_frames > 0 and getattr(vec_env, "renders_sampled_video", False)
     chunk_kwargs = {"video_frames": video_frames} if sampled else {}  # the workers sample and render the videos
-    groups = np.array_split(np.arange(n_env), min(2, n_env)) if pipeline else [np.arange(n_env)]  # policy batches
-    generators = episode_generators(total) if pipeline else None
-    calls: List[Dict[str, np.ndarray]] = []  # one record per policy call: episode rows, their step index, arrays
-    step_of = np.zeros(total, dtype=np.int64)  # policy calls made so far per episode
-    frames: List[np.ndarray] = [np.zeros((0,), np.uint8)] * total
-    complete = np.zeros(total, dtype=bool)
-    truncated = np.zeros(total, dtype=bool)
-    invalid = np.zeros(total, dtype=bool)
-    last_obs: Dict[str, np.ndarray] = {}
-    finish_step = np.zeros(total, dtype=np.int64)
-    names: List[str] = [""] * total
-    instructions: List[str] = [""] * total
-    t_policy = t_env = 0.0
-    env_steps = 0
-    def policy_call(sub: Dict[str, np.ndarray], sub_instr: List[str], rows_e: np.ndarray) -> Dict[str, Any]:
-        """The policy's chunk for episodes `rows_e` seeing observations `sub` (its call record, in `calls`)."""
-        nonlocal t_policy
-        gens = None if generators is None else [generators[r] for r in rows_e]
-        t0 = time.perf_counter()
-        act, record = policy.rollout_step(sub, sub_instr, temperature=temperature, greedy=greedy, generators=gens,
-                                          flow_steps=flow_steps, flow_noise_level=flow_noise_level,
-                                          keep_hidden=keep_hidden, keep_chain=keep_chain)  # the family's record
-        act = act.float().cpu().numpy() if torch.is_tensor(act) else np.asarray(act, dtype=np.float32)
-        t_policy += time.perf_counter() - t0
-        call = {"rows": rows_e, "t": step_of[rows_e].copy(), "actions": act}
-        step_of[rows_e] += 1
-        if keep_obs:
-            call.update(sub)
-        call["record"] = record
-        calls.append(call)
-        return call
-
-    def end_episode(e: int, res: Dict[str, Any], j: int, env_obs: Dict[str, np.ndarray], i: int) -> None:
-        """Episode `e` ended in row j of a chunk's result `res`, on env i (its last observation in env_obs[key][i])."""
-        complete[e] = bool(res["success"][j])
-        truncated[e] = bool(res["truncated"][j]) and not bool(res["terminated"][j])
-        invalid[e] = bool(res["invalid"][j])
-        if keep_obs:
-            for key in OBS_KEYS:
-                if key not in last_obs:
-                    last_obs[key] = np.zeros((total,) + env_obs[key].shape[1:], env_obs[key].dtype)
-                last_obs[key][e] = env_obs[key][i]
-
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False, unit="ep")
-
-    def stream_episodes() -> float:
-        """env.pipeline: run every episode as soon as an env frees, no round barrier; returns the seconds spent
-        waiting for the envs. The envs form groups (`groups`: two halves), each acting in its own policy calls, every
-        episode drawing from its own generator. A group takes rows from a queue: one shared queue when every group is
-        one env (an episode then never shares a policy call, so which env runs it changes nothing), else rows dealt
-        to the groups in turn. A group's env whose episode ends is reset to the group's next row in its worker while
-        the other groups go on stepping; the group acts again once its resets are in, for every env with an episode
-        (so which episodes share a call is fixed by the rows, not by the clock). With `overlap` a group is served as
-        soon as its envs answer; without it all groups go in rounds (act, step, wait for all): the same calls on the
-        same inputs, so the same episodes, bit for bit."""
-        n_groups = len(groups)
-        if all(len(m) == 1 for m in groups):
-            queues = [deque(range(total))] * n_groups  # one queue object, shared
-        else:
-            queues = [deque(range(g, total, n_groups)) for g in range(n_groups)]
-        slot_row = np.full(n_env, -1, dtype=np.int64)  # the episode each env runs (-1: none)
-        state: List[Optional[str]] = [None] * n_env  # what is in flight in each env: "reset", "chunk" or None
-        slot_obs: Dict[str, np.ndarray] = {}
-        row_frames: List[List[np.ndarray]] = [[] for _ in range(total)]
-        in_flight: Dict[int, Any] = {}  # group -> its chunk's call record, or the envs it is resetting
-        done = [False] * n_groups
-        waited = 0.0
-
-        def collect(g: int) -> None:
-            """Take group g's results: its chunk's outcome or its envs' resets."""
-            nonlocal waited, env_steps
-            what = in_flight.pop(g)
-            t0 = time.perf_counter()
-            if isinstance(what, dict):  # a chunk
-                idx = what.pop("idx")
-                res = vec_env.step_chunk_wait(idx)
-                waited += time.perf_counter() - t0
-                busy["physics"] += float(np.sum(res["busy_s"]))
-                rows_e = slot_row[idx]
-                for key in OBS_KEYS:
-                    slot_obs[key][idx] = res["obs"][key]
-                finish_step[rows_e] += res["steps"]
-                env_steps += int(np.sum(res["steps"]))
-                ended = res["terminated"] | res["truncated"]
-                what["rewards"], what["dones"] = res["reward"].astype(np.float32), ended
-                for j, i in enumerate(idx):
-                    state[i] = None
-                    e = rows_e[j]
-                    if keep_frames and (ended[j] or not sampled):  # sampled: the video comes with its end
-                        row_frames[e].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
-                    if not ended[j]:
-                        continue
-                    end_episode(e, res, j, slot_obs, i)
-                    slot_row[i] = -1
-                    bar.update(1)
-            else:  # resets
-                idx = what
-                got, info = vec_env.reset_envs_wait(idx)
-                waited += time.perf_counter() - t0
-                busy["reset"] += float(np.sum(info["reset_s"]))
-                busy["build"] += float(np.sum(info["build_s"]))
-                for key in OBS_KEYS:
-                    if key not in slot_obs:
-                        slot_obs[key] = np.zeros((n_env,) + got[key].shape[1:], got[key].dtype)
-                    slot_obs[key][idx] = got[key]
-                for j, i in enumerate(idx):
-                    state[i] = None
-                    e = slot_row[i]
-                    names[e], instructions[e] = str(info["task_name"][j]), str(info["task_description"][j])
-                    if keep_frames and not sampled:  # the reset view (a copy: slot_obs is overwritten by every chunk)
-                        row_frames[e].append(got["agentview"][j][None].copy())
-
-        def advance(g: int) -> Optional[Any]:
-            """Group g's next move: resets of its free envs to the next rows, else a policy call for its envs with an
-            episode; returns what to send (None: the group is done)."""
-            members = groups[g]
-            free = []
-            for i in members:
-                if slot_row[i] < 0 and queues[g]:
-                    slot_row[i] = queues[g].popleft()
-                    free.append(i)
-            if free:
-                return np.array(free, dtype=np.int64)
-            idx = members[slot_row[members] >= 0]
-            if not len(idx):
-                return None
-            call = policy_call({key: slot_obs[key][idx] for key in OBS_KEYS}, [instructions[e] for e in slot_row[idx]],
-                               slot_row[idx].copy())
-            call["idx"] = idx
-            return call
-
-        def send(g: int, what: Any) -> None:
-            if what is None:
-                done[g] = True
-                return
-            in_flight[g] = what
-            if isinstance(what, dict):
-                vec_env.step_chunk_async(what["idx"], what["actions"], keep_frames, **chunk_kwargs)
-            else:
-                rows_e = slot_row[what]
-                options = {"task_ids": prompts[rows_e, 0].tolist(), "trial_ids": prompts[rows_e, 1].tolist()}
-                for key, values in (reset_options or {}).items():  # per prompt -> per env being reset
-                    options[key] = [values[p] for p in prompts[rows_e, 2]]
-                vec_env.reset_envs_async(what, options)
-            for i in (what["idx"] if isinstance(what, dict) else what):
-                state[i] = "chunk" if isinstance(what, dict) else "reset"
-
-        if overlap:
-            for g in range(n_groups):
-                send(g, advance(g))
-            while not all(done):
-                served = False
-                for g in range(n_groups):
-                    if done[g]:
-                        continue
-                    busy_envs = [i for i in groups[g] if state[i] is not None]
-                    if not vec_env.envs_ready(busy_envs).all():
-                        continue
-                    collect(g)
-                    send(g, advance(g))
-                    served = True
-                if not served:  # every group is waiting for its workers: sleep until one of those answers
-                    t0 = time.perf_counter()
-                    pending = [i for i in range(n_env) if state[i] is not None]
-                    vec_env.wait_envs(np.asarray(pending)[~vec_env.envs_ready(pending)])
-                    waited += time.perf_counter() - t0
-        else:
-            while not all(done):
-                moves = [(g, advance(g)) for g in range(n_groups) if not done[g]]
-                for g, what in moves:
-                    send(g, what)
-                for g in list(in_flight):
-                    collect(g)
-        if keep_frames:  # an episode's frames: the reset view, then one per env step it took (or its sampled video)
-            for e in range(total):
-                frames[e] = np.concatenate(row_frames[e])
-        return waited
-
+    generators = episode_generators(len(prompts)) if pipeline else None  # streamed: one per episode
+    sampling = Sampling(temperature, greedy, flow_steps, flow_noise_level, keep_hidden, keep_chain)
     t_rollout = time.perf_counter()
     if hasattr(vec_env, "drain"):
         vec_env.drain()  # chunks and resets a stopped rollout left in flight
-    busy = {"physics": 0.0, "reset": 0.0, "build": 0.0}  # the workers' seconds stepping chunks, resetting (of it:
-    # building a task's simulator)
-    if pipeline:
-        threads = torch.get_num_threads()
-        torch.set_num_threads(policy_threads(vec_env, policy, threads))
-        try:
-            t_env = stream_episodes()
-        finally:
-            torch.set_num_threads(threads)
-    else:  # blocks of N episodes: every env reset together, the block runs until its last episode ends
-        for start in range(0, total, n_env):
-            rows = prompts[start:start + n_env]
-            k = len(rows)
-            ep = np.arange(start, start + k)
-            pad = n_env - k  # the last block may not fill every env: the spare envs replay row 0 and are ignored
-            tasks = rows[:, 0].tolist() + [int(rows[0, 0])] * pad
-            trials = rows[:, 1].tolist() + [int(rows[0, 1])] * pad
-            t0 = time.perf_counter()
-            options = {"task_ids": tasks, "trial_ids": trials}
-            for key, values in (reset_options or {}).items():  # per prompt -> per env of this block (spares: row 0's)
-                options[key] = [values[g] for g in rows[:, 2]] + [values[rows[0, 2]]] * pad
-            vec_env.reset_envs_async(np.arange(n_env), options)
-            obs, info = vec_env.reset_envs_wait(np.arange(n_env))
-            obs = {key: obs[key] for key in OBS_KEYS}
-            busy["reset"] += float(np.sum(info["reset_s"]))
-            busy["build"] += float(np.sum(info["build_s"]))
-            t_env += time.perf_counter() - t0
-            desc_list = [str(s) for s in info["task_description"]]
-            for j in range(k):
-                names[ep[j]] = str(info["task_name"][j])
-                instructions[ep[j]] = desc_list[j]
-            # copies: `obs` is overwritten in place by every chunk (`finish`), so a view would show the last
-            # observation as frame 0
-            block_frames = [[] if sampled else [obs["agentview"][j][None].copy()] for j in range(k)] if keep_frames \
-                else []  # sampled: the whole (sampled) video comes with the episode's end
-            block_steps = np.zeros(k, dtype=np.int64)
-            running = np.zeros(n_env, dtype=bool)
-            running[:k] = True  # spare envs never run
-
-            def act_for(idx: np.ndarray) -> Dict[str, Any]:
-                """The policy's chunk for envs `idx` (its call record)."""
-                call = policy_call({key: obs[key][idx] for key in OBS_KEYS}, [desc_list[i] for i in idx], ep[idx])
-                call["idx"] = idx
-                return call
-
-            def finish(call: Dict[str, Any]) -> None:
-                """Wait for the chunk of `call` and record its outcome."""
-                nonlocal t_env
-                idx = call.pop("idx")
-                t0 = time.perf_counter()
-                res = vec_env.step_chunk_wait(idx)
-                t_env += time.perf_counter() - t0
-                for key in OBS_KEYS:
-                    obs[key][idx] = res["obs"][key]
-                block_steps[idx] += res["steps"]
-                busy["physics"] += float(np.sum(res["busy_s"]))
-                ended = res["terminated"] | res["truncated"]
-                call["rewards"], call["dones"] = res["reward"].astype(np.float32), ended
-                for j, i in enumerate(idx):
-                    if keep_frames and (ended[j] or not sampled):  # sampled: the video comes with its end
-                        block_frames[i].append(np.array(res["frames"][j]))  # a copy, never a view into a buffer
-                    if not ended[j]:
-                        continue
-                    running[i] = False
-                    e = ep[i]
-                    end_episode(e, res, j, obs, i)
-
-            # The policy acts for all running envs, then they step their chunks (in parallel workers), waited for.
-            while running.any():
-                call = act_for(np.flatnonzero(running))
-                vec_env.step_chunk_async(call["idx"], call["actions"], keep_frames, **chunk_kwargs)
-                finish(call)
-            finish_step[ep] = block_steps
-            env_steps += int(block_steps.sum())
-            if keep_frames:  # an episode's frames: the reset view, then one per env step it took
-                for j in range(k):
-                    frames[ep[j]] = np.concatenate(block_frames[j])
-            bar.update(k)
-    bar.close()
-    if keep_frames and video_frames > 0 and not sampled:  # envs that keep every frame: the sampled video here
-        frames = [f[sample_frame_indices(len(f), video_frames)] if len(f) else f for f in frames]
-    wall = time.perf_counter() - t_rollout
-    valid_steps = step_of
-    T = int(valid_steps.max()) if total else 0
-
-    def gather(key: str, shape: tuple, dtype) -> np.ndarray:
-        return scatter_calls(calls, key, (total, T) + shape, dtype)
-
-    batch = RolloutBatch(
-        task_ids=prompts[:, 0].copy(), trial_ids=prompts[:, 1].copy(), group_ids=prompts[:, 2].copy(),
-        task_names=names, instructions=instructions, complete=complete, finish_step=finish_step,
-        valid_steps=valid_steps, invalid=invalid, truncated=truncated, last_obs=last_obs,
-        actions=gather("actions", (chunk, ACTION_DIM), np.float32),
-        rewards=gather("rewards", (), np.float32),
-        dones=gather("dones", (), bool),
-        frames=frames if keep_frames else None,
-        stats={"rollout/env_steps": float(env_steps), "time/rollout_policy_s": t_policy, "time/rollout_env_s": t_env,
-               "time/rollout_s": wall, "time/rollout_physics_s": busy["physics"], "time/rollout_reset_s": busy["reset"],
-               "time/rollout_build_s": busy["build"], "rollout/envs": float(n_env)},
-    )
-    if keep_obs and calls:
-        for key in OBS_KEYS:
-            first = calls[0][key]
-            batch.obs[key] = gather(key, first.shape[1:], first.dtype)
-    for key, first in (calls[0]["record"].items() if calls else ()):  # the family's record of every call:
-        # tokens, old_log_probs and noise are RolloutBatch fields, anything else (hidden, x0, a flow-SDE chain) extras
-        per_step = scatter_calls([{"rows": c["rows"], "t": c["t"], key: c["record"][key]} for c in calls], key,
-                                 (total, T) + first.shape[1:],
-                                 np.int64 if np.issubdtype(first.dtype, np.integer) else np.float32)
-        if key in ("tokens", "old_log_probs", "noise"):
-            setattr(batch, key, per_step)
+    with tqdm(total=len(prompts), desc=desc, disable=not progress, leave=False, unit="ep") as bar:
+        rec = EpisodeRecorder(prompts, policy, sampling, generators, reset_options, keep_obs, keep_frames, sampled,
+                              bar)
+        if pipeline:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(policy_threads(vec_env, policy, threads))
+            try:
+                stream_episodes(vec_env, rec, overlap, chunk_kwargs)
+            finally:
+                torch.set_num_threads(threads)
         else:
-            batch.extras[key] = per_step
-    return batch
+            run_blocks(vec_env, rec, chunk_kwargs)
+    return rec.batch(policy.action_chunk, vec_env.num_envs, video_frames, time.perf_counter() - t_rollout)
 
 
 def policy_threads(vec_env, policy, threads: int) -> int:

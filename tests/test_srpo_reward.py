@@ -5,7 +5,8 @@ import pytest
 import torch
 from scipy.special import expit
 
-from common.dynamic_sampling import filter_groups, filter_metrics
+from common.dynamic_sampling import filter_groups, filter_metrics, sample_rounds
+from common.rollout import RolloutBatch
 from train_srpo import compute_embodied_reward
 
 torch.set_num_threads(1)
@@ -98,46 +99,96 @@ def groups_with_successes(counts, n):
 
 def test_filter_accuracy_bounds_are_inclusive():
     success = groups_with_successes([0, 1, 5, 9, 10], n=10)  # accuracy 0, 0.1, 0.5, 0.9, 1.0
-    keep = filter_groups(success, torch.zeros(50, dtype=torch.long), n_samples=10, max_steps=512)
+    keep = filter_groups(success, torch.zeros(50, dtype=torch.bool), n_samples=10)
     assert keep.dtype == torch.bool and keep.shape == (50,)
     assert keep.reshape(5, 10).all(dim=1).tolist() == [False, True, True, True, False]
     assert keep.reshape(5, 10).any(dim=1).tolist() == [False, True, True, True, False]  # whole groups only
-    assert filter_groups(success, torch.zeros(50), 10, 512, filter_accuracy=False).all()
-    narrow = filter_groups(success, torch.zeros(50), 10, 512, accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
+    assert filter_groups(success, torch.zeros(50), 10, filter_accuracy=False).all()
+    narrow = filter_groups(success, torch.zeros(50), 10, accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
     assert narrow.reshape(5, 10)[:, 0].tolist() == [False, False, True, False, False]
 
 
-def test_filter_truncation_drops_a_group_if_any_sample_hits_max_steps():
+def test_filter_truncation_drops_a_group_if_any_sample_was_truncated():
     success = np.array([1, 0, 1, 0, 1, 0], dtype=bool)
-    finish = np.array([100, 512, 100, 200, 511, 300])  # group 0 has a truncated sample (finish_step >= max_steps)
-    keep = filter_groups(success, finish, n_samples=2, max_steps=512, filter_truncated=True)
+    truncated = np.array([0, 1, 0, 0, 0, 0], dtype=bool)  # group 0 has a truncated sample (RolloutBatch.truncated)
+    keep = filter_groups(success, truncated, n_samples=2, filter_truncated=True)
     assert keep.tolist() == [False, False, True, True, True, True]
-    assert filter_groups(success, finish, 2, 512, filter_truncated=False).all()
-    only_trunc = filter_groups(np.zeros(6, bool), finish, 2, 512, filter_accuracy=False, filter_truncated=True)
+    assert filter_groups(success, truncated, 2, filter_truncated=False).all()
+    only_trunc = filter_groups(np.zeros(6, bool), truncated, 2, filter_accuracy=False, filter_truncated=True)
     assert only_trunc.tolist() == [False, False, True, True, True, True]
 
 
 def test_filter_empty_results_and_errors():
-    all_fail = filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), n_samples=4, max_steps=10)
+    all_fail = filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), n_samples=4)
     assert all_fail.tolist() == [False] * 8  # an empty result is a normal outcome
-    assert filter_groups(torch.zeros(0, dtype=torch.bool), torch.zeros(0), 4, 10).shape == (0,)
+    assert filter_groups(torch.zeros(0, dtype=torch.bool), torch.zeros(0), 4).shape == (0,)
     with pytest.raises(ValueError, match=r"multiple of n_samples=4.*success \(6,\)"):
-        filter_groups(torch.zeros(6, dtype=torch.bool), torch.zeros(6), 4, 10)
-    with pytest.raises(ValueError, match=r"finish_step \(7,\)"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(7), 4, 10)
+        filter_groups(torch.zeros(6, dtype=torch.bool), torch.zeros(6), 4)
+    with pytest.raises(ValueError, match=r"truncated \(7,\)"):
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(7), 4)
     with pytest.raises(ValueError, match="n_samples must be >= 1"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 0, 10)
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 0)
     with pytest.raises(ValueError, match="accuracy_lower_bound"):
-        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 4, 10, accuracy_lower_bound=0.9,
+        filter_groups(torch.zeros(8, dtype=torch.bool), torch.zeros(8), 4, accuracy_lower_bound=0.9,
                       accuracy_upper_bound=0.1)
 
 
 def test_filter_metrics_counts():
     success = groups_with_successes([0, 2, 4], n=4)
-    keep = filter_groups(success, torch.zeros(12), 4, 10)
+    keep = filter_groups(success, torch.zeros(12), 4)
     m = filter_metrics(success, keep, 4)
     assert m == {"sampling/groups": 3.0, "sampling/kept_groups": 1.0, "sampling/kept_fraction": pytest.approx(1 / 3),
                  "sampling/all_success_groups": 1.0, "sampling/all_failure_groups": 1.0,
                  "sampling/success_rate": 0.5}
     empty = filter_metrics(torch.zeros(0, dtype=torch.bool), torch.zeros(0, dtype=torch.bool), 4)
     assert empty["sampling/kept_fraction"] == 0.0 and empty["sampling/success_rate"] == 0.0
+
+
+def _round_batch(complete, truncated, invalid, steps=10):
+    B = len(complete)
+    return RolloutBatch(task_ids=np.zeros(B, np.int64), trial_ids=np.arange(B), group_ids=np.arange(B) // 2,
+                        task_names=["t"] * B, instructions=["i"] * B, complete=np.array(complete, bool),
+                        finish_step=np.full(B, steps), valid_steps=np.ones(B, np.int64), invalid=np.array(invalid, bool),
+                        actions=np.zeros((B, 1, 1, 7), np.float32), rewards=np.zeros((B, 1), np.float32),
+                        dones=np.ones((B, 1), bool), truncated=np.array(truncated, bool),
+                        stats={"rollout/env_steps": float(B * steps)})
+
+
+class _OneProcess:  # the run's collective surface, one process
+    world, rank, stopped = 1, 0, False
+
+    def __init__(self, stop_at=None):
+        self.counted, self.stop_at = [], stop_at
+
+    def gather(self, items):
+        return list(items)
+
+    def count_env_steps(self, batch, metrics, seconds):
+        self.counted.append(len(batch))
+        metrics["rollout/env_steps"] = batch.stats["rollout/env_steps"]
+
+    def should_stop(self):
+        self.stopped = len(self.counted) == self.stop_at
+        return self.stopped
+
+
+def test_sample_rounds_refills_until_the_quota_with_offset_groups():
+    """Rounds of 2 groups x 2 samples, quota 2 groups: round 0 keeps group 1 (group 0 all solved), round 1 keeps
+    nothing (group 0 truncated, group 1's episodes crashed), round 2 keeps both: 3 rounds, group ids offset by the
+    round (x quota), crashed episodes dropped from the kept rows and from the keep mask."""
+    rounds = [_round_batch([1, 1, 0, 1], [0, 0, 0, 0], [0, 0, 0, 0]),
+              _round_batch([0, 1, 0, 1], [1, 0, 0, 0], [0, 0, 1, 1]),
+              _round_batch([0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 0])]
+    run = _OneProcess()
+    out = sample_rounds(run, lambda r: (rounds[r], rounds[r]), 2, 2, 5, True, filter_truncated=True,
+                        accuracy_lower_bound=0.5, accuracy_upper_bound=0.5)
+    assert out.rounds == 3 and run.counted == [4, 4, 4] and out.env_steps == 120.0
+    assert [k.tolist() for _, k in out.seen] == [[False, False, True, True], [False] * 4, [True] * 4]
+    assert [b.group_ids.tolist() for b in out.kept] == [[1, 1], [], [4, 4, 5, 5]]
+    assert out.group_rounds == [0, 2, 2] and out.metrics == {"rollout/env_steps": 40.0}
+    one = sample_rounds(_OneProcess(), lambda r: (rounds[r], rounds[r]), 2, 2, 5, False)  # no refill: one round
+    assert one.rounds == 1 and [b.group_ids.tolist() for b in one.kept] == [[1, 1]]
+    stopped = sample_rounds(_OneProcess(stop_at=2), lambda r: (_round_batch([0, 1] * 2, [0] * 4, [0] * 4),) * 2, 2,
+                            2, 5, True, filter_accuracy=False)
+    assert stopped.rounds == 1 and len(stopped.kept) == 1  # the round stopped in is counted, not filtered
+

@@ -126,7 +126,7 @@ def test_sft_multitask_switch_is_ppo_on_rollouts_plus_nll_of_demos():
 def test_default_filter_keeps_the_groups_luffy_exists_for():
     a = default_cfg().algorithm
     on_policy_success = torch.tensor([0] * 7 + [1] * 7 + [1] + [0] * 6, dtype=torch.bool)  # 3 groups of 7 rollouts
-    keep = filter_groups(on_policy_success, torch.zeros(21), 7, 100, a.filter_accuracy, a.filter_truncated,
+    keep = filter_groups(on_policy_success, torch.zeros(21), 7, a.filter_accuracy, a.filter_truncated,
                          a.accuracy_lower_bound, a.accuracy_upper_bound)
     assert keep.view(3, 7)[:, 0].tolist() == [True, False, True]  # all failed: kept (the demo teaches); all solved: not
 
