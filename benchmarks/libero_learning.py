@@ -185,7 +185,9 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
 # --arms: the CPU-scale recipe's arms at an equal env-step budget, judged on one paired held-out set
 # ------------------------------------------------------------------------------------------------------------------
 ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
-        "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", []),  # world-model progress reward (pixel encoder)
+        # world-model progress reward (pixel encoder); pooled over the update, as the committed seeds ran (the
+        # config's siiRL scope, per round, came after them)
+        "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", ["reward.scope=pooled"]),
         "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
         "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", []),  # + the expert's demos of the practice states
         "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", []),  # a value head and GAE
