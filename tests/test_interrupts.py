@@ -298,10 +298,11 @@ def test_readme_first_command_interrupted_in_auto_sft(out: str) -> str:
 @pytest.mark.real_libero
 @probe
 def test_libero_gae_ppo_ctrl_c_resume(out: str) -> str:
-    """configs/gae_ppo_libero.yaml on real LIBERO with the tiny OpenVLA-OFT folder (64 px, fast_render, 2 envs, 16
-    steps): Ctrl-C once iteration 1 is logged, resume to 2, no simulator worker left running."""
+    """configs/gae_ppo_libero.yaml on real LIBERO with the tiny OpenVLA-OFT folder in the official (L1) layout, the
+    config's start with its proprio projector (64 px, fast_render, 2 envs, 16 steps): Ctrl-C once iteration 1 is
+    logged, resume to 2, no simulator worker left running."""
     args = ["--config", "configs/gae_ppo_libero.yaml", "--task-id", "0", "--no-wandb", "init.mode=checkpoint",
-            f"init.path={OFT}", "policy.lora_rank=4", "policy.bf16_weights=false", "policy.unnorm_key=libero_10",
+            f"init.path={OFT}_l1", "policy.lora_rank=4", "policy.bf16_weights=false", "policy.unnorm_key=libero_10",
             "env.image_size=64", "env.num_envs=2", "env.max_steps=16", "env.fast_render=true", "eval.protocol=heldout",
             "rollout.prompts_per_iteration=2", "train.iterations=3", "eval.every=0", "train.mini_batch_size=4",
             "train.micro_batch_size=4", "log.checkpoint_every=100"]
