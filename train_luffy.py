@@ -137,7 +137,7 @@ import torch
 
 from common.advantages import compute_advantage, make_action_mask
 from common.demos import load_hdf5_demos, rollout_demos
-from common.dynamic_sampling import filter_metrics, group_offset, sample_rounds, trim_to_quota
+from common.dynamic_sampling import group_offset, sample_rounds, trim_to_quota
 from common.losses import agg_loss
 from common.masking import check_same_shape, masked_mean, masked_sum, on_host
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -145,7 +145,7 @@ from common.fsdp import shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, mean_stats, micro_batches, minibatches, optimizer_step,
-                          rollout_metrics, sample_prompts, sharded_update)
+                          sample_prompts, sharded_update)
 from models import ACTION_DIM
 
 
@@ -442,15 +442,7 @@ if __name__ == "__main__":
                 demo_bad += int((~ok & ~demo_batch.invalid & (demo_batch.finish_step >= limit)).sum())
                 kept_demo.append(demo_batch.select(np.repeat(np.flatnonzero(
                     ok & np.isin(demo_batch.group_ids, on_kept.group_ids)), n_off)))
-            metrics["time/rollout"] = sampled.seconds
-            metrics.update(sampled.metrics)  # charts/env_steps: the run's total after the last round
-            metrics["rollout/env_steps"] = sampled.env_steps
-            metrics["charts/SPS"] = sampled.env_steps / max(sampled.seconds, 1e-9)
-            metrics["sampling/rounds"] = float(sampled.rounds)
-            rollout_metrics(run, [b for b, _ in sampled.seen], metrics)
-            complete_all, keep_all = zip(*run.gather([row for b, k in sampled.seen
-                                                      for row in zip(b.complete.tolist(), k.tolist())]))
-            metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), n_on))
+            sampled.log_metrics(run, metrics, n_on)  # time, env steps, SPS, rounds, outcomes, the filter's counts
             if n_off:
                 metrics["demos/success_rate"] = float(np.mean(run.gather(demo_ok)))
                 metrics["demos/dropped"] = float(sum(run.gather([len(demo_ok) - int(np.sum(demo_ok))])))

@@ -162,7 +162,7 @@ from sklearn.cluster import DBSCAN
 from sklearn.preprocessing import StandardScaler
 
 from common.advantages import compute_advantage, make_action_mask, shuffle_within_groups
-from common.dynamic_sampling import filter_metrics, sample_rounds, trim_to_quota
+from common.dynamic_sampling import sample_rounds, trim_to_quota
 from common.losses import LOSS_AGG_MODES, agg_loss, compute_policy_loss_vanilla, kl_penalty
 from common.masking import masked_mean
 from common.rollout import RolloutBatch, collect_rollouts, flatten_steps
@@ -170,7 +170,7 @@ from common.fsdp import shard_policy
 from common.policy_start import initial_policy
 from common.run import EvalSettings, start_run
 from common.train import (adam_betas, adamw_with_warmup, cosine_decay, mean_stats, micro_batches, minibatches,
-                          optimizer_step, rollout_metrics, sample_prompts, sharded_update)
+                          optimizer_step, sample_prompts, sharded_update)
 from models import ACTION_DIM, make_trajectory_encoder
 
 
@@ -323,15 +323,7 @@ if __name__ == "__main__":
                                     accuracy_upper_bound=cfg.algorithm.accuracy_upper_bound)
             if run.stopped:  # Ctrl-C / SIGTERM at a round's safe point: every process stops (last iteration saved)
                 break
-            metrics["time/rollout"] = sampled.seconds
-            metrics.update(sampled.metrics)  # charts/env_steps: the run's total after the last round
-            metrics["rollout/env_steps"] = sampled.env_steps
-            metrics["charts/SPS"] = sampled.env_steps / max(sampled.seconds, 1e-9)
-            metrics["sampling/rounds"] = float(sampled.rounds)
-            rollout_metrics(run, [b for b, _ in sampled.seen], metrics)
-            complete_all, keep_all = zip(*run.gather([row for b, k in sampled.seen
-                                                      for row in zip(b.complete.tolist(), k.tolist())]))
-            metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), cfg.rollout.n))
+            sampled.log_metrics(run, metrics, cfg.rollout.n)  # time, env steps, SPS, rounds, outcomes, the filter's counts
             batch = RolloutBatch.concat(sampled.kept) if len(sampled.kept) > 1 else sampled.kept[0]
             if cfg.rollout.refill:  # the surplus of the last round over the quota is dropped
                 trained = trim_to_quota(run.gather, run.rank, sampled.group_rounds, P)

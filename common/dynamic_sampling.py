@@ -11,7 +11,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from common.train import outcomes
+from common.train import outcomes, rollout_metrics
 
 ArrayOrTensor = Union[np.ndarray, torch.Tensor]
 
@@ -107,6 +107,19 @@ class SampledRounds:
     env_steps: float = 0.0  # env steps of those rounds, all processes
     metrics: Dict[str, float] = field(default_factory=dict)  # the last round's run.count_env_steps metrics
     seconds: float = 0.0  # wall time of the rounds
+
+    def log_metrics(self, run: Any, metrics: Dict[str, float], n_samples: int) -> None:
+        """The rounds' logs into `metrics`: time, env steps, SPS and rounds, the rollout's outcomes over every round
+        seen (common.train.rollout_metrics) and the filter's counts over every process (filter_metrics)."""
+        metrics["time/rollout"] = self.seconds
+        metrics.update(self.metrics)  # charts/env_steps: the run's total after the last round
+        metrics["rollout/env_steps"] = self.env_steps
+        metrics["charts/SPS"] = self.env_steps / max(self.seconds, 1e-9)
+        metrics["sampling/rounds"] = float(self.rounds)
+        rollout_metrics(run, [b for b, _ in self.seen], metrics)
+        complete_all, keep_all = zip(*run.gather([row for b, k in self.seen
+                                                  for row in zip(b.complete.tolist(), k.tolist())]))
+        metrics.update(filter_metrics(torch.as_tensor(complete_all), torch.as_tensor(keep_all), n_samples))
 
 
 def group_offset(run: Any, round_index: int, quota: int) -> int:
