@@ -141,7 +141,11 @@ def heldout_rate(args, tmp: str) -> Dict[str, float]:
     steps = sum(b.stats["rollout/env_steps"] for b in batches.values())
     build = sum(b.stats["time/rollout_build_s"] for b in batches.values()) / args.workers
     success = {m: float(b.complete.mean()) for m, b in batches.items()}
-    return {"steps": steps, "wall": wall, "build": build, "rate": steps / (wall - build), **success}
+    per_worker = {k: sum(b.stats[f"time/rollout_{k}_s"] for b in batches.values()) / args.workers
+                  for k in ("physics", "reset")}
+    return {"steps": steps, "wall": wall, "build": build, "rate": steps / (wall - build), **success,
+            "physics": per_worker["physics"], "reset": per_worker["reset"] - build,
+            "policy": sum(b.stats["time/rollout_policy_s"] for b in batches.values())}
 
 
 def train_command(args, pipeline: bool, out_dir: str) -> List[str]:
@@ -203,6 +207,15 @@ def profile_run(args, pipeline: bool, tmp: str) -> Dict[str, float]:
 def eval_rate(p: Dict[str, float]) -> float:
     """The in-run evaluations' env steps per second of their wall time, the simulator builds left out."""
     return p["eval_steps"] / max(p["eval"] - p["eval_build"], 1e-9)
+
+
+def cpu_bound(stepping: float, resets: float, policy: float, workers: int) -> float:
+    """The most a loop on these cores can reach of the stepping-only ceiling, from its own CPU-seconds: the workers'
+    stepping, their resets and the policy's calls (`stepping`, `resets` wall-equivalent per worker, `policy` in the
+    main process) all run on the same cores, where the ceiling's zero-cost policy and uncounted resets leave every
+    CPU-second to stepping. Other main-process work (messages, logging) is left out: the true bound is lower."""
+    cpu_stepping = stepping * workers
+    return cpu_stepping / max(cpu_stepping + resets * workers + policy, 1e-9)
 
 
 def print_profiles(profiles: Dict[str, Dict[str, float]]) -> None:
@@ -303,8 +316,13 @@ def main() -> None:
               f"(goal >= 0.85)")
         print(f"in-run evaluation (builds left out) / ceiling: {eval_rate(streamed) / streamed['ceiling']:.2f} "
               f"(goal >= 0.85)")
+        q, n = streamed, args.workers
+        print(f"the most a loop can reach on these cores (CPU-seconds of stepping / stepping + resets + policy): "
+              f"training rollout {cpu_bound(q['physics'], q['reset'], q['policy'], n):.2f}, in-run evaluation "
+              f"{cpu_bound(q['eval_physics'], q['eval_reset'], q['eval_policy'], n):.2f}")
     if held is not None:
-        print(f"held-out evaluation (builds left out) / ceiling: {held['rate'] / held['ceiling']:.2f} (goal >= 0.85)")
+        print(f"held-out evaluation (builds left out) / ceiling: {held['rate'] / held['ceiling']:.2f} (goal >= 0.85); "
+              f"the most a loop can reach: {cpu_bound(held['physics'], held['reset'], held['policy'], args.workers):.2f}")
 
 
 if __name__ == "__main__":
