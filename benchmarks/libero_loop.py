@@ -18,7 +18,8 @@
    blocks against streaming, with the stand-in sleeping that long per call.
 4. With --sft and --heldout N: the held-out evaluation as `evaluate.py --heldout-set N` runs it (`evaluate_policy` on
    the set's states, greedy then sampled, streamed), in this process: its env steps/s with the simulator builds left
-   out, against a ceiling measured just before and after it.
+   out, against a ceiling measured just before and after it, and against the same episodes replayed on the same
+   workers with a zero-cost policy (their recorded chunks, resets included: the simulator's ceiling for that work).
 The last lines sum up what issue 71 asks of the loop from an SFT start (episodes that end early): training + in-run
 evaluation end to end, the in-run evaluation alone and the held-out evaluation, each / its ceiling (goal >= 0.85).
 Every figure is read against a ceiling measured in the same run (each training run's against the mean of two taken
@@ -114,6 +115,51 @@ def rollout_rates(args) -> Dict[str, float]:
     return out
 
 
+def replay_rate(env, batches, options: Dict[str, list], workers: int) -> Dict[str, float]:
+    """The simulator's ceiling for the same work: every episode of `batches` (a held-out evaluation's) replayed on the
+    same workers with a zero-cost policy: each worker resets to its next episode's start (`options`: the evaluation's
+    per-start reset options) and steps the episode's recorded chunks back to back. Env steps/s of the wall with the
+    builds left out, and the env steps replayed (equal to the evaluation's when the simulator is deterministic)."""
+    import numpy as np
+
+    episodes = []
+    for b in batches.values():
+        for i in range(len(b)):
+            start = {"task_ids": int(b.task_ids[i]), "trial_ids": int(b.trial_ids[i]),
+                     **{k: v[int(b.group_ids[i])] for k, v in options.items()}}
+            episodes.append((start, b.actions[i, :int(b.valid_steps[i])]))
+    todo, current, steps, build, stepping = list(range(len(episodes)))[::-1], {}, 0, 0.0, 0.0
+
+    def start(i: int) -> None:
+        e = todo.pop()
+        env.reset_envs_async(np.array([i]), {k: [v] for k, v in episodes[e][0].items()})
+        current[i] = [e, -1]  # -1: its reset is in flight
+
+    t0 = time.perf_counter()
+    for i in range(min(workers, len(todo))):
+        start(i)
+    while current:
+        env.wait_envs(np.array(sorted(current)))
+        for i in sorted(current):
+            if not env.envs_ready(np.array([i]))[0]:
+                continue
+            e, c = current[i]
+            if c < 0:
+                build += float(env.reset_envs_wait(np.array([i]))[1]["build_s"][0])
+            else:
+                out = env.step_chunk_wait(np.array([i]))
+                steps, stepping = steps + int(out["steps"][0]), stepping + float(out["busy_s"][0])
+            if c + 1 < len(episodes[e][1]):
+                env.step_chunk_async(np.array([i]), episodes[e][1][c + 1][None])
+                current[i][1] = c + 1
+            else:
+                del current[i]
+                if todo:
+                    start(i)
+    return {"rate": steps / (time.perf_counter() - t0 - build / workers), "steps": steps,
+            "physics": stepping / workers}
+
+
 def heldout_rate(args, tmp: str) -> Dict[str, float]:
     """Part 4: the SFT policy on --heldout N states (official trials 40..49 and drawn ones, held-out seed 0), greedy
     and sampled at T 0.5, as evaluate.py --heldout-set runs them; env steps/s without the simulator builds."""
@@ -132,10 +178,11 @@ def heldout_rate(args, tmp: str) -> Dict[str, float]:
     env = make_vector_env(cfg)
     try:
         torch.manual_seed(0)
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         _, batches = evaluate_policy(env, policy, [args.task_id], [], samples_per_trial=1, temperature=0.5,
                                      greedy=True, pairs=starts, reset_options=options, pipeline=True)
-        wall = time.perf_counter() - t0
+        wall, main_cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        replay = replay_rate(env, batches, options, args.workers)
     finally:
         env.close()
     steps = sum(b.stats["rollout/env_steps"] for b in batches.values())
@@ -145,7 +192,8 @@ def heldout_rate(args, tmp: str) -> Dict[str, float]:
                   for k in ("physics", "reset")}
     return {"steps": steps, "wall": wall, "build": build, "rate": steps / (wall - build), **success,
             "physics": per_worker["physics"], "reset": per_worker["reset"] - build,
-            "policy": sum(b.stats["time/rollout_policy_s"] for b in batches.values())}
+            "policy": sum(b.stats["time/rollout_policy_s"] for b in batches.values()), "main_cpu": main_cpu,
+            "replay": replay["rate"], "replay_steps": replay["steps"], "replay_physics": replay["physics"]}
 
 
 def train_command(args, pipeline: bool, out_dir: str) -> List[str]:
@@ -322,7 +370,13 @@ def main() -> None:
               f"{cpu_bound(q['eval_physics'], q['eval_reset'], q['eval_policy'], n):.2f}")
     if held is not None:
         print(f"held-out evaluation (builds left out) / ceiling: {held['rate'] / held['ceiling']:.2f} (goal >= 0.85); "
-              f"the most a loop can reach: {cpu_bound(held['physics'], held['reset'], held['policy'], args.workers):.2f}")
+              f"the most a loop can reach: {cpu_bound(held['physics'], held['reset'], held['policy'], args.workers):.2f}"
+              f" ({cpu_bound(held['physics'], held['reset'], held['main_cpu'], args.workers):.2f} with all of the main "
+              f"process's CPU: {held['main_cpu']:.1f} s, of it the policy's calls {held['policy']:.1f} s; the workers' "
+              f"stepping {held['physics']:.1f} s and resets {held['reset']:.1f} s each, of {held['wall'] - held['build']:.1f} s)")
+        print(f"held-out evaluation / the same episodes replayed with a zero-cost policy (the simulator's ceiling for "
+              f"the same work, resets included): {held['rate']:.1f} / {held['replay']:.1f} = "
+              f"{held['rate'] / held['replay']:.2f} ({held['replay_steps']} of {held['steps']:.0f} env steps replayed)")
 
 
 if __name__ == "__main__":
