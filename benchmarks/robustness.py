@@ -145,7 +145,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--tasks", type=int, nargs="+", default=[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--env-steps", type=int, default=200_000, help="env-step budget of every RL run")
-    p.add_argument("--arms", nargs="+", default=list(ca.ARMS), choices=list(ca.ARMS))
+    p.add_argument("--arms", nargs="+", default=ca.PRESETS["all"][1]["arms"], choices=list(ca.ARMS))
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (one thread each)")
     p.add_argument("--evals", type=int, default=5, help="evaluations per RL run aimed at (compare_algorithms.py)")
     p.add_argument("--eval-samples", type=int, default=0, help="compare_algorithms.py's --eval-samples")
@@ -159,14 +159,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--gifs", type=int, default=0, help="evaluate.py --gifs (episode GIFs per suite; 0 = none)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_compare_algorithms"))
     p.add_argument("--plot", default=os.path.join(ROOT, "plots", "robustness.png"))
+    p.set_defaults(iterations=0, eval_every=5, arm_args=None, overrides=[])  # compare_algorithms.py's budget runs
     args = p.parse_args(argv)
     args.out = os.path.abspath(args.out)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     t_start = time.time()
-    if args.rl_overrides:
-        for arm in args.arms:
-            label, script, overrides, ptype = ca.ARMS[arm]
-            ca.ARMS[arm] = (label, script, overrides + list(args.rl_overrides), ptype)
 
     # 1. SFT starts and RL runs: compare_algorithms.py's (same starts, budget and seeds; --reuse keeps finished ones)
     types = sorted({ca.ARMS[a][3] for a in args.arms})
