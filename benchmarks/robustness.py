@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,9 +33,7 @@ import compare_algorithms as ca  # noqa: E402
 
 ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
-from common.robustness import FAMILIES  # noqa: E402
-
-COLUMNS = ("base",) + FAMILIES + ("all variants",)
+from common.robustness import COLUMNS, per_seed, table  # noqa: E402
 
 
 # ---- evaluation
@@ -67,51 +65,6 @@ def newest_mtime(path: str) -> float:
     """The newest modification time of any file under `path` (a new checkpoint makes old results stale)."""
     times = [os.path.getmtime(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files]
     return max(times, default=0.0)
-
-
-# ---- aggregation (pure: unit-tested on hand-made results in tests/test_robustness.py)
-def family_values(res: dict) -> Dict[str, float]:
-    """One evaluation's success per column: the base suite, each family (its variants' episodes pooled) and all
-    variants pooled."""
-    base = res["base_suite"]
-    out = {"base": res["per_suite"][base]["success"]}
-    for fam, r in res["per_family"].items():
-        out[fam] = r["success"]
-    episodes = [s for suite, r in res["per_suite"].items() if suite != base for s in r["episodes"]["success"]]
-    out["all variants"] = float(np.mean(episodes)) if episodes else float("nan")
-    return out
-
-
-def per_seed(results: Dict[Tuple[int, int], dict]) -> Dict[str, List[float]]:
-    """column -> one value per seed (tasks averaged within a seed), from {(task, seed): robustness.json}."""
-    by_seed: Dict[int, List[Dict[str, float]]] = {}
-    for (task, seed), res in sorted(results.items()):
-        by_seed.setdefault(seed, []).append(family_values(res))
-    return {c: [float(np.mean([v[c] for v in vals if c in v])) for _, vals in sorted(by_seed.items())
-                if any(c in v for v in vals)] for c in COLUMNS}
-
-
-def cell(values: Sequence[float]) -> str:
-    """'mean ± std' in percent (one value: no spread)."""
-    v = [x for x in values if np.isfinite(x)]
-    if not v:
-        return "-"
-    return f"{100 * np.mean(v):.1f}" + (f" ± {100 * np.std(v):.1f}" if len(v) > 1 else "")
-
-
-def table(rows: Dict[str, Dict[str, List[float]]], starts: Dict[str, str]) -> str:
-    """Markdown: one row per policy (SFT starts and arms): success per column, the drop of all variants against the
-    base suite, and all variants against the row's SFT start (`starts`: row -> its SFT row)."""
-    head = ["policy", "seeds", *COLUMNS, "drop: all variants - base", "all variants - its SFT start"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, vals in rows.items():
-        n = len(vals["base"])
-        drop = [a - b for a, b in zip(vals["all variants"], vals["base"])]
-        sft = rows.get(starts.get(label, ""), {}).get("all variants")
-        gain = [a - float(np.mean(sft)) for a in vals["all variants"]] if sft and label in starts else []
-        lines.append("| " + " | ".join([label, str(n)] + [cell(vals[c]) for c in COLUMNS] +
-                                       [cell(drop), cell(gain)]) + " |")
-    return "\n".join(lines)
 
 
 def plot(rows: Dict[str, Dict[str, List[float]]], title: str, path: str) -> None:
