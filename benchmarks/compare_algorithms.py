@@ -21,12 +21,29 @@ trial (`val/success_rate`) at the start, every `eval.every` iterations (~5 evalu
 (`--eval-samples 8` adds `val/sampled_success_rate`, at 9x the evaluation time). The flow SFT uses the same
 sft.num_demos as the token SFT (configs/sft.yaml's 10), not the 20 that train_flowsar.py's own auto_sft uses.
 Writes plots/compare_algorithms.png (mean over seeds, band = ± std over seeds, x = env steps) and
-plots/compare_algorithms.md (the table, also printed). Runs `--jobs` training processes at a time, one thread each.
+plots/compare_algorithms.md (the table, also printed; before it each run's evaluations and env steps to each target).
+Runs `--jobs` training processes at a time, one thread each.
+
+Presets (`--preset`, its arms and settings as the defaults; any flag still overrides them): the two-arm comparisons
+that had scripts of their own, each at its own fixed `--iterations` (no env-step budget; `--eval-every`):
+    srpo-vs-grpo      srpo, grpo from configs/sft.yaml's start; 60 iterations, evaluations every 5 with 8 sampled
+                      episodes per trial, `--metric val/sampled_success_rate`, seed 1
+    luffy-vs-grpo     luffy, grpo_unfiltered (rollout.n=8 on-policy, no filter), sft (300 more SFT steps on the same
+                      10 demos from the start: one evaluation, no env steps), rl_sft (PPO on rollouts + NLL of demos),
+                      from a very weak SFT (1 demo, 300 steps); RL arms practise on trials 0-9, 8 prompts x 8, episodes
+                      cut at 60 steps; 30 iterations, 4 sampled episodes per trial, seeds 1 2
+    flowsar-ablation  flowsar_base (the write-up's quickstart: softplus_kl, mse energy, linear EMA) and one key changed
+                      each (flowsar_mse_branch, flowsar_sde, flowsar_fixed_ema) plus flowsar_shipped (mse_branch + fixed
+                      EMA); every arm sets all three keys; from configs/flowsar.yaml's auto-SFT start (20 demos, no
+                      DrQ); 40 iterations, greedy evaluations, seed 1
 
     python benchmarks/compare_algorithms.py                                     # 7 arms x 3 seeds, task 0, 200 k steps
     python benchmarks/compare_algorithms.py --seeds 1 --env-steps 30000 --arms grpo gae_ppo flowsar
     python benchmarks/compare_algorithms.py --reuse                             # re-read finished runs, redo the table
     python benchmarks/compare_algorithms.py --sft-overrides sft.num_demos=40 sft.steps=2500 --out runs/bench_cmp_strong
+    python benchmarks/compare_algorithms.py --preset srpo-vs-grpo --seeds 1 2 --start PATH -- rollout.n=8
+    python benchmarks/compare_algorithms.py --preset srpo-vs-grpo --arm-args srpo algorithm.accuracy_lower_bound=0
+    python benchmarks/compare_algorithms.py --preset flowsar-ablation --arms flowsar_base flowsar_sde --iterations 10
 """
 from __future__ import annotations
 
@@ -47,7 +64,9 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.arms import curve, steps_to_reach  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
+from common.curves import (HOLD, LAST, LATE, METRIC, PRACTICE, TARGETS, band, eval_curve,  # noqa: E402
+                           markdown_table, ratio_lines, run_lines, summarize)
 ARMS = {  # key -> (label, script, overrides, policy type)
     "srpo": ("SRPO", "train_srpo.py", [], "token"),
     "grpo": ("GRPO", "train_srpo.py", ["reward.mode=binary"], "token"),
@@ -58,13 +77,37 @@ ARMS = {  # key -> (label, script, overrides, policy type)
     "gae_ppo": ("GAE-PPO", "train_gae_ppo.py", [], "token"),
     "flowsar": ("FlowSAR", "train_flowsar.py", [], "flow"),
     "luffy": ("LUFFY", "train_luffy.py", [], "token"),
+    # --preset luffy-vs-grpo: GRPO on-policy, RL with an SFT loss, and more SFT (train_sft.py from the start, on the
+    # scripted expert's demos of the practice trials 0..9, the demos the RL arms see; no env steps)
+    "grpo_unfiltered": ("GRPO, no filter", "train_srpo.py", ["reward.mode=binary", "algorithm.filter_accuracy=false",
+                                                             "algorithm.entropy_coeff=0.001"], "token"),
+    "rl_sft": ("RL w/ SFT loss", "train_luffy.py", ["algorithm.use_sft_multitask_loss=true",
+                                                    "algorithm.adv_estimator=grpo_split"], "token"),
+    "sft": ("SFT", "train_sft.py", ["sft.demo_starts=false", "sft.num_demos=10", "sft.steps=300", "sft.eval_every=0",
+                                    "sft.eval_trial_start=30", "sft.eval_trials=20"], "token"),
+    # --preset flowsar-ablation: every arm sets all three keys (not configs/flowsar.yaml's choices)
+    **{f"flowsar_{name}": (f"FlowSAR {name}", "train_flowsar.py", [f"algorithm.loss_variant={loss}",
+                                                                    f"algorithm.energy_type={energy}",
+                                                                    f"algorithm.ema_schedule={ema}"], "flow")
+       for name, loss, energy, ema in (("base", "softplus_kl", "mse", "linear"), ("mse_branch", "mse_branch", "mse",
+                                       "linear"), ("sde", "softplus_kl", "sde", "linear"),
+                                       ("fixed_ema", "softplus_kl", "mse", "fixed"),
+                                       ("shipped", "mse_branch", "mse", "fixed"))},
 }
-METRIC = "val/success_rate"  # held-out greedy success (one episode per trial 30..49)
-PHASES = {"rollout": ["time/rollout"], "reward": ["time/reward", "time/values", "time/annotation"],
-          "update": ["time/update"]}  # reward: SRPO's reward, GAE-PPO's value pass, FlowSAR's self-annotation
-TARGETS = (0.5, 0.9)
-HOLD = 2  # a target counts as reached at the first of 2 evaluations in a row at or above it (one is +-0.15 noise)
-LATE = 2 / 3  # "late mean": the mean of the evaluations from this fraction of the budget on
+PRESETS = {  # --preset -> (title, the flags' defaults; rl_overrides: before the command's overrides, every RL arm)
+    "all": ("All algorithms", {"arms": ["srpo", "grpo", "drgrpo", "adv_grpo", "gae_ppo", "flowsar", "luffy"]}),
+    "srpo-vs-grpo": ("SRPO vs GRPO", {"arms": ["srpo", "grpo"], "seeds": [1], "iterations": 60, "eval_every": 5,
+                                      "eval_samples": 8, "metric": "val/sampled_success_rate"}),
+    "luffy-vs-grpo": ("LUFFY vs GRPO vs SFT vs RL w/ SFT loss", {
+        "arms": ["luffy", "grpo_unfiltered", "sft", "rl_sft"], "seeds": [1, 2], "iterations": 30, "eval_every": 5,
+        "eval_samples": 4, "sft_overrides": ["sft.num_demos=1", "sft.steps=300", "sft.eval_every=0",
+                                             "sft.eval_trial_start=30", "sft.eval_trials=20"],
+        "rl_overrides": ["rollout.train_trials=10", "rollout.prompts_per_iteration=8", "rollout.n=8",
+                         "env.max_steps=60"]}),
+    "flowsar-ablation": ("FlowSAR ablations", {
+        "arms": [a for a in ARMS if a.startswith("flowsar_")], "seeds": [1], "iterations": 40, "eval_every": 5,
+        "sft_overrides": ["sft.num_demos=20", "sft.augment_shift=0"]}),  # configs/flowsar.yaml's init.sft_args
+}
 MAX_SEGMENTS = 6  # runs resumed at most this many times to reach the budget
 
 
@@ -84,11 +127,6 @@ def max_episode_steps(task: int) -> int:
 
 def run_name(arm: str, task: int, seed: int) -> str:
     return f"{arm}_t{task}_s{seed}"
-
-
-def read_rows(run_dir: str) -> List[dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def sh(cmd: List[str], log_path: str) -> Tuple[int, float]:
@@ -152,39 +190,51 @@ def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
 
 
 def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespace) -> dict:
-    """One (arm, task, seed) run from the SFT start `sft` (make_sft's dict) up to the env-step budget; {'status',
-    'wall_s', 'segments', ...} (also saved as JSON: --reuse keeps a finished run of the same start, budget and eval)."""
+    """One (arm, task, seed) run from the SFT start `sft` (make_sft's dict) up to the env-step budget, or for
+    --iterations; {'status', 'wall_s', 'segments', ...} (also saved as JSON: --reuse keeps a finished run of the same
+    start, budget, evaluation and overrides)."""
     label, script, overrides, _ = ARMS[arm]
+    overrides = [*overrides, *[kv for given in args.arm_args or [] if given[0] == arm for kv in given[1:]]]
+    if script != "train_sft.py":
+        overrides += [*args.rl_overrides, *args.overrides]  # the preset's and the command's, for every RL arm
     name = run_name(arm, task, seed)
     if not os.path.isfile(os.path.join(ROOT, script)):
         return {"status": "missing", "wall_s": 0.0, "segments": 0, "log": None}
     run_dir, info_path = os.path.join(args.out, name), os.path.join(args.out, "logs", name + ".json")
     same = {"budget": args.env_steps, "eval_samples": args.eval_samples, "evals": args.evals,
-            "sft": sft.get("finished")}
+            "sft": sft.get("finished"), "iterations": args.iterations,
+            "eval_every": args.eval_every if args.iterations else None, "overrides": overrides}
     if args.reuse and os.path.isfile(info_path):
         with open(info_path) as f:
             info = json.load(f)
-        if info["status"] == "ok" and all(info.get(k) == v for k, v in same.items()):
+        before = {"iterations": 0, "eval_every": None, "overrides": overrides}  # records from before these keys
+        if info["status"] == "ok" and all(info.get(k, before.get(k)) == v for k, v in same.items()):
             return info
     if os.path.isfile(info_path):
         os.remove(info_path)  # an interrupted re-run must not pass for the finished one
-    shutil.rmtree(run_dir, ignore_errors=True)
+    for folder in (run_dir, run_dir + "_policy"):  # the run; an SFT arm's exported policy
+        shutil.rmtree(folder, ignore_errors=True)
     log_path = os.path.join(args.out, "logs", name + ".log")
     open(log_path, "w").close()
     budget = args.env_steps
-    iters = max(2, math.ceil(budget / (episodes_per_iteration(script) * max_episode_steps(task))))
+    iters = args.iterations or max(2, math.ceil(budget / (episodes_per_iteration(script) * max_episode_steps(task))))
     # ~args.evals evaluations (a few more, as episodes are shorter than the longest); >= 2 so that iteration 1's row
     # holds the start's evaluation alone (an evaluation after iteration 1 would overwrite it in that row)
-    every = max(2, round(iters / args.evals))
+    every = args.eval_every if args.iterations else max(2, round(iters / args.evals))
     info = {"status": "ok", "wall_s": 0.0, "segments": 0, "log": log_path, **same}
-    base = [sys.executable, script, "--task-id", str(task), "--seed", str(seed), "--no-wandb",
-            "init.mode=checkpoint", f"init.path={sft['path']}", f"eval.every={every}", "eval.trial_start=30",
-            "eval.trials_per_task=20", f"eval.samples_per_trial={args.eval_samples}", f"log.output_dir={args.out}",
-            f"log.run_name={name}", f"log.plots_dir={args.out}/plots", "log.checkpoint_every=100000", *overrides]
-    if script == "train_gae_ppo.py":  # stops on its own budget flag
-        cmd = base + ["--timesteps", str(budget), f"train.iterations={100 * iters}"]
+    logs = [f"log.output_dir={args.out}", f"log.run_name={name}", f"log.plots_dir={args.out}/plots"]
+    if script == "train_sft.py":  # more SFT from the start: one evaluation, at its end
+        cmd = [sys.executable, script, "--task-id", str(task), "--seed", str(seed), "--no-wandb",
+               f"policy.init_path={sft['path']}", f"sft.output_path={run_dir}_policy", *logs, *overrides]
     else:
-        cmd = base + [f"train.iterations={iters}"]
+        cmd = [sys.executable, script, "--task-id", str(task), "--seed", str(seed), "--no-wandb",
+               "init.mode=checkpoint", f"init.path={sft['path']}", f"eval.every={every}", "eval.trial_start=30",
+               "eval.trials_per_task=20", f"eval.samples_per_trial={args.eval_samples}", *logs,
+               "log.checkpoint_every=100000", *overrides]
+        if script == "train_gae_ppo.py" and not args.iterations:  # stops on its own budget flag
+            cmd += ["--timesteps", str(budget), f"train.iterations={100 * iters}"]
+        else:
+            cmd += [f"train.iterations={iters}"]
     while True:
         code, wall = sh(cmd, log_path)
         info["wall_s"] += wall
@@ -192,9 +242,11 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
         if code != 0:
             info["status"] = failure(script, log_path)
             break
+        if args.iterations or script in ("train_gae_ppo.py", "train_sft.py"):
+            break
         rows = read_rows(run_dir)
         done, steps = int(rows[-1]["iteration"]), float(rows[-1]["charts/env_steps"])
-        if steps >= budget or script == "train_gae_ppo.py" or info["segments"] >= MAX_SEGMENTS:
+        if steps >= budget or info["segments"] >= MAX_SEGMENTS:
             break
         more = math.ceil((budget - steps) / (steps / done))  # at the env steps per iteration measured so far
         cmd = [sys.executable, script, "--resume", run_dir, "--no-wandb",
@@ -206,107 +258,8 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
     return info
 
 
-# ---- aggregation (pure: unit-tested on fake rows in tests/test_compare_algorithms.py)
-def eval_curve(rows: List[dict]) -> Tuple[np.ndarray, np.ndarray]:
-    """(env steps, METRIC) at every evaluation; the start's evaluation is row 0, at 0 env steps."""
-    return curve(rows, METRIC)
-
-
-def steps_to(rows: List[dict], target: float) -> Optional[float]:
-    """Env steps at the first of HOLD evaluations in a row with METRIC >= target (None if never)."""
-    return steps_to_reach(rows, METRIC, target, hold=HOLD)
-
-
-def late_mean(rows: List[dict], budget: float) -> Optional[float]:
-    """Mean METRIC over the evaluations at >= LATE * budget env steps (None if there are none)."""
-    xs, ys = eval_curve(rows)
-    late = ys[xs >= LATE * budget]
-    return float(late.mean()) if len(late) else None
-
-
-def band(runs: Dict[Tuple[int, int], List[dict]], budget: float, points: int = 41):
-    """(grid, mean, std, per-seed curves) of METRIC over env steps 0..budget: each run's evaluations interpolated onto
-    the grid (held at its last value past its last evaluation), averaged over tasks within a seed, then mean and std
-    over seeds."""
-    grid = np.linspace(0.0, budget, points)
-    by_seed: Dict[int, List[np.ndarray]] = {}
-    for (task, seed), rows in sorted(runs.items()):
-        xs, ys = eval_curve(rows)
-        if len(xs):
-            by_seed.setdefault(seed, []).append(np.interp(grid, xs, ys))
-    seeds = np.array([np.mean(c, 0) for _, c in sorted(by_seed.items())])
-    if not len(seeds):
-        return grid, np.full(points, np.nan), np.full(points, np.nan), seeds
-    return grid, seeds.mean(0), seeds.std(0), seeds
-
-
-def mean_std(values: Sequence[float], fmt: str = "{:.2f}") -> str:
-    v = [x for x in values if x is not None and np.isfinite(x)]
-    if not v:
-        return "-"
-    return fmt.format(np.mean(v)) + (" ± " + fmt.format(np.std(v)) if len(v) > 1 else "")
-
-
-def per_seed(runs: Dict[Tuple[int, int], List[dict]], value) -> List[float]:
-    """value(rows) averaged over tasks within each seed (one number per seed)."""
-    out: Dict[int, List[float]] = {}
-    for (task, seed), rows in runs.items():
-        v = value(rows)
-        if v is not None:
-            out.setdefault(seed, []).append(v)
-    return [float(np.mean(v)) for _, v in sorted(out.items())]
-
-
-def kilo(x: float) -> str:
-    return f"{x / 1000:.1f} k"
-
-
-def summarize(runs: Dict[Tuple[int, int], List[dict]], walls: Dict[Tuple[int, int], float],
-              budget: float) -> Dict[str, str]:
-    """The table cells of one algorithm from its runs' metric rows ((task, seed) -> rows), wall seconds and budget."""
-    def evals(rows):
-        return eval_curve(rows)[1]
-
-    seeds = sorted({s for _, s in runs})
-    cells = {"seeds": " ".join(str(s) for s in seeds),
-             "env steps used": mean_std(per_seed(runs, lambda r: r[-1].get("charts/env_steps")), "{:,.0f}"),
-             "start": mean_std(per_seed(runs, lambda r: evals(r)[0] if len(evals(r)) else None)),
-             "at budget": mean_std(per_seed(runs, lambda r: evals(r)[-1] if len(evals(r)) else None)),
-             "late mean": mean_std(per_seed(runs, lambda r: late_mean(r, budget)))}
-    for target in TARGETS:
-        reach = [steps_to(rows, target) for rows in runs.values()]
-        hit = [r for r in reach if r is not None]
-        cells[f"to {target:.0%}"] = (f"{kilo(float(np.mean(hit)))} ({len(hit)}/{len(reach)} runs)" if hit
-                                     else "not reached")
-    rows = [r for run_rows in runs.values() for r in run_rows]
-    iters = max(1, sum(int(r[-1]["iteration"]) for r in runs.values()))
-    for phase, keys in PHASES.items():
-        vals = [r[k] for r in rows for k in keys if r.get(k) is not None]
-        cells[phase] = f"{np.mean(vals):.2f}" if vals else "-"
-    eval_total = sum(r.get("time/eval") or 0.0 for r in rows)
-    cells["eval"] = f"{eval_total / iters:.2f}"
-    cells["iterations"] = mean_std([r[-1]["iteration"] for r in runs.values()], "{:.0f}")
-    cells["total wall"] = mean_std(list(walls.values()), "{:.0f} s")
-    return cells
-
-
-COLUMNS = ["algorithm", "seeds", "iterations", "env steps used", "start", "at budget", "late mean", "to 50%", "to 90%",
-           "rollout", "reward", "update", "eval", "total wall"]
-
-
-def markdown_table(rows: Dict[str, Dict[str, str]]) -> str:
-    head = ["algorithm", "seeds", "iterations", "env steps used", "held-out greedy at start",
-            "held-out greedy at budget", "mean of the evaluations from 2/3 of the budget on",
-            f"env steps to 50% ({HOLD} evaluations in a row)", "env steps to 90%", "rollout s/it", "reward s/it",
-            "update s/it", "eval s/it", "wall per run"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, cells in rows.items():
-        lines.append("| " + " | ".join([label] + [cells.get(c, "") for c in COLUMNS[1:]]) + " |")
-    return "\n".join(lines)
-
-
 def plot(bands: Dict[str, tuple], evals: Dict[str, List[Tuple[np.ndarray, np.ndarray]]], budget: float, title: str,
-         path: str) -> None:
+         path: str, metric: str = METRIC, targets: Sequence[float] = TARGETS) -> None:
     """Mean line and ± std band per algorithm (`band`'s output, up to the budget), with every run's evaluations as
     dots (the last ones a little past the budget: a run stops at the end of the iteration that reaches it)."""
     import matplotlib
@@ -322,12 +275,12 @@ def plot(bands: Dict[str, tuple], evals: Dict[str, List[Tuple[np.ndarray, np.nda
         ax.fill_between(grid, np.clip(mean - std, 0, 1), np.clip(mean + std, 0, 1), color=color, alpha=0.15, lw=0)
         for xs, ys in evals.get(label, []):
             ax.plot(xs, ys, "o", color=color, alpha=0.6, ms=4, mew=0)
-    for target in TARGETS:
+    for target in targets:
         ax.axhline(target, color="gray", ls="--", lw=0.8)
     ax.set_xlim(0, max([budget] + [float(xs.max()) for runs in evals.values() for xs, _ in runs if len(xs)]))
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("held-out greedy success (trials 30-49)")
+    ax.set_ylabel("held-out greedy success (trials 30-49)" if metric == METRIC else f"{metric} (trials 30-49)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
@@ -336,29 +289,61 @@ def plot(bands: Dict[str, tuple], evals: Dict[str, List[Tuple[np.ndarray, np.nda
     plt.close(fig)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def parse(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=list(PRESETS), default="all", help="arms and settings as the defaults")
     p.add_argument("--tasks", type=int, nargs="+", default=[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--env-steps", type=int, default=200_000, help="env-step budget of every run")
-    p.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+    p.add_argument("--iterations", type=int, default=0,
+                   help="instead of a budget: every run this many iterations, evaluated every --eval-every")
+    p.add_argument("--eval-every", type=int, default=5, help="with --iterations: eval.every")
+    p.add_argument("--arms", nargs="+", default=PRESETS["all"][1]["arms"], choices=list(ARMS))
+    p.add_argument("--arm-args", nargs="+", action="append", metavar=("ARM", "KEY=VALUE"),
+                   help="overrides for one arm only, e.g. --arm-args srpo algorithm.accuracy_lower_bound=0")
     p.add_argument("--jobs", type=int, default=2, help="training processes at a time (one thread each)")
     p.add_argument("--evals", type=int, default=5, help="evaluations per run aimed at (sets eval.every)")
     p.add_argument("--eval-samples", type=int, default=0,
                    help="eval.samples_per_trial: sampled held-out episodes per trial besides the greedy one")
+    p.add_argument("--metric", default=METRIC, help="val/success_rate (greedy) | val/sampled_success_rate")
+    p.add_argument("--targets", type=float, nargs="+", default=list(TARGETS), help="success levels to report env "
+                                                                                   "steps for")
+    p.add_argument("--hold", type=int, default=HOLD,
+                   help="a target counts as reached at the first of this many evaluations in a row at or above it")
+    p.add_argument("--start", default=None, help="the policy every arm starts from (no SFT start is made)")
     p.add_argument("--sft-overrides", nargs="+", default=[], help="extra train_sft.py overrides for both SFT starts")
     p.add_argument("--reuse", action="store_true", help="keep SFT starts and finished runs; rerun only the others")
-    p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_compare_algorithms"))
-    p.add_argument("--plot", default=os.path.join(ROOT, "plots", "compare_algorithms.png"))
+    p.add_argument("--out", default=None, help="default runs/bench_<preset> (all: runs/bench_compare_algorithms)")
+    p.add_argument("--plot", default=None, help="default plots/<preset>.png (all: plots/compare_algorithms.png)")
+    p.add_argument("overrides", nargs="*", help="overrides for every RL arm (after --)")
+    p.set_defaults(rl_overrides=[])
+    preset = argparse.ArgumentParser(add_help=False)
+    preset.add_argument("--preset", choices=list(PRESETS), default="all")
+    p.set_defaults(**PRESETS[preset.parse_known_args(argv)[0].preset][1])
     args = p.parse_args(argv)
-    args.out = os.path.abspath(args.out)
+    for given in args.arm_args or []:
+        if given[0] not in ARMS or len(given) < 2:
+            p.error(f"--arm-args {' '.join(given)}: give an arm ({', '.join(ARMS)}) and its KEY=VALUE overrides")
+    name = "compare_algorithms" if args.preset == "all" else args.preset.replace("-", "_")
+    args.out = os.path.abspath(args.out or os.path.join(ROOT, "runs", f"bench_{name}"))
+    args.plot = args.plot or os.path.join(ROOT, "plots", f"{name}.png")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parse(argv)
+    metric, targets, hold = args.metric, args.targets, args.hold
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     t_start = time.time()
 
-    # 1. SFT starts: one token and/or one flow policy per task, on the same demos
+    # 1. SFT starts: one token and/or one flow policy per task, on the same demos (or --start for every arm)
     types = sorted({ARMS[a][3] for a in args.arms})
     starts = [(ty, t) for t in args.tasks for ty in types]
-    sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs)))
+    if args.start:
+        sft = {k: {"path": os.path.abspath(args.start), "ok": True, "wall_s": 0.0, "log": None,
+                   "finished": os.path.getmtime(args.start)} for k in starts}
+    else:
+        sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs)))
     for (ty, t), info in sft.items():
         if not info["ok"]:
             sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
@@ -368,43 +353,61 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     infos = dict(zip(jobs, run_pool(lambda a, t, s: train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs, args.jobs)))
 
     # 3. table and plot
-    table, bands, points = {}, {}, {}
+    done = {arm: {(t, s): read_rows(os.path.join(args.out, run_name(arm, t, s))) for a, t, s in jobs
+                  if a == arm and infos[(a, t, s)]["status"] == "ok"} for arm in args.arms}
+    budget = args.env_steps if not args.iterations else max(
+        [float(rows[-1].get("charts/env_steps", 0.0)) for runs in done.values() for rows in runs.values()] + [1.0])
+    table, bands, points, lines = {}, {}, {}, []
     for arm in args.arms:
         label = ARMS[arm][0]
-        done = {(t, s): read_rows(os.path.join(args.out, run_name(arm, t, s))) for a, t, s in jobs
-                if a == arm and infos[(a, t, s)]["status"] == "ok"}
         bad = sorted({infos[j]["status"] for j in jobs if j[0] == arm} - {"ok"})
-        if not done:
+        if not done[arm]:
             table[label] = {"seeds": " / ".join(bad)}
             continue
-        walls = {(t, s): infos[(arm, t, s)]["wall_s"] for t, s in done}
-        table[label] = summarize(done, walls, args.env_steps)
+        walls = {(t, s): infos[(arm, t, s)]["wall_s"] for t, s in done[arm]}
+        table[label] = summarize(done[arm], walls, budget, metric, targets, hold)
         if bad:
-            table[label]["seeds"] += f" ({' / '.join(bad)}: {len(jobs) // len(args.arms) - len(done)} runs)"
-        bands[label] = band(done, args.env_steps)
-        points[label] = [eval_curve(rows) for rows in done.values()]
+            table[label]["seeds"] += f" ({' / '.join(bad)}: {len(jobs) // len(args.arms) - len(done[arm])} runs)"
+        bands[label] = band(done[arm], budget, metric=metric)
+        points[label] = [eval_curve(rows, metric) for rows in done[arm].values()]
+        lines += run_lines(label, done[arm], metric, targets, hold)
+    if len(args.arms) == 2:  # two arms: the second's env steps to each target over the first's
+        lines += ratio_lines(*(ARMS[a][0] for a in args.arms), *(done[a] for a in args.arms), metric, targets, hold)
+    length = f"{args.iterations} iterations" if args.iterations else f"{args.env_steps / 1000:.0f} k env steps"
     title = (f"tabletop task{'s' * (len(args.tasks) > 1)} {' '.join(map(str, args.tasks))}, "
-             f"{args.env_steps / 1000:.0f} k env steps, mean ± std over seeds")
-    plot(bands, points, args.env_steps, title, args.plot)
+             f"{length}, mean ± std over seeds")
+    plot(bands, points, budget, title, args.plot, metric, targets)
 
     sft_walls = ", ".join(f"{ty} task {t} {info['wall_s']:.0f} s" for (ty, t), info in sft.items())
     md_path = os.path.splitext(args.plot)[0] + ".md"
+    what = "Held-out greedy success" if metric == METRIC else f"Held-out `{metric}`"
     text = "\n".join([
-        f"# All algorithms, {title}",
+        f"# {PRESETS[args.preset][0]}, {title}",
         "",
         f"`python benchmarks/compare_algorithms.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
         "",
-        f"Held-out greedy success (`{METRIC}`, one episode per trial 30-49): the first evaluation (the SFT start) and "
-        f"the last (at the budget), mean ± std over seeds (tasks averaged within a seed), and the mean of the "
-        f"evaluations from {LATE:.2f} of the budget on (less noisy than one evaluation of 20 trials). Env steps to "
-        f"50% / 90%: mean over the runs that reached it, at the first of {HOLD} evaluations in a row at or above it "
-        f"(how many did). Seconds per iteration by phase, mean over iterations (reward = SRPO's progress reward, "
+        f"{what} (`{metric}`, trials 30-49): the first evaluation (the start) and "
+        f"the last, mean ± std over seeds (tasks averaged within a seed), the mean of the "
+        f"evaluations from {LATE:.2f} of the budget on and of the last {LAST} (less noisy than one evaluation of 20 "
+        f"trials). Env steps to " + " / ".join(f"{t:.0%}" for t in targets) + ": mean over the runs that reached it, "
+        f"at the first of {hold} evaluations in a row at or above it (how many did). Practice success "
+        f"(`rollout/success_rate`) over the first and last {PRACTICE} iterations. Seconds per iteration by phase, "
+        f"mean over iterations (reward = SRPO's progress reward, "
         f"GAE-PPO's value pass, FlowSAR's self-annotation; LUFFY's demos are in its rollout); eval = all evaluations' "
         f"seconds / iterations. Wall per run: mean over runs, one thread "
-        f"each, {args.jobs} at a time. SFT starts (train_sft.py configs/sft.yaml"
-        f"{' ' + ' '.join(args.sft_overrides) if args.sft_overrides else ''}): {sft_walls}.",
+        f"each, {args.jobs} at a time. " + (f"The preset's overrides of every RL arm: {' '.join(args.rl_overrides)}. "
+                                           if args.rl_overrides else "") + (f"Start: {args.start}." if args.start else
+                                           f"SFT starts (train_sft.py configs/sft.yaml"
+                                           f"{' ' + ' '.join(args.sft_overrides) if args.sft_overrides else ''}): "
+                                           f"{sft_walls}."),
         "",
-        markdown_table(table),
+        markdown_table(table, metric, targets, hold),
+        "",
+        "Each run's evaluations (env steps: success) and env steps to each target:",
+        "",
+        "```",
+        *lines,
+        "```",
         "",
         f"Plot: {os.path.relpath(args.plot, ROOT)}; runs and logs: {os.path.relpath(args.out, ROOT)}/; "
         f"{time.time() - t_start:.0f} s for this invocation.",

@@ -1,11 +1,11 @@
 """What only a GPU can show: the real-size architectures with random weights (bf16), their act / log-prob / training
-step times and peak memory, and each training script's first iterations on CUDA. Prints one JSON line per figure.
+step times and peak memory, and train_srpo.py's iteration from a 7B folder. Prints one JSON line per figure. (Each
+training script's first iterations on CUDA: tests/test_gpu_scripts.py, which asserts them.)
 
     python benchmarks/gpu_check.py --part oft7b_lora     # OpenVLA-OFT 7B, LoRA r=32 + gradient checkpointing
     python benchmarks/gpu_check.py --part oft7b_full     # OpenVLA-OFT 7B, full fine-tuning, fp32 master weights, 1 GPU
     python benchmarks/gpu_check.py --part oft7b_offload  # the same under FSDP2 (1 rank) with CPU offload
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
-    python benchmarks/gpu_check.py --part scripts        # every training script: 2 iterations on tabletop, --gpu 0
     python benchmarks/gpu_check.py --part srpo_7b --variants "" "train.strategy=fsdp"  # SRPO from a random 7B folder
     python benchmarks/gpu_check.py --part fsdp_lora          # OpenVLA-OFT 7B through common/fsdp.py, 1 process, LoRA
     python benchmarks/gpu_check.py --part fsdp_full_offload  # the same, full fine-tuning with train.fsdp_offload
@@ -329,45 +329,9 @@ def _srpo_7b_run(folder, extra):
          tail=(p.stdout + p.stderr)[-1500:] if p.returncode else "")
 
 
-SCRIPTS = {
-    "train_srpo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=4", "rollout.prompts_per_iteration=2",
-                      "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=2",
-                      "reward.encoder.num_frames=4"],
-    "train_gae_ppo.py": ["env.num_envs=8", "env.max_steps=16", "rollout.prompts_per_iteration=8", "eval.every=1",
-                         "eval.trials_per_task=2", "eval.samples_per_trial=2", "train.lr_warmup_steps=1"],
-    "train_flowsar.py": ["env.num_envs=8", "env.max_steps=16", "rollout.n=2", "rollout.prompts_per_iteration=2",
-                         "rollout.flow_steps=2", "eval.every=1", "eval.trials_per_task=2"],
-    "train_luffy.py": ["env.num_envs=8", "env.max_steps=32", "rollout.n=4", "rollout.prompts_per_iteration=2",
-                       "eval.every=1", "eval.trials_per_task=2", "eval.samples_per_trial=0"],
-}
-
-
-def part_scripts():
-    """Each RL script from scratch for 2 iterations on CUDA (its default policy), then train_sft.py for 20 steps."""
-    out = tempfile.mkdtemp(prefix="gpu_scripts_")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), WANDB_MODE="disabled")
-    runs = [(s, ["--task-id", "0", "--gpu", "0", "--no-wandb", "init.mode=scratch", "train.iterations=2", *a])
-            for s, a in SCRIPTS.items()]
-    runs.append(("train_sft.py", ["--task-id", "0", "--gpu", "0", "--no-wandb", "sft.num_demos=2", "sft.steps=20",
-                                  "sft.eval_every=10", f"sft.output_path={out}/sft_export"]))
-    for script, args in runs:
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, script, *args, f"log.output_dir={out}/runs", f"log.plots_dir={out}/plots"],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
-        rows = []
-        for root, _, files in os.walk(os.path.join(out, "runs")):
-            if "metrics.jsonl" in files and script.split(".")[0].split("_", 1)[1] in root:
-                with open(os.path.join(root, "metrics.jsonl")) as f:
-                    rows = [json.loads(line) for line in f]
-        last = rows[-1] if rows else {}
-        emit(part="script", script=script, rc=p.returncode, seconds=round(time.perf_counter() - t0, 1),
-             iterations=len(rows), peak_gib=last.get("perf/max_memory_allocated_gb"),
-             tail=(p.stdout + p.stderr)[-600:] if p.returncode else (p.stdout.strip().splitlines() or [""])[-1])
-
-
 PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
          "srpo_7b": part_srpo_7b, "fsdp_lora": part_fsdp, "fsdp_full_offload": part_fsdp,
-         "pi0_expert": part_pi0_expert, "scripts": part_scripts}
+         "pi0_expert": part_pi0_expert}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

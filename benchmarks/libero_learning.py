@@ -53,7 +53,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List
 
 import numpy as np
 
@@ -61,6 +61,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from common.arms import arms_table, mean, summary  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
+from common.cpu_recipe import (ARMS, COMPARISONS, FLOW_ARMS, ITERATION_CAP, PRACTICE_TRIALS,  # noqa: E402
+                               SFT_POLICY, arm_order, sampling)
 
 
 def run(cmd: List[str], log: str) -> None:
@@ -76,16 +79,11 @@ def run(cmd: List[str], log: str) -> None:
         sys.exit(f"error: step failed (exit {code}), its output in {log}:\n{tail}")
 
 
-def rows_of(run_dir: str) -> List[Dict]:
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def finished(runs: str, iterations: int):
     """The run folder under `runs` whose metrics reach `iterations`, else None."""
     for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
         if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and \
-                any(r.get("iteration") == iterations for r in rows_of(run_dir)):
+                any(r.get("iteration") == iterations for r in read_rows(run_dir)):
             return run_dir
     return None
 
@@ -184,50 +182,11 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 # --arms: the CPU-scale recipe's arms at an equal env-step budget, judged on one paired held-out set
 # ------------------------------------------------------------------------------------------------------------------
-ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # binary success reward
-        # world-model progress reward (pixel encoder); pooled over the update, as the committed seeds ran (the
-        # config's siiRL scope, per round, came after them)
-        "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", ["reward.scope=pooled"]),
-        "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
-        "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", []),  # + the expert's demos of the practice states
-        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", []),  # a value head and GAE
-        # --family flow: the tiny flow policy's arms
-        "flowsar": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", []),  # self-annotated credit
-        "flow_control": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", ["reward.shuffle=true"])}  # no signal
-FLOW_ARMS = ("flowsar", "flow_control")  # the arms that train a flow policy (--family flow); the others a token one
-PRACTICE_TRIALS = 40  # the heldout protocol's practice init states 0..39 on LIBERO (envs/protocols.py): LUFFY's demos
-ITERATION_CAP = 100_000  # train.iterations of an --arms run: the env-step budget stops it first (GAE-PPO's
-                         # iterations are 2 episodes, ~300 env steps; the others' >= 32 episodes)
-COMPARISONS = (("grpo", "srpo"), ("grpo", "luffy"), ("grpo", "gae_ppo"),  # (a, b): b - a, when both arms ran
-               ("control", "grpo"), ("control", "srpo"), ("control", "luffy"), ("control", "gae_ppo"),
-               ("flow_control", "flowsar"))
-
-
-def recipe_temperature(config: str) -> float:
-    """The rollout temperature a recipe config gives (its runs' sampled episodes; the held-out sampled ones too)."""
-    import yaml
-
-    with open(os.path.join(ROOT, config)) as f:
-        return float(yaml.safe_load(f)["rollout"]["temperature"])
-
-
-def sampling(family: str) -> List[str]:
-    """evaluate.py's arguments for the sampled episodes of a `family` policy as its recipe samples: a token policy at
-    the GRPO CPU recipe's temperature, a flow policy at the FlowSAR CPU recipe's exploration noise (its greedy
-    episodes are the deterministic ODE)."""
-    import yaml
-
-    if family == "flow":
-        with open(os.path.join(ROOT, ARMS["flowsar"][1])) as f:
-            return ["--flow-noise-level", f"{float(yaml.safe_load(f)['rollout']['flow_noise_level']):g}"]
-    return ["--temperature", f"{recipe_temperature(ARMS['grpo'][1]):g}"]
-
-
 def budget_reached(runs: str, budget: int):
     """The run folder under `runs` whose metrics reach the env-step budget (or the iteration cap), else None."""
     for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
         if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
-            rows = rows_of(run_dir)
+            rows = read_rows(run_dir)
             if rows and (max(r.get("charts/env_steps", 0.0) for r in rows) >= budget
                          or max(r["iteration"] for r in rows) >= ITERATION_CAP):
                 return run_dir
@@ -238,7 +197,7 @@ def sft_header(out: str) -> Dict:
     """The SFT start's last logged token accuracy and loss (nats per action token) from its run's metrics; a flow
     start's flow-matching loss instead."""
     rows = [r for path in sorted(glob.glob(os.path.join(out, "sft_run", "*", "metrics.jsonl")))
-            for r in rows_of(os.path.dirname(path)) if "sft/token_accuracy" in r or "sft/flow_mse" in r]
+            for r in read_rows(os.path.dirname(path)) if "sft/token_accuracy" in r or "sft/flow_mse" in r]
     last = rows[-1] if rows else {}
     return {"token_accuracy": last.get("sft/token_accuracy"), "loss": last.get("sft/loss"),
             "flow_mse": last.get("sft/flow_mse")}
@@ -321,15 +280,6 @@ def practice_demos(py: str, out: str, args) -> str:
     return files[0]
 
 
-def arm_order(arms: List[str], seeds: List[int], control_seeds: Optional[List[int]]) -> List[Tuple[str, int]]:
-    """The (arm, seed) runs in the order they are made: seed by seed, every arm of a seed before the next seed, so a
-    benchmark stopped part-way has compared the arms on its first seeds (not one arm on all seeds); the control arm
-    only on `control_seeds` (default: the first of `seeds`; issue 56 asks for one control run)."""
-    control = list(control_seeds) if control_seeds else seeds[:1]
-    order = [(arm, seed) for seed in seeds for arm in arms if not arm.endswith("control") or seed in control]
-    return order + [(arm, seed) for arm in arms if arm.endswith("control") for seed in control if seed not in seeds]
-
-
 def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     """--arms: each arm x seed from the SFT start at the CPU-scale recipe up to --env-steps (resumed when stopped,
     extended when the budget grows), the SFT start and every final policy on one held-out set, the table, the PNG and
@@ -358,7 +308,7 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
             run_dir = budget_reached(runs, args.env_steps)
         end = heldout_eval(py, run_dir, os.path.join(heldout_dir, f"{arm}_s{seed}"), set_file, args,
                            paired=os.path.join(heldout_dir, "sft", "outcomes.json"))
-        arms[arm][seed] = {"outcomes": end, "summary": summary(rows_of(run_dir)), "run_dir": run_dir}
+        arms[arm][seed] = {"outcomes": end, "summary": summary(read_rows(run_dir)), "run_dir": run_dir}
     arms = {arm: dict(sorted(seeds.items())) for arm, seeds in arms.items() if seeds}
     table = arms_table(start, arms, header, COMPARISONS)
     title = (f"{args.suite} task {args.task_id}: SFT ({args.demos} demos, {args.sft_steps} steps) -> CPU-scale recipe "
@@ -383,16 +333,6 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     if args.pro:  # LIBERO-PRO: the SFT start and every final policy, greedy on the task's held-out init states
         robustness(py, {"sft": sft, **{f"{arm}_s{seed}": r["run_dir"] for arm, seeds in arms.items()
                                        for seed, r in seeds.items()}}, args, out)
-
-
-SFT_POLICY = {  # train_sft.py's fresh policy per --family: the tiny token policy of docs/results.md's runs, or a tiny
-    # flow policy of the same width whose sampling is the FlowSAR CPU recipe's (flow-SDE exploration, 4 denoising
-    # steps: a saved policy carries these keys into RL, configs/flowsar_libero_cpu.yaml)
-    "token": ["policy.token.preset=tiny", "policy.token.hidden_size=128", "policy.token.lora_rank=0"],
-    "flow": ["policy.type=flow", "policy.flow.preset=tiny", "policy.flow.hidden_size=128", "policy.flow.num_heads=4",
-             "policy.flow.expert_dim=128", "policy.flow.lora_rank=0", "policy.flow.noise_method=flow_sde",
-             "policy.flow.num_steps=4"],
-}
 
 
 def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: int, args, env: List[str],
@@ -438,28 +378,19 @@ def validation_eval(py: str, checkpoint: str, folder: str, set_file: str, args) 
     return heldout.read_outcomes(found)
 
 
-def check_disjoint(args) -> None:
-    """The validation set's drawn states never overlap the test set's (other placement seeds; both lie far above the
-    demos' seeds 1000.., and neither holds a practice trial)."""
-    from common import heldout
-
-    if args.validation_seed == args.heldout_seed:
-        sys.exit(f"error: --validation-seed {args.validation_seed} is the test set's --heldout-seed: the validation "
-                 f"set would be the test set's drawn states; choose another seed")
-    test = set(heldout.placement_seeds(args.task_id, args.heldout_seed, args.heldout_set))
-    val = set(heldout.placement_seeds(args.task_id, args.validation_seed, args.validation_set))
-    if test & val:
-        sys.exit(f"error: the validation and test sets share placement seeds {sorted(test & val)[:3]}: choose "
-                 f"another --validation-seed")
-
-
 def choose_sft(py: str, out: str, demo_file: str, args, env: List[str]) -> str:
     """--sft-candidates: the rule written into docs/results.md before any RL run (issue 67): SFT starts of the
     candidate lengths, shortest first, each scored on the validation set (never the test set); the start is the first
     whose validation greedy success is >= --validation-min, else the longest. Later candidates are not trained once
     one passes. Writes <out>/sft_choice.json (every candidate's validation success, the rule, the choice); returns the
     chosen start's folder and sets args.sft_steps to its length."""
-    check_disjoint(args)
+    from common import heldout
+
+    try:
+        heldout.check_disjoint(args.task_id, args.heldout_seed, args.heldout_set, args.validation_seed,
+                               args.validation_set)
+    except ValueError as e:
+        sys.exit(f"error: {e}")
     folder = os.path.join(out, "validation", f"n{args.validation_set}_seed{args.validation_seed}")
     set_file = os.path.join(folder, "validation_set.json")
     scores: Dict[int, Dict] = {}
@@ -629,7 +560,7 @@ def main() -> None:
                      f"log.output_dir={runs}", f"log.plots_dir={out}/plots", "log.checkpoint_every=1"],
                     os.path.join(out, f"{arm}_s{seed}.log"))
                 run_dir = finished(runs, args.iterations)
-            results[arm][seed] = summary([r for r in rows_of(run_dir) if r["iteration"] <= args.iterations])
+            results[arm][seed] = summary([r for r in read_rows(run_dir) if r["iteration"] <= args.iterations])
             finals[f"{arm}_s{seed}"] = run_dir
         with open(os.path.join(out, f"results_{arm}.json"), "w") as f:
             json.dump(results[arm], f, indent=1)

@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -33,9 +33,7 @@ import compare_algorithms as ca  # noqa: E402
 
 ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
-from common.robustness import FAMILIES  # noqa: E402
-
-COLUMNS = ("base",) + FAMILIES + ("all variants",)
+from common.robustness import COLUMNS, per_seed, table  # noqa: E402
 
 
 # ---- evaluation
@@ -69,51 +67,6 @@ def newest_mtime(path: str) -> float:
     return max(times, default=0.0)
 
 
-# ---- aggregation (pure: unit-tested on hand-made results in tests/test_robustness.py)
-def family_values(res: dict) -> Dict[str, float]:
-    """One evaluation's success per column: the base suite, each family (its variants' episodes pooled) and all
-    variants pooled."""
-    base = res["base_suite"]
-    out = {"base": res["per_suite"][base]["success"]}
-    for fam, r in res["per_family"].items():
-        out[fam] = r["success"]
-    episodes = [s for suite, r in res["per_suite"].items() if suite != base for s in r["episodes"]["success"]]
-    out["all variants"] = float(np.mean(episodes)) if episodes else float("nan")
-    return out
-
-
-def per_seed(results: Dict[Tuple[int, int], dict]) -> Dict[str, List[float]]:
-    """column -> one value per seed (tasks averaged within a seed), from {(task, seed): robustness.json}."""
-    by_seed: Dict[int, List[Dict[str, float]]] = {}
-    for (task, seed), res in sorted(results.items()):
-        by_seed.setdefault(seed, []).append(family_values(res))
-    return {c: [float(np.mean([v[c] for v in vals if c in v])) for _, vals in sorted(by_seed.items())
-                if any(c in v for v in vals)] for c in COLUMNS}
-
-
-def cell(values: Sequence[float]) -> str:
-    """'mean ± std' in percent (one value: no spread)."""
-    v = [x for x in values if np.isfinite(x)]
-    if not v:
-        return "-"
-    return f"{100 * np.mean(v):.1f}" + (f" ± {100 * np.std(v):.1f}" if len(v) > 1 else "")
-
-
-def table(rows: Dict[str, Dict[str, List[float]]], starts: Dict[str, str]) -> str:
-    """Markdown: one row per policy (SFT starts and arms): success per column, the drop of all variants against the
-    base suite, and all variants against the row's SFT start (`starts`: row -> its SFT row)."""
-    head = ["policy", "seeds", *COLUMNS, "drop: all variants - base", "all variants - its SFT start"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, vals in rows.items():
-        n = len(vals["base"])
-        drop = [a - b for a, b in zip(vals["all variants"], vals["base"])]
-        sft = rows.get(starts.get(label, ""), {}).get("all variants")
-        gain = [a - float(np.mean(sft)) for a in vals["all variants"]] if sft and label in starts else []
-        lines.append("| " + " | ".join([label, str(n)] + [cell(vals[c]) for c in COLUMNS] +
-                                       [cell(drop), cell(gain)]) + " |")
-    return "\n".join(lines)
-
-
 def plot(rows: Dict[str, Dict[str, List[float]]], title: str, path: str) -> None:
     """Grouped bars: one group per column, one bar per policy (mean over seeds, ± std)."""
     import matplotlib
@@ -145,7 +98,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--tasks", type=int, nargs="+", default=[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--env-steps", type=int, default=200_000, help="env-step budget of every RL run")
-    p.add_argument("--arms", nargs="+", default=list(ca.ARMS), choices=list(ca.ARMS))
+    p.add_argument("--arms", nargs="+", default=ca.PRESETS["all"][1]["arms"], choices=list(ca.ARMS))
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (one thread each)")
     p.add_argument("--evals", type=int, default=5, help="evaluations per RL run aimed at (compare_algorithms.py)")
     p.add_argument("--eval-samples", type=int, default=0, help="compare_algorithms.py's --eval-samples")
@@ -159,14 +112,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--gifs", type=int, default=0, help="evaluate.py --gifs (episode GIFs per suite; 0 = none)")
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_compare_algorithms"))
     p.add_argument("--plot", default=os.path.join(ROOT, "plots", "robustness.png"))
+    p.set_defaults(iterations=0, eval_every=5, arm_args=None, overrides=[])  # compare_algorithms.py's budget runs
     args = p.parse_args(argv)
     args.out = os.path.abspath(args.out)
     os.makedirs(os.path.join(args.out, "logs"), exist_ok=True)
     t_start = time.time()
-    if args.rl_overrides:
-        for arm in args.arms:
-            label, script, overrides, ptype = ca.ARMS[arm]
-            ca.ARMS[arm] = (label, script, overrides + list(args.rl_overrides), ptype)
 
     # 1. SFT starts and RL runs: compare_algorithms.py's (same starts, budget and seeds; --reuse keeps finished ones)
     types = sorted({ca.ARMS[a][3] for a in args.arms})

@@ -4,6 +4,11 @@ the number of workers and the policy's latency, sequential vs pipelined (env.pip
     python benchmarks/rollout_pipeline.py                          # workers 1 2 4, latency 0 and "physics"
     python benchmarks/rollout_pipeline.py --workers 1 2 --latency-ms 0 --repeats 5   # how workers scale
     python benchmarks/rollout_pipeline.py --workers 2 4 --latency-ms 0 100 physics --blocks 2
+    python benchmarks/rollout_pipeline.py --video --workers 2 --size 64     # what SRPO's episode videos cost
+
+--video (formerly benchmarks/srpo_video.py): at --workers[0] pipelined workers and latency 0, the rollout with no
+frames (GRPO's), every frame rendered (SRPO's before 2026-11-29) and the video sampled at --frames, only those
+rendered (`video_frames`, SRPO's now); env steps/s, the median of --repeats runs in turns, as ratios to no frames.
 
 The stand-in policy draws small random actions from the rollout's per-episode generators and sleeps its latency per
 call (like a policy on a GPU it takes no CPU from the simulator; the rollout calls it once per half of the envs per
@@ -63,6 +68,29 @@ def measure(env, policy, workers: int, blocks: int, pipeline: bool) -> Dict[str,
     return {"steps_per_s": steps / wall, "wall_s": wall, "steps": steps}
 
 
+VIDEO_MODES = {"no frames (GRPO)": {"keep_frames": False},
+               "every frame (SRPO before)": {"keep_frames": True},
+               "sampled video (SRPO now)": {"keep_frames": True, "video_frames": None}}  # None: --frames
+
+
+def video(env, args) -> None:
+    """--video: each of VIDEO_MODES in turns (a change in the machine's load hits every mode alike), one table."""
+    workers, policy = args.workers[0], SleepPolicy(args.chunk)
+    runs: Dict[str, List[float]] = {mode: [] for mode in VIDEO_MODES}
+    collect_rollouts(env, policy, [0] * workers, list(range(workers)), progress=False)  # builds
+    for _ in range(args.repeats):
+        for mode, kwargs in VIDEO_MODES.items():
+            kwargs = {k: (args.frames if v is None else v) for k, v in kwargs.items()}
+            t0 = time.perf_counter()
+            batch = collect_rollouts(env, policy, [0] * workers, list(range(workers)), progress=False, pipeline=True,
+                                     **kwargs)
+            runs[mode].append(batch.stats["rollout/env_steps"] / (time.perf_counter() - t0))
+    base = float(np.median(runs["no frames (GRPO)"]))
+    print("| rollout | env steps/s (median) | vs no frames |\n|---|---|---|")
+    for mode, values in runs.items():
+        print(f"| {mode} | {np.median(values):.1f} | {np.median(values) / base:.2f}x |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--suite", default="libero_spatial")
@@ -75,11 +103,25 @@ def main() -> None:
     parser.add_argument("--blocks", type=int, default=1, help="rounds of `workers` episodes per measurement")
     parser.add_argument("--repeats", type=int, default=3, help="measurements per setting (median reported)")
     parser.add_argument("--backend", default="egl", choices=["egl", "osmesa"])
+    parser.add_argument("--video", action="store_true", help="the cost of keeping episode videos instead (SRPO)")
+    parser.add_argument("--frames", type=int, default=16, help="--video: the encoder's frames (reward.encoder."
+                                                                "num_frames)")
     args = parser.parse_args()
     torch.manual_seed(0)
     print(f"# {args.suite} task 0, {args.size} px, fast render {bool(args.fast_render)}, episodes of {args.max_steps} "
           f"steps, chunk {args.chunk}, {args.blocks} round(s) of episodes per measurement, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
+          f"load average {os.getloadavg()[0]:.1f} at start"
+          + (f"; --video: {args.workers[0]} workers, {args.frames} frames" if args.video else ""), flush=True)
+    if args.video:
+        env = make_vector_env(EnvConfig(suite=args.suite, task_ids=[0], image_size=args.size,
+                                        render_backend=args.backend, fast_render=bool(args.fast_render),
+                                        max_steps=args.max_steps, num_envs=args.workers[0], action_chunk=args.chunk))
+        try:
+            video(env, args)
+        finally:
+            env.close()
+        print(f"# load average {os.getloadavg()[0]:.1f} at end")
+        return
     print("| workers | policy ms/call | sequential steps/s | pipelined steps/s | pipelined / sequential "
           "| sequential vs 1 worker at 0 ms | load |")
     print("|---|---|---|---|---|---|---|")

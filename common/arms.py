@@ -1,9 +1,8 @@
 """Arms over seeds, in numbers: one run's row from its metrics rows, its curve against env steps, and an arm's end
 against its start or against another arm on one held-out set, pooled over the seeds (the statistics of the
-benchmarks' tables: libero_learning.py, tabletop_default.py, srpo_vs_grpo.py, compare_algorithms.py,
-flowsar_ablation.py; and of the tests that check the numbers docs/results.md quotes), and libero_learning.py's --arms
-table built from them (arms_table, which tests/test_libero_learning_table.py checks on hand data). The
-bootstraps and the permutation test themselves are common/heldout.py's."""
+benchmarks' tables: libero_learning.py, tabletop_default.py, compare_algorithms.py and its presets; and of the tests
+that check the numbers docs/results.md quotes), and libero_learning.py's --arms table built from them (arms_table,
+which tests/test_libero_learning_table.py checks on hand data). The bootstraps and the permutation test themselves are common/heldout.py's."""
 from __future__ import annotations
 
 import math

@@ -50,6 +50,19 @@ def placement_seeds(task_id: int, seed: int, count: int) -> List[int]:
     return seeds
 
 
+def check_disjoint(task_id: int, test_seed: int, test_size: int, validation_seed: int, validation_size: int) -> None:
+    """A validation set's drawn states never overlap the test set's (other placement seeds; both lie far above the
+    demos' seeds 1000.., and neither holds a practice trial); ValueError naming the fix otherwise."""
+    if validation_seed == test_seed:
+        raise ValueError(f"--validation-seed {validation_seed} is the test set's --heldout-seed: the validation set "
+                         f"would be the test set's drawn states; choose another seed")
+    shared = set(placement_seeds(task_id, test_seed, test_size)) & set(placement_seeds(task_id, validation_seed,
+                                                                                       validation_size))
+    if shared:
+        raise ValueError(f"the validation and test sets share placement seeds {sorted(shared)[:3]}: choose another "
+                         f"--validation-seed")
+
+
 def draw_states(env_cfg, task_id: int, seeds: Sequence[int]) -> List[List[float]]:
     """The initial state each placement seed draws for task `task_id` of `env_cfg.suite`: on real LIBERO the flattened
     MuJoCo state right after LIBERO's placement reset (before any settling step, as LIBERO's init files hold it)."""

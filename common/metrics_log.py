@@ -69,6 +69,12 @@ def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> L
     return series
 
 
+def read_rows(run_dir: str) -> List[Dict[str, Any]]:
+    """The rows of a run's metrics.jsonl (what Logger.log wrote), in order."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
 def _to_float(value: Any) -> Optional[float]:
     """A plain float from a python/numpy/torch scalar; None for anything that is not one number."""
     try:

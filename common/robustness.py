@@ -10,7 +10,8 @@ greedy episode each (`common.evaluation.evaluate_policy`), and trial j of a vari
 drop is a paired comparison: `lost` counts the starts solved in the base suite and failed in the variant, `gained`
 the reverse. Writes to the output folder: robustness.md (the tables, also printed), robustness.json (every episode's
 0/1 result, so every aggregate can be recomputed), robustness.png (success per suite, coloured by family) and
-episodes_<suite>.gif per suite.
+episodes_<suite>.gif per suite. Over many runs (benchmarks/robustness.py): each run's success per family, averaged over
+tasks within a seed, and the table of mean ± std over seeds (per_seed, table).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import json
 import os
 import re
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -247,3 +248,51 @@ def run_robustness(args, policy, env_cfg: EnvConfig, task_ids: Sequence[int], tr
     print(f"{episodes} episodes on {len(suites)} suites in {results['seconds']:.1f}s; wrote "
           + ", ".join(files.values()))
     return results
+
+
+# ---- over runs: benchmarks/robustness.py's table (unit-tested on hand-made results in tests/test_robustness.py)
+COLUMNS = ("base",) + FAMILIES + ("all variants",)
+
+
+def family_values(res: dict) -> Dict[str, float]:
+    """One evaluation's success per column: the base suite, each family (its variants' episodes pooled) and all
+    variants pooled."""
+    base = res["base_suite"]
+    out = {"base": res["per_suite"][base]["success"]}
+    for fam, r in res["per_family"].items():
+        out[fam] = r["success"]
+    episodes = [s for suite, r in res["per_suite"].items() if suite != base for s in r["episodes"]["success"]]
+    out["all variants"] = float(np.mean(episodes)) if episodes else float("nan")
+    return out
+
+
+def per_seed(results: Dict[Tuple[int, int], dict]) -> Dict[str, List[float]]:
+    """column -> one value per seed (tasks averaged within a seed), from {(task, seed): robustness.json}."""
+    by_seed: Dict[int, List[Dict[str, float]]] = {}
+    for (task, seed), res in sorted(results.items()):
+        by_seed.setdefault(seed, []).append(family_values(res))
+    return {c: [float(np.mean([v[c] for v in vals if c in v])) for _, vals in sorted(by_seed.items())
+                if any(c in v for v in vals)] for c in COLUMNS}
+
+
+def cell(values: Sequence[float]) -> str:
+    """'mean ± std' in percent (one value: no spread)."""
+    v = [x for x in values if np.isfinite(x)]
+    if not v:
+        return "-"
+    return f"{100 * np.mean(v):.1f}" + (f" ± {100 * np.std(v):.1f}" if len(v) > 1 else "")
+
+
+def table(rows: Dict[str, Dict[str, List[float]]], starts: Dict[str, str]) -> str:
+    """Markdown: one row per policy (SFT starts and arms): success per column, the drop of all variants against the
+    base suite, and all variants against the row's SFT start (`starts`: row -> its SFT row)."""
+    head = ["policy", "seeds", *COLUMNS, "drop: all variants - base", "all variants - its SFT start"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, vals in rows.items():
+        n = len(vals["base"])
+        drop = [a - b for a, b in zip(vals["all variants"], vals["base"])]
+        sft = rows.get(starts.get(label, ""), {}).get("all variants")
+        gain = [a - float(np.mean(sft)) for a in vals["all variants"]] if sft and label in starts else []
+        lines.append("| " + " | ".join([label, str(n)] + [cell(vals[c]) for c in COLUMNS] +
+                                       [cell(drop), cell(gain)]) + " |")
+    return "\n".join(lines)

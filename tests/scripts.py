@@ -1,11 +1,12 @@
 """The training scripts run as a user runs them (CleanRL-style subprocess tests), shared by every script's tests."""
-import json
 import os
 import subprocess
 import sys
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from common.metrics_log import read_rows as read_metrics  # noqa: F401  (the tests' name for it)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_MODE="offline", WANDB_SILENT="true")
@@ -62,12 +63,6 @@ def only_run_metrics(out) -> List[dict]:
     """The metrics rows of the one run under `out`/runs."""
     (run,) = os.listdir(os.path.join(str(out), "runs"))
     return read_metrics(os.path.join(str(out), "runs", run))
-
-
-def read_metrics(run_dir: str) -> List[dict]:
-    """The rows of a run's metrics.jsonl."""
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
 
 
 def golden_image(seed: int, size: int) -> np.ndarray:

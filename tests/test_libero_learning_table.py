@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from common import arms
+from common import arms, cpu_recipe
 from tests.scripts import ROOT, load_benchmark
 
 
@@ -197,7 +197,7 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     sent = {}
     monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"outcomes": []})
     monkeypatch.setattr(m, "budget_reached", lambda runs, budget: runs + "/run")
-    monkeypatch.setattr(m, "rows_of", lambda run_dir: [])
+    monkeypatch.setattr(m, "read_rows", lambda run_dir: [])
     monkeypatch.setattr(m, "summary", lambda rows: {})
     monkeypatch.setattr(m, "sft_header", lambda out: {})
     monkeypatch.setattr(m, "arms_table", lambda start, arms, header, comparisons: {"lines": []})
@@ -245,7 +245,7 @@ def test_the_arms_run_seed_by_seed_and_the_control_on_one_seed():
     """A benchmark stopped part-way (runs take ~1 h each) has compared every arm on its first seed, not run one arm on
     all three; the control runs on the first seed unless --control-seeds names others (seeds outside --seeds go
     last)."""
-    m = load_benchmark("libero_learning")
+    m = cpu_recipe  # the recipe's arm order (benchmarks/libero_learning.py makes the runs in it)
     assert m.arm_order(["grpo", "srpo", "control"], [1, 2, 3], None) == [
         ("grpo", 1), ("srpo", 1), ("control", 1), ("grpo", 2), ("srpo", 2), ("grpo", 3), ("srpo", 3)]
     assert m.arm_order(["grpo", "control"], [1, 2], [2, 5]) == [("grpo", 1), ("grpo", 2), ("control", 2),
@@ -259,10 +259,11 @@ def test_the_arms_run_seed_by_seed_and_the_control_on_one_seed():
 def test_each_family_samples_as_its_recipe_and_takes_only_its_arms(monkeypatch, tmp_path, capsys):
     """Held-out sampled episodes: a token policy at the GRPO CPU recipe's temperature, a flow policy at the FlowSAR CPU
     recipe's exploration noise; a flow arm with the token family (or the reverse) is refused in one line."""
+    assert cpu_recipe.sampling("token") == ["--temperature", "0.5"]
+    assert cpu_recipe.sampling("flow") == ["--flow-noise-level", "0.5"]
+    assert cpu_recipe.ARMS["flow_control"][2] == ["reward.shuffle=true"]
+    assert set(cpu_recipe.FLOW_ARMS) == {"flowsar", "flow_control"}
     m = load_benchmark("libero_learning")
-    assert m.sampling("token") == ["--temperature", "0.5"]
-    assert m.sampling("flow") == ["--flow-noise-level", "0.5"]
-    assert m.ARMS["flow_control"][2] == ["reward.shuffle=true"] and set(m.FLOW_ARMS) == {"flowsar", "flow_control"}
     for family, arm in (("token", "flowsar"), ("flow", "grpo")):
         monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--family", family, "--arms", arm, "--out",
                                           str(tmp_path)])

@@ -57,16 +57,25 @@ def test_the_rule_falls_back_to_the_longest_start(monkeypatch, tmp_path):
     assert trained == [1500, 3000, 5000] and choice["chosen_steps"] == 5000
 
 
-def test_the_validation_set_shares_no_state_with_the_test_set():
-    m = load_benchmark("libero_learning")
-    args = type("A", (), dict(task_id=3, heldout_seed=0, heldout_set=100, validation_seed=1, validation_set=50))()
-    m.check_disjoint(args)  # passes: other placement seeds
+def test_the_validation_set_shares_no_state_with_the_test_set(monkeypatch, tmp_path, capsys):
+    heldout.check_disjoint(3, 0, 100, 1, 50)  # passes: other placement seeds
     test = set(heldout.placement_seeds(3, 0, 100))
     val = set(heldout.placement_seeds(3, 1, 50))
     assert not test & val and min(val) >= heldout.SEED_LOW  # far above the demos' placement seeds (1000..)
-    args.validation_seed = 0
-    with pytest.raises(SystemExit, match="is the test set's --heldout-seed"):
-        m.check_disjoint(args)
+    with pytest.raises(ValueError, match="is the test set's --heldout-seed"):
+        heldout.check_disjoint(3, 0, 100, 0, 50)
+    monkeypatch.setattr(heldout, "placement_seeds", lambda task, seed, n: list(range(seed, seed + n)))
+    with pytest.raises(ValueError, match=r"share placement seeds \[1, 2\]: choose another --validation-seed"):
+        heldout.check_disjoint(3, 0, 3, 1, 3)  # 0 1 2 and 1 2 3
+    m = load_benchmark("libero_learning")  # the benchmark's --sft-candidates says it in one line
+    (tmp_path / "demos" / "libero_object").mkdir(parents=True)
+    (tmp_path / "demos" / "libero_object" / "task_demo.hdf5").write_text("")
+    monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--suite", "libero_object", "--task-id", "3",
+                                      "--sft-candidates", "1500", "--heldout-seed", "0", "--validation-seed", "0",
+                                      "--out", str(tmp_path)])
+    monkeypatch.setattr(m, "run", lambda cmd, log: None)
+    with pytest.raises(SystemExit, match="^error: --validation-seed 0 is the test set's --heldout-seed"):
+        m.main()
 
 
 def test_drawn_only_evaluates_no_official_trial(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/recipes_recheck.py, the re-check of docs/recipes.md's citations: its parsing by hand, every row
+"""tests/recipes_recheck.py, the re-check of docs/recipes.md's citations: its parsing by hand, every row
 checkable (a literal or an EXPECT text: none left to read by hand), and a run against a tiny git repository standing
 in for a reference (a cited line that holds the value is ok, one that drifted is MISS)."""
 import os
@@ -6,9 +6,7 @@ import subprocess
 
 import pytest
 
-from tests.scripts import load_benchmark
-
-recheck = load_benchmark("recipes_recheck")
+from tests import recipes_recheck as recheck
 
 
 def test_citations_parse_by_hand():

@@ -117,8 +117,7 @@ def fake_result(base, variants):
 
 
 def test_benchmark_aggregates_families_over_tasks_then_seeds():
-    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-    import robustness as bench
+    from common import robustness as bench  # benchmarks/robustness.py's table
 
     r1 = fake_result([1, 1, 1, 1], {"tabletop_lan": [1, 1, 0, 0], "tabletop_camera": [0, 0, 0, 0],
                                     "tabletop_noise": [1, 1, 1, 1]})

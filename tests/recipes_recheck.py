@@ -7,11 +7,13 @@ commit works, whatever is checked out), then looks in those lines for the row's 
 EXPECT's text for a row whose cell says it in words (docs/data/recipes_expect.yaml, with the tables' short file
 names). A row is `ok` (an expected literal is there), `MISS` (none is: the citation drifted or is wrong), `words` (the
 cell has no literal and EXPECT no text for it: read it by hand, then add its text to that file's `expect:`), or
-`no-ref` (no checkout given for its reference). Exit status 1 when any row is MISS.
+`no-ref` (no checkout given for its reference). Exit status 1 when any row is MISS. A check of the docs, not a
+benchmark: a tests/ tool (it needs the references' clones, so no test tier runs it whole; tests/test_recipes_recheck.py
+runs it against a stand-in repository).
 
-    python benchmarks/recipes_recheck.py --mirror-root /work/.mirror          # <root>/<owner>+<name>/repo clones
-    python benchmarks/recipes_recheck.py --ref siiRL=~/src/siiRL --ref RLinf=~/src/RLinf ...
-    python benchmarks/recipes_recheck.py --mirror-root /work/.mirror --only MISS   # just the drifted rows
+    python tests/recipes_recheck.py --mirror-root /work/.mirror          # <root>/<owner>+<name>/repo clones
+    python tests/recipes_recheck.py --ref siiRL=~/src/siiRL --ref RLinf=~/src/RLinf ...
+    python tests/recipes_recheck.py --mirror-root /work/.mirror --only MISS   # just the drifted rows
 """
 from __future__ import annotations
 
