@@ -4,7 +4,6 @@ training script's first iterations on CUDA: tests/test_gpu_scripts.py, which ass
 
     python benchmarks/gpu_check.py --part oft7b_lora     # OpenVLA-OFT 7B, LoRA r=32 + gradient checkpointing
     python benchmarks/gpu_check.py --part oft7b_full     # OpenVLA-OFT 7B, full fine-tuning, fp32 master weights, 1 GPU
-    python benchmarks/gpu_check.py --part oft7b_offload  # the same under FSDP2 (1 rank) with CPU offload
     python benchmarks/gpu_check.py --part pi0_expert     # pi0 (PaliGemma 3B + 300M expert), expert-only recipe
     python benchmarks/gpu_check.py --part srpo_7b --variants "" "train.strategy=fsdp"  # SRPO from a random 7B folder
     python benchmarks/gpu_check.py --part fsdp_lora          # OpenVLA-OFT 7B through common/fsdp.py, 1 process, LoRA
@@ -156,43 +155,6 @@ def part_oft7b_full():
             break
 
 
-def part_oft7b_offload():
-    """FSDP2 fully_shard on one rank with CPUOffloadPolicy: parameters, gradients and AdamW state live in CPU memory,
-    each Llama layer is brought to the GPU for its forward/backward."""
-    import torch.distributed as dist
-    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    from models.openvla_oft import OpenVLAOFTConfig, OpenVLAOFTPolicy
-
-    cfg = OpenVLAOFTConfig(init_path=oft_folder(), lora_rank=0, bf16_weights=False, gradient_checkpointing=True)
-    t0 = time.perf_counter()
-    with torch.device("cuda"):
-        policy = OpenVLAOFTPolicy(cfg, _load_weights=False)
-    core = policy.core
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    kw = dict(mp_policy=mp, offload_policy=CPUOffloadPolicy())
-    for layer in core.language_model.model.layers:
-        fully_shard(layer, **kw)
-    fully_shard(core, **kw)
-    torch.cuda.synchronize()
-    emit(part="offload_build", seconds=round(time.perf_counter() - t0, 1),
-         allocated_gib=gib(torch.cuda.memory_allocated()))
-    policy.cfg.bf16 = False  # FSDP's mixed precision casts the parameters; no autocast on top
-    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
-
-    def step():
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-
-    for i, fwd_bwd, stepped in timed_updates(policy, 4, step):
-        emit(part="oft7b_train_fsdp2_offload", step=i, micro_batch=4, fwd_bwd_s=round(fwd_bwd, 2),
-             optimizer_s=round(stepped, 2), peak_gib=gib(torch.cuda.max_memory_allocated()))
-    dist.destroy_process_group()
-
-
 def part_fsdp(offload, micro=4):
     """OpenVLA-OFT 7B trained through common/fsdp.py on one GPU (train.strategy=fsdp, one process): LoRA r=32, or
     (`offload`) full fine-tuning with train.fsdp_offload (fp32 shards + AdamW on the host). Every line also gives the
@@ -329,9 +291,8 @@ def _srpo_7b_run(folder, extra):
          tail=(p.stdout + p.stderr)[-1500:] if p.returncode else "")
 
 
-PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "oft7b_offload": part_oft7b_offload,
-         "srpo_7b": part_srpo_7b, "fsdp_lora": part_fsdp, "fsdp_full_offload": part_fsdp,
-         "pi0_expert": part_pi0_expert}
+PARTS = {"oft7b_lora": part_oft7b_lora, "oft7b_full": part_oft7b_full, "srpo_7b": part_srpo_7b, "fsdp_lora": part_fsdp,
+         "fsdp_full_offload": part_fsdp, "pi0_expert": part_pi0_expert}
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -1,7 +1,7 @@
 """Does RL learn on real LIBERO? Scripted-expert demos -> SFT -> SRPO (or GRPO) on the real simulator, CPU-sized.
 
 The chain a researcher would run with LIBERO's released demos and a pretrained VLA, made here from what a CPU has:
-1. demos: `benchmarks/libero_expert.py --record N` (the scripted expert reads the simulator; the suite's random
+1. demos: `record_demos.py --record N` (the scripted expert reads the simulator; the suite's random
    placements, never one of the 50 evaluation init states), in LIBERO's HDF5 layout, at --image-size;
 2. SFT: `train_sft.py --config configs/sft_libero.yaml` with the tiny token policy on those demos (one start, seed 0);
 3. RL: `train_srpo.py` from that start, per seed, under the heldout protocol: practice on init states 0..39, greedy and
@@ -268,12 +268,12 @@ def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, pai
 
 def practice_demos(py: str, out: str, args) -> str:
     """LUFFY's demonstrations: one scripted-expert demo from each practice init state 0..39 of the task
-    (`libero_expert.py --record-trials`; a state the expert fails is left out), recorded once into
+    (`record_demos.py --record-trials`; a state the expert fails is left out), recorded once into
     <out>/practice_demos/. -> the HDF5 file."""
     folder = os.path.join(out, "practice_demos")
     files = glob.glob(os.path.join(folder, args.suite, "*_demo.hdf5"))
     if not files:
-        run([py, "benchmarks/libero_expert.py", "--record-trials", "--trial-start", "0", "--trials",
+        run([py, "record_demos.py", "--record-trials", "--trial-start", "0", "--trials",
              str(PRACTICE_TRIALS), "--suite", args.suite, "--task-ids", str(args.task_id), "--out", folder,
              "--image-size", str(args.image_size)], os.path.join(out, "practice_demos.log"))
         files = glob.glob(os.path.join(folder, args.suite, "*_demo.hdf5"))
@@ -516,7 +516,7 @@ def main() -> None:
     demo_dir = os.path.join(out, "demos")
     files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     if not files and not args.sft_from:
-        run([py, "benchmarks/libero_expert.py", "--record", str(args.demos), "--suite", args.suite, "--task-ids",
+        run([py, "record_demos.py", "--record", str(args.demos), "--suite", args.suite, "--task-ids",
              str(args.task_id), "--out", demo_dir, "--image-size", str(args.image_size)], os.path.join(out, "demos.log"))
         files = glob.glob(os.path.join(demo_dir, args.suite, "*_demo.hdf5"))
     env = [f"env.suite={args.suite}", f"env.image_size={args.image_size}", "env.fast_render=true",

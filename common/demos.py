@@ -174,7 +174,7 @@ def select_task_demos(files: Sequence[Tuple[str, List[Dict[str, Any]]]], task_na
 
 def load_hdf5_demos(paths: Sequence[str], env_cfg: EnvConfig, num_per_task: int = 0, key: str = "sft.demo_paths",
                     images: bool = True) -> List[Dict[str, Any]]:
-    """LIBERO-layout HDF5 demos (LIBERO's released files or benchmarks/libero_expert.py's) of the tasks
+    """LIBERO-layout HDF5 demos (LIBERO's released files or record_demos.py's) of the tasks
     `env_cfg.task_ids` of `env_cfg.suite`, at most `num_per_task` per task (0 = all), images upright at
     `env_cfg.image_size` (or none with `images=False`). ConfigError in one line naming `key` for a missing file, a
     file not in LIBERO's layout (what is missing), a file of another task, or a trained task without demos."""

@@ -10,7 +10,7 @@ The set is written once as a small JSON file (default cache/heldout/<name>.json;
 beside every evaluation's outcomes; its sha256 ties outcomes to it.
 
 Seeds never practised: the drawn placement seeds lie in [2^31, 2^32), far above the ones demos are recorded from
-(benchmarks/libero_expert.py from --seed 1000 on; LIBERO's released demos and the tabletop demo starts are other
+(record_demos.py from --seed 1000 on; LIBERO's released demos and the tabletop demo starts are other
 streams), and RL practises on official trials only.
 """
 from __future__ import annotations

@@ -208,7 +208,7 @@ def _libero_start_message(cfg: Any, path: str) -> str:
     """No SFT start at `path` on a suite without a scripted expert in train_sft.py: how to make one (demos first)."""
     suite, ids = cfg.env.suite, " ".join(str(t) for t in cfg.env.task_ids)
     return (f"no SFT checkpoint at {path}, and {suite} has no demos train_sft.py can make by itself: record demos "
-            f"with `python benchmarks/libero_expert.py --record 50 --suite {suite} --task-ids {ids} --out "
+            f"with `python record_demos.py --record 50 --suite {suite} --task-ids {ids} --out "
             f"data/libero_demos/` and train the start with `python train_sft.py --config configs/sft_libero.yaml "
             f"--task-ids {ids} "
             f"env.suite={suite} sft.demo_paths=[...the .hdf5 files] sft.output_path={path}` (or both in one: "

@@ -581,7 +581,7 @@ class DemoFileWriter:
 
 
 # ---- the expert in worker processes: its success from LIBERO's init states, and demos recorded into HDF5 files
-# (benchmarks/libero_expert.py is the command line; benchmarks/libero_learning.py records its demos through it)
+# (record_demos.py is the command line; benchmarks/libero_learning.py records its demos through it)
 _WORKER: Dict[str, Any] = {}  # per process: the env and expert, kept across episodes (the scene is built per task)
 
 

@@ -1,9 +1,9 @@
-"""The docs run: every shell command in README.md and docs/*.md that starts one of the project's scripts
-(train_*.py, evaluate.py, test_all.py, benchmarks/*.py) parses: a training script's command through the script's own
-config parser and value checks (--dry-run's plan is not computed: it would load checkpoints the docs only name), any
-other script's through its argparse parser; and every relative link in them resolves (the file, and the heading an
-#anchor names). A placeholder (`<SFT start>`, `...`, `$OFT`, T / S / N for a number) stands for a value of the reader's:
-it is replaced by one of the right type (an existing folder, 0)."""
+"""The docs run: every shell command in README.md and docs/*.md that starts one of the project's scripts (train_*.py,
+evaluate.py, record_demos.py, test_all.py, benchmarks/*.py) parses: a training script's command through the script's
+own config parser and value checks (--dry-run's plan is not computed: it would load checkpoints the docs only name),
+any other script's through its argparse parser; and every relative link in them resolves (the file, and the heading
+an #anchor names). A placeholder (`<SFT start>`, `...`, `$OFT`, T / S / N for a number) stands for a value of the
+reader's: it is replaced by one of the right type (an existing folder, 0)."""
 import argparse
 import glob
 import os
@@ -18,7 +18,7 @@ import pytest
 from tests.scripts import ROOT
 
 DOCS = ["README.md"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md")))
-SCRIPT = re.compile(r"^(train_\w+\.py|evaluate\.py|test_all\.py|benchmarks/\w+\.py)$")
+SCRIPT = re.compile(r"^(train_\w+\.py|evaluate\.py|record_demos\.py|test_all\.py|benchmarks/\w+\.py)$")
 FOLDER = os.path.join(ROOT, "tests", "fixtures", "tabletop_t0_weak")  # a placeholder path: a real policy folder
 
 

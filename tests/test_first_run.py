@@ -166,7 +166,7 @@ def test_a_libero_run_without_an_sft_start_names_the_commands_that_make_one():
     line = script_error("train_srpo.py", "--config", "configs/srpo_libero_cpu.yaml", "--task-id", "0",
                         "init.path=checkpoints/none_here", "--no-wandb", "log.output_dir=/nonexistent/runs")
     assert "no SFT checkpoint at checkpoints/none_here, and libero_spatial has no demos" in line
-    assert "python benchmarks/libero_expert.py --record 50 --suite libero_spatial --task-ids 0" in line
+    assert "python record_demos.py --record 50 --suite libero_spatial --task-ids 0" in line
     assert "python benchmarks/libero_learning.py --suite libero_spatial --task-id 0 --sft-only --out D" in line
 
 

@@ -208,16 +208,16 @@ def check_released_layout(path: str, size: int) -> list:
 @pytest.mark.slow
 @pytest.mark.real_libero
 def test_scripted_demo_in_released_layout_trains_sft_then_rl(tmp_path):
-    """benchmarks/libero_expert.py records one libero_object task-0 demo (32 px); the file has the released layout,
+    """record_demos.py records one libero_object task-0 demo (32 px); the file has the released layout,
     field by field; its first frame is what LiberoEnv shows from the same placement seed; train_sft.py trains two
     steps on it (configs/sft_libero.yaml made CPU-sized) and train_srpo.py runs one iteration from that policy."""
     from envs.libero import LiberoEnv, _init_states
     from tests.scripts import read_metrics, run_script
 
     size = 32
-    out = run_script("benchmarks/libero_expert.py", ["--record", "1", "--suite", "libero_object", "--task-ids", "0",
-                                                     "--out", str(tmp_path / "demos"), "--image-size", str(size),
-                                                     "--workers", "1"], timeout=600)
+    out = run_script("record_demos.py", ["--record", "1", "--suite", "libero_object", "--task-ids", "0",
+                                         "--out", str(tmp_path / "demos"), "--image-size", str(size),
+                                         "--workers", "1"], timeout=600)
     assert "recorded 1 demos" in out.stdout, out.stdout[-2000:]
     path = str(tmp_path / "demos" / "libero_object" / f"{OBJECT_0}_demo.hdf5")
     (length,) = check_released_layout(path, size)

@@ -249,12 +249,12 @@ def test_libero_one_short_iteration_with_hdf5_demos(tmp_path):
 def test_libero_cpu_recipe_replays_the_experts_practice_demos(tmp_path):
     """configs/luffy_libero_cpu.yaml (the real-LIBERO LUFFY arm) for one iteration from a tiny token policy, with the
     demos benchmarks/libero_learning.py --arms luffy makes: the scripted expert from practice init states 0 and 1
-    (`libero_expert.py --record-trials`). Each group starts from its demo's first state and the demo, replayed as the
+    (`record_demos.py --record-trials`). Each group starts from its demo's first state and the demo, replayed as the
     policy acts (its tokens, chunks), succeeds in the simulator and is trained on: a demo from a practice state is a
     verified success, not a dropped one."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", WANDB_SILENT="true")
     demos = tmp_path / "practice_demos"
-    rec = subprocess.run([sys.executable, "benchmarks/libero_expert.py", "--record-trials", "--trial-start", "0",
+    rec = subprocess.run([sys.executable, "record_demos.py", "--record-trials", "--trial-start", "0",
                           "--trials", "2", "--suite", "libero_spatial", "--task-ids", "0", "--out", str(demos),
                           "--image-size", "64", "--workers", "1"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)

@@ -1,14 +1,17 @@
-"""The scripted LIBERO expert (envs/libero_expert.py): its success per task, or demos recorded in LIBERO's HDF5 layout.
-
-Success over LIBERO's fixed initial states (the evaluation trials; no camera is rendered, the expert reads the
-simulator), one line per task and a markdown table at the end:
-    python benchmarks/libero_expert.py --suite libero_object                 # all 10 tasks x 50 init states
-    python benchmarks/libero_expert.py --suite libero_goal --task-ids 1 2 4 6 8 9 --trials 10
+"""Demos from the scripted LIBERO expert (envs/libero_expert.py), recorded in LIBERO's HDF5 layout for train_sft.py
+and train_luffy.py; without --record, the expert's success per task (which tasks and init states it can record).
 
 Demos: N successful episodes per task from the suite's *random* placements (LIBERO's own placement samplers, drawn
 from placement seeds --seed, --seed + 1, ...; never the 50 evaluation states), both cameras at --image-size,
 written to <out>/<suite>/<task name>_demo.hdf5, the layout of LIBERO's released demos (docs/libero.md):
-    python benchmarks/libero_expert.py --record 50 --suite libero_object --task-ids 0 --out data/libero_demos/
+    python record_demos.py --record 50 --suite libero_object --task-ids 0 --out data/libero_demos/
+One demo from each official init state --trial-start..+--trials instead (LUFFY's practice states 0..39):
+    python record_demos.py --record-trials --trial-start 0 --trials 40 --suite libero_object --task-ids 0
+
+Success over LIBERO's fixed initial states (the evaluation trials; no camera is rendered, the expert reads the
+simulator), one line per task and a markdown table at the end:
+    python record_demos.py --suite libero_object                 # all 10 tasks x 50 init states
+    python record_demos.py --suite libero_goal --task-ids 1 2 4 6 8 9 --trials 10
 
 Episodes run in --workers processes (default: 2, one per core of this machine); the workers and the recording are
 envs/libero_expert.py's (evaluate_episode, record_demos), this file is their command line and the success table.
@@ -18,16 +21,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as futures
 import json
-import os
-import sys
 from typing import Any, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from envs.libero_expert import close_worker_env, evaluate_episode, expert_pool, record_demos  # noqa: E402
+from envs.libero_expert import close_worker_env, evaluate_episode, expert_pool, record_demos
 
 
 def evaluate(args: argparse.Namespace, task_ids: List[int], descriptions: List[str]) -> Dict[str, Any]:
