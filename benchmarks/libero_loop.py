@@ -341,7 +341,7 @@ def main() -> None:
     args = p.parse_args()
     print(f"# {args.suite} task {args.task_id}, {args.image_size} px, {args.workers} workers, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.1f} at start", flush=True)
-    rates = rollout_rates(args)
+    rollout_rates(args)  # parts 1 and 3: printed as measured
     profiles = {}
     with tempfile.TemporaryDirectory(prefix="libero_loop_") as tmp:
         for mode in args.modes:  # each run between two ceilings of its own: the load of a shared machine drifts

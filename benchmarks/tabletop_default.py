@@ -197,8 +197,8 @@ def main() -> None:
           + " | ".join(f"{int(sum(m.get(k, 0) for m in rows))} of {len(rows)}"
                        for k in ("practice_holds", "greedy_holds", "sampled_holds")) + " |")
     evaluations = int(max(m["evaluations"] for m in rows))
-    print(f"\nThe held-out check's noise: a plateau whose outcomes re-draw at every evaluation fails it with "
-          f"probability "
+    print("\nThe held-out check's noise: a plateau whose outcomes re-draw at every evaluation fails it with "
+          "probability "
           + ", ".join(f"{false_alarm(p, evaluations, 20):.2f} at p = {p}" for p in (0.6, 0.7, 0.8, 0.9))
           + f" ({evaluations} greedy evaluations of 20 trials; sampled evaluations have 20 x eval.samples_per_trial"
           f" episodes: {false_alarm(0.7, evaluations, 160):.2f} at p = 0.7 with 160)")

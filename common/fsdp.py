@@ -38,8 +38,6 @@ which a resume at the same world size reads back into place (`load_shards`).
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence
