@@ -128,7 +128,7 @@ def replay_rate(env, batches, options: Dict[str, list], workers: int) -> Dict[st
             start = {"task_ids": int(b.task_ids[i]), "trial_ids": int(b.trial_ids[i]),
                      **{k: v[int(b.group_ids[i])] for k, v in options.items()}}
             episodes.append((start, b.actions[i, :int(b.valid_steps[i])]))
-    todo, current, steps, build, stepping = list(range(len(episodes)))[::-1], {}, 0, 0.0, 0.0
+    todo, current, steps, build = list(range(len(episodes)))[::-1], {}, 0, 0.0
 
     def start(i: int) -> None:
         e = todo.pop()
@@ -147,8 +147,7 @@ def replay_rate(env, batches, options: Dict[str, list], workers: int) -> Dict[st
             if c < 0:
                 build += float(env.reset_envs_wait(np.array([i]))[1]["build_s"][0])
             else:
-                out = env.step_chunk_wait(np.array([i]))
-                steps, stepping = steps + int(out["steps"][0]), stepping + float(out["busy_s"][0])
+                steps += int(env.step_chunk_wait(np.array([i]))["steps"][0])
             if c + 1 < len(episodes[e][1]):
                 env.step_chunk_async(np.array([i]), episodes[e][1][c + 1][None])
                 current[i][1] = c + 1
@@ -156,8 +155,7 @@ def replay_rate(env, batches, options: Dict[str, list], workers: int) -> Dict[st
                 del current[i]
                 if todo:
                     start(i)
-    return {"rate": steps / (time.perf_counter() - t0 - build / workers), "steps": steps,
-            "physics": stepping / workers}
+    return {"rate": steps / (time.perf_counter() - t0 - build / workers), "steps": steps}
 
 
 def heldout_rate(args, tmp: str) -> Dict[str, float]:
@@ -194,7 +192,7 @@ def heldout_rate(args, tmp: str) -> Dict[str, float]:
     per_worker = {k: sum(b.stats[f"time/rollout_{k}_s"] for b in batches.values()) / n for k in ("physics", "reset")}
     rates = [sum(b.stats["rollout/env_steps"] for b in bs.values())
              / (w - sum(b.stats["time/rollout_build_s"] for b in bs.values()) / n) for bs, w, _ in evals]
-    return {"steps": steps, "wall": wall, "build": build, "rate": steps / (wall - build), **success,
+    return {"steps": steps, "wall": wall, "build": build, "rate": rates[0], **success,
             "physics": per_worker["physics"], "reset": per_worker["reset"] - build,
             "policy": sum(b.stats["time/rollout_policy_s"] for b in batches.values()), "main_cpu": main_cpu,
             "rates": rates, "replays": [r["rate"] for r in replays], "replay_steps": replays[0]["steps"]}
