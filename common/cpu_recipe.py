@@ -15,7 +15,10 @@ ARMS = {"grpo": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", []),  # b
         "srpo": ("train_srpo.py", "configs/srpo_libero_cpu.yaml", ["reward.scope=pooled"]),
         "control": ("train_srpo.py", "configs/srpo_libero_grpo_cpu.yaml", ["reward.shuffle=true"]),  # no signal
         "luffy": ("train_luffy.py", "configs/luffy_libero_cpu.yaml", []),  # + the expert's demos of the practice states
-        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", []),  # a value head and GAE
+        # a value head and GAE; its updates are 2 episodes, so an in-run evaluation every 80 of them: every 160
+        # episodes, as the other arms' 5 updates of 32 (the config's 20, a scale choice, would evaluate 4x as often
+        # and spend as many env steps evaluating as training over a 300,000-step run)
+        "gae_ppo": ("train_gae_ppo.py", "configs/gae_ppo_libero_cpu.yaml", ["eval.every=80"]),
         # --family flow: the tiny flow policy's arms
         "flowsar": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", []),  # self-annotated credit
         "flow_control": ("train_flowsar.py", "configs/flowsar_libero_cpu.yaml", ["reward.shuffle=true"])}  # no signal

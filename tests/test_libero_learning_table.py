@@ -262,6 +262,16 @@ def test_each_family_samples_as_its_recipe_and_takes_only_its_arms(monkeypatch, 
     assert cpu_recipe.sampling("token") == ["--temperature", "0.5"]
     assert cpu_recipe.sampling("flow") == ["--flow-noise-level", "0.5"]
     assert cpu_recipe.ARMS["flow_control"][2] == ["reward.shuffle=true"]
+    # in-run evaluations at one cadence in episodes: GAE-PPO's 80 updates of 2 = the GRPO recipe's 5 of 4 x 8
+    import os
+
+    import yaml
+
+    grpo = yaml.safe_load(open(os.path.join(ROOT, cpu_recipe.ARMS["grpo"][1])))
+    assert cpu_recipe.ARMS["gae_ppo"][2] == ["eval.every=80"]
+    gae = yaml.safe_load(open(os.path.join(ROOT, cpu_recipe.ARMS["gae_ppo"][1])))
+    assert 80 * gae["rollout"]["prompts_per_iteration"] == grpo["eval"]["every"] * grpo["rollout"][
+        "prompts_per_iteration"] * 8
     assert set(cpu_recipe.FLOW_ARMS) == {"flowsar", "flow_control"}
     m = load_benchmark("libero_learning")
     for family, arm in (("token", "flowsar"), ("flow", "grpo")):
