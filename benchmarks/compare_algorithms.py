@@ -52,10 +52,8 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -64,6 +62,7 @@ import yaml
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from common.child_runs import ONE_THREAD, run_logged, run_pool  # noqa: E402
 from common.metrics_log import read_rows  # noqa: E402
 from common.curves import (HOLD, LAST, LATE, METRIC, PRACTICE, TARGETS, band, eval_curve,  # noqa: E402
                            markdown_table, ratio_lines, run_lines, summarize)
@@ -109,6 +108,7 @@ PRESETS = {  # --preset -> (title, the flags' defaults; rl_overrides: before the
         "sft_overrides": ["sft.num_demos=20", "sft.augment_shift=0"]}),  # configs/flowsar.yaml's init.sft_args
 }
 MAX_SEGMENTS = 6  # runs resumed at most this many times to reach the budget
+AGAIN = "run again with --reuse to keep the SFT starts and the finished runs"  # after Ctrl-C
 
 
 # ---- launching
@@ -133,11 +133,7 @@ def sh(cmd: List[str], log_path: str) -> Tuple[int, float]:
     """Run `cmd` (one thread, output appended to log_path); (exit code, wall seconds)."""
     print("$ " + " ".join(["python"] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:]]),
           flush=True)  # one string: two threads printing at once do not interleave it
-    t0 = time.time()
-    with open(log_path, "a") as log:
-        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true")).returncode
-    return code, time.time() - t0
+    return run_logged(cmd, log_path, ONE_THREAD, append=True)
 
 
 def failure(script: str, log_path: str) -> str:
@@ -147,19 +143,6 @@ def failure(script: str, log_path: str) -> str:
     with open(log_path, errors="replace") as f:
         tail = f.read()[-2000:].lower()
     return "missing" if "placeholder" in tail or "not implemented" in tail else "failed"
-
-
-def run_pool(fn, jobs: List[tuple], workers: int) -> List:
-    """[fn(*job) for job in jobs], `workers` at a time (threads that each wait on one subprocess). Ctrl-C reaches the
-    running children too (they stop and exit); the jobs not started yet are dropped."""
-    pool = ThreadPoolExecutor(workers)
-    try:
-        return list(pool.map(lambda job: fn(*job), jobs))
-    except KeyboardInterrupt:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise SystemExit("interrupted; run again with --reuse to keep the SFT starts and the finished runs") from None
-    finally:
-        pool.shutdown()
 
 
 def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
@@ -343,14 +326,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sft = {k: {"path": os.path.abspath(args.start), "ok": True, "wall_s": 0.0, "log": None,
                    "finished": os.path.getmtime(args.start)} for k in starts}
     else:
-        sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs)))
+        sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs, AGAIN)))
     for (ty, t), info in sft.items():
         if not info["ok"]:
             sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
 
     # 2. every (arm, task, seed) run, args.jobs at a time
     jobs = [(a, t, s) for a in args.arms for t in args.tasks for s in args.seeds]
-    infos = dict(zip(jobs, run_pool(lambda a, t, s: train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs, args.jobs)))
+    infos = dict(zip(jobs, run_pool(lambda a, t, s: train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs,
+                                    args.jobs, AGAIN)))
 
     # 3. table and plot
     done = {arm: {(t, s): read_rows(os.path.join(args.out, run_name(arm, t, s))) for a, t, s in jobs

@@ -33,6 +33,7 @@ import compare_algorithms as ca  # noqa: E402
 
 ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
+from common.child_runs import run_pool  # noqa: E402
 from common.robustness import COLUMNS, per_seed, table  # noqa: E402
 
 
@@ -126,11 +127,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sft = {(ty, t): {"path": os.path.join(args.out, f"sft_{ty}_t{t}_policy")} for ty, t in starts}
         ok = {j for j in jobs if os.path.isdir(os.path.join(args.out, ca.run_name(*j), "checkpoints"))}
     else:
-        sft = dict(zip(starts, ca.run_pool(lambda ty, t: ca.make_sft(ty, t, args), starts, args.jobs)))
+        sft = dict(zip(starts, run_pool(lambda ty, t: ca.make_sft(ty, t, args), starts, args.jobs, ca.AGAIN)))
         for (ty, t), info in sft.items():
             if not info["ok"]:
                 sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
-        infos = ca.run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ca.ARMS[a][3], t)], args), jobs, args.jobs)
+        infos = run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ca.ARMS[a][3], t)], args), jobs, args.jobs,
+                         ca.AGAIN)
         ok = {j for j, info in zip(jobs, infos) if info["status"] == "ok"}
     t_train = time.time() - t_start
 
@@ -138,8 +140,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     evals = [(f"sft_{ty}_t{t}", sft[(ty, t)]["path"], t) for ty, t in starts if os.path.isdir(sft[(ty, t)]["path"])]
     evals += [(ca.run_name(*j), os.path.join(args.out, ca.run_name(*j)), j[1]) for j in jobs if j in ok]
     t_eval = time.time()
-    results = dict(zip([e[0] for e in evals], ca.run_pool(lambda n, path, t: evaluate_checkpoint(n, path, t, args),
-                                                          evals, args.jobs)))
+    results = dict(zip([e[0] for e in evals], run_pool(lambda n, path, t: evaluate_checkpoint(n, path, t, args),
+                                                       evals, args.jobs, ca.AGAIN)))
     t_eval = time.time() - t_eval
 
     # 3. table and plot

@@ -22,10 +22,8 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
 
 import numpy as np
@@ -34,13 +32,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from common.arms import false_alarm, plateau_measures  # noqa: E402
+from common.child_runs import ONE_THREAD, newest_resumable, only_run, run_logged, run_pool  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
 
 
-def read_rows(folder: str) -> List[dict]:
+def srpo_rows(folder: str) -> List[dict]:
     """The SRPO run's metrics rows (an auto_sft start made by the run has its own folder beside it)."""
-    (run,) = [r for r in os.listdir(os.path.join(folder, "runs")) if r.startswith("srpo__")]
-    with open(os.path.join(folder, "runs", run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return read_rows(only_run(os.path.join(folder, "runs"), "srpo__"))
 
 
 RECIPE = ("env", "rollout", "reward", "algorithm", "train", "eval")  # what a run's folder must share with the command
@@ -73,10 +71,9 @@ def refuse_other_recipe(folder: str, task: int, seed: int, overrides: Sequence[s
 
 
 def stopped_or_restart(folder: str, task: int, seed: int):
-    """An unfinished run in `folder`: the SRPO run to continue (the newest, when it has a complete checkpoint), else
-    None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock:
+    """An unfinished run in `folder`: the SRPO run to continue (the newest with a complete checkpoint), else None;
+    the others (older, or without a checkpoint) are removed. Exits in one line when a job still holds a run's lock:
     a live run is never deleted or run twice."""
-    from common.checkpoint import latest_checkpoint
     from common.run_folder import lock_run_dir
     from base.config_fields import ConfigError
 
@@ -86,17 +83,11 @@ def stopped_or_restart(folder: str, task: int, seed: int):
             lock_run_dir(run_dir, f"task {task} seed {seed}").release()
         except ConfigError as e:
             raise SystemExit(f"error: {e}") from None
-    keep = runs[-1] if runs and latest_checkpoint(runs[-1]) is not None else None
+    keep = newest_resumable(os.path.join(folder, "runs"), "srpo__")
     for run_dir in runs:
-        if run_dir != keep:  # older or checkpoint-less runs: read_rows reads the one run left
+        if run_dir != keep:  # older or checkpoint-less runs: srpo_rows reads the one run left
             shutil.rmtree(run_dir)
     return keep
-
-
-def call(cmd: List[str], log) -> int:
-    """A benchmark step in a subprocess on one thread, its output into the open file `log`; its exit code."""
-    return subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                           env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
 
 
 def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
@@ -110,10 +101,7 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
         cmd = ([sys.executable, os.path.join(ROOT, "train_srpo.py"), "--resume", stopped, "--no-wandb"] if stopped else
                [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", str(task), "--seed", str(seed),
                 "--no-wandb", f"log.output_dir={folder}/runs", f"log.plots_dir={folder}/plots", *overrides])
-        with open(os.path.join(folder, "log.txt"), "a") as log:
-            log.write(" ".join(cmd) + "\n")
-            log.flush()
-            rc = call(cmd, log)
+        rc, _ = run_logged(cmd, os.path.join(folder, "log.txt"), ONE_THREAD, append=True)
         if rc != 0:
             raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt"
                              + ("; run this again to continue it" if rc == 130 else ""))
@@ -122,7 +110,7 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
                        "resumed": bool(stopped)}, f)
     with open(done) as f:
         minutes = json.load(f)["minutes"]
-    m = dict(plateau_measures(read_rows(folder)), minutes=minutes)
+    m = dict(plateau_measures(srpo_rows(folder)), minutes=minutes)
     print(f"task {task} seed {seed}: {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True)
     return m
 
@@ -135,7 +123,7 @@ def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, flo
     beyond their noise. Kept in <folder>/heldout<states>/ and read again."""
     import yaml
 
-    (run,) = glob.glob(os.path.join(folder, "runs", "srpo__*"))
+    run = only_run(os.path.join(folder, "runs"), "srpo__")
     with open(os.path.join(run, "config.yaml")) as f:
         start = yaml.safe_load(f)["init"]["path"] or os.path.join("checkpoints", f"sft_tabletop_task{task}")
     out = os.path.join(folder, f"heldout{states}")
@@ -149,9 +137,8 @@ def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, flo
             os.makedirs(out, exist_ok=True)
             cmd = [sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", *what, *flags, "--out-dir",
                    os.path.join(out, name)]
-            with open(os.path.join(out, f"{name}.log"), "w") as log:
-                if call(cmd, log):
-                    raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
+            if run_logged(cmd, os.path.join(out, f"{name}.log"), ONE_THREAD)[0]:
+                raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
     with open(os.path.join(out, "end", "paired.json")) as f:
         paired = json.load(f)
     return {m: {"start": paired[m]["mean_a"], "end": paired[m]["mean_b"], "diff": paired[m]["diff"],
@@ -173,10 +160,10 @@ def main() -> None:
                     help="then the SFT start and each final policy on N held-out states, paired (0: skip)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda t: one(t, args.seed, args.set, args.out), args.tasks))
-        ends = list(pool.map(lambda t: end_vs_start(os.path.join(args.out, f"t{t}_s{args.seed}"), t,
-                                                    args.heldout_set), args.tasks)) if args.heldout_set else []
+    tasks = [(t,) for t in args.tasks]
+    rows = run_pool(lambda t: one(t, args.seed, args.set, args.out), tasks, args.jobs, "run this again to continue")
+    ends = run_pool(lambda t: end_vs_start(os.path.join(args.out, f"t{t}_s{args.seed}"), t, args.heldout_set), tasks,
+                    args.jobs, "run this again to continue") if args.heldout_set else []
     yes = lambda flag: "yes" if flag else "no"  # noqa: E731
     print(f"\ntrain_srpo.py defaults{' + ' + ' '.join(args.set) if args.set else ''}, seed {args.seed}")
     print("| task | practice first 10 -> last 10 | held-out greedy start / best / last 3 | held-out sampled start / "

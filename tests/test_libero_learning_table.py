@@ -226,7 +226,8 @@ def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused
     stopped.mkdir(parents=True)
     (stopped / "config.yaml").write_text("sft:\n  steps: 5000\n  num_demos: 100\n")
     calls = []
-    monkeypatch.setattr(m, "resumable", lambda runs: str(stopped) if runs == str(tmp_path / "sft_run") else None)
+    monkeypatch.setattr(m, "newest_resumable",
+                        lambda runs: str(stopped) if runs == str(tmp_path / "sft_run") else None)
     monkeypatch.setattr(m, "run", lambda cmd, log: calls.append(cmd))
     monkeypatch.setattr(m, "run_arms", lambda *a: None)
     argv = ["libero_learning.py", "--suite", "libero_spatial", "--demos", "100", "--sft-only", "--out", str(tmp_path)]
