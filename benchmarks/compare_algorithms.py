@@ -136,15 +136,6 @@ def sh(cmd: List[str], log_path: str) -> Tuple[int, float]:
     return run_logged(cmd, log_path, ONE_THREAD, append=True)
 
 
-def failure(script: str, log_path: str) -> str:
-    """'missing' for a script that is absent or a placeholder that says so, else 'failed'."""
-    if not os.path.isfile(os.path.join(ROOT, script)):
-        return "missing"
-    with open(log_path, errors="replace") as f:
-        tail = f.read()[-2000:].lower()
-    return "missing" if "placeholder" in tail or "not implemented" in tail else "failed"
-
-
 def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
     """The SFT start of `policy_type` for `task` (train_sft.py, configs/sft.yaml + --sft-overrides)."""
     name = f"sft_{policy_type}_t{task}"
@@ -181,8 +172,6 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
     if script != "train_sft.py":
         overrides += [*args.rl_overrides, *args.overrides]  # the preset's and the command's, for every RL arm
     name = run_name(arm, task, seed)
-    if not os.path.isfile(os.path.join(ROOT, script)):
-        return {"status": "missing", "wall_s": 0.0, "segments": 0, "log": None}
     run_dir, info_path = os.path.join(args.out, name), os.path.join(args.out, "logs", name + ".json")
     same = {"budget": args.env_steps, "eval_samples": args.eval_samples, "evals": args.evals,
             "sft": sft.get("finished"), "iterations": args.iterations,
@@ -223,7 +212,7 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
         info["wall_s"] += wall
         info["segments"] += 1
         if code != 0:
-            info["status"] = failure(script, log_path)
+            info["status"] = "failed"
             break
         if args.iterations or script in ("train_gae_ppo.py", "train_sft.py"):
             break

@@ -112,17 +112,6 @@ def test_runs_as_its_docstring_writes_it():
     assert out.returncode == 0 and "--env-steps" in out.stdout, out.stderr[-2000:]
 
 
-def test_a_missing_or_placeholder_script_is_listed_as_missing(tmp_path, monkeypatch):
-    monkeypatch.setitem(ca.ARMS, "nope", ("Nope", "train_nope.py", [], "token"))
-    args = ca.parse(["--out", str(tmp_path), "--env-steps", "1000"])
-    assert ca.train_arm("nope", 0, 1, {"path": "x", "finished": 1.0}, args)["status"] == "missing"  # nothing ran
-    log = tmp_path / "run.log"
-    log.write_text("error: train_luffy.py is a placeholder: not written yet\n")
-    assert ca.failure("train_luffy.py", str(log)) == "missing"
-    log.write_text("Traceback ...\nRuntimeError: shapes do not match\n")
-    assert ca.failure("train_luffy.py", str(log)) == "failed"
-
-
 def test_an_interrupted_rerun_is_not_kept_as_the_finished_run(tmp_path, monkeypatch):
     """--reuse re-runs a run whose SFT start changed; if that re-run is interrupted, the old run's record must not
     survive it (its run folder is already gone), so the next --reuse runs it again."""
