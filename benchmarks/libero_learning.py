@@ -59,7 +59,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.arms import arms_table, mean, summary  # noqa: E402
+from common.arms import arms_table, seeds_table, summary  # noqa: E402
 from common.child_runs import first_run_reaching, newest_resumable, run_or_exit  # noqa: E402
 from common.metrics_log import read_rows  # noqa: E402
 from common.cpu_recipe import (ARMS, COMPARISONS, FLOW_ARMS, ITERATION_CAP, PRACTICE_TRIALS,  # noqa: E402
@@ -85,24 +85,6 @@ def sft_task(sft: str):
 
     env = saved_env_config(sft)
     return None if env is None else (env.suite, env.task_ids[0])
-
-
-def print_table(results: Dict[str, Dict[int, Dict]]) -> None:
-    """Per arm and seed, then the mean over seeds: start / best / mean of the last three evaluations."""
-    print("| arm | seed | held-out greedy: start / best / last 3 | held-out sampled: start / best / last 3 | "
-          "practice, first 3 -> last 3 iterations | env steps | wall |")
-    print("|---|---|---|---|---|---|---|")
-    for arm, seeds in results.items():
-        rows = list(seeds.items())
-        if len(rows) > 1:  # the mean over seeds of every number (the per-evaluation lists are not in the table)
-            first = rows[0][1]
-            rows.append(("mean", {k: mean([r[k] for r in seeds.values()]) for k, v in first.items()
-                                  if isinstance(v, (int, float))}))
-        for seed, r in rows:
-            print(f"| {arm} | {seed} | {r['greedy_start']:.2f} / {r['greedy_best']:.2f} / {r['greedy_last']:.2f} | "
-                  f"{r['sampled_start']:.2f} / {r['sampled_best']:.2f} / {r['sampled_last']:.2f} | "
-                  f"{r['practice_first']:.2f} -> {r['practice_last']:.2f} | {int(r['total_env_steps']):,} | "
-                  f"{r['wall_s'] / 60:.0f} min |")
 
 
 def plot_curves(results: Dict[str, Dict[int, Dict]], title: str, path: str) -> None:
@@ -542,8 +524,7 @@ def main() -> None:
             json.dump(results[arm], f, indent=1)
     title = (f"{args.suite} task {args.task_id}, {args.demos} expert demos, SFT {args.sft_steps} steps, "
              f"{args.iterations} iterations x {args.prompts} x 8 episodes, held-out init states 40..49")
-    print("\n" + title)
-    print_table(results)
+    print("\n" + title + "\n" + "\n".join(seeds_table(results)))
     # one PNG per command's arms: an SRPO command does not overwrite the GRPO command's figure
     plot_curves(results, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
                                                             f"{'_'.join(args.reward)}{setting}.png"))
