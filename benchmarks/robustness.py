@@ -35,6 +35,7 @@ ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
 from common.child_runs import run_pool  # noqa: E402
 from common.robustness import COLUMNS, per_seed, table  # noqa: E402
+from common.tabletop_arms import ARMS, PRESETS  # noqa: E402
 
 
 # ---- evaluation
@@ -99,7 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--tasks", type=int, nargs="+", default=[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--env-steps", type=int, default=200_000, help="env-step budget of every RL run")
-    p.add_argument("--arms", nargs="+", default=ca.PRESETS["all"][1]["arms"], choices=list(ca.ARMS))
+    p.add_argument("--arms", nargs="+", default=PRESETS["all"][1]["arms"], choices=list(ARMS))
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (one thread each)")
     p.add_argument("--evals", type=int, default=5, help="evaluations per RL run aimed at (compare_algorithms.py)")
     p.add_argument("--eval-samples", type=int, default=0, help="compare_algorithms.py's --eval-samples")
@@ -120,7 +121,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t_start = time.time()
 
     # 1. SFT starts and RL runs: compare_algorithms.py's (same starts, budget and seeds; --reuse keeps finished ones)
-    types = sorted({ca.ARMS[a][3] for a in args.arms})
+    types = sorted({ARMS[a][3] for a in args.arms})
     starts = [(ty, t) for t in args.tasks for ty in types]
     jobs = [(a, t, s) for a in args.arms for t in args.tasks for s in args.seeds]
     if args.skip_training:
@@ -131,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         for (ty, t), info in sft.items():
             if not info["ok"]:
                 sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
-        infos = run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ca.ARMS[a][3], t)], args), jobs, args.jobs,
+        infos = run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs, args.jobs,
                          ca.AGAIN)
         ok = {j for j, info in zip(jobs, infos) if info["status"] == "ok"}
     t_train = time.time() - t_start
@@ -152,7 +153,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if found:
             rows[f"SFT ({ty})"] = per_seed(found)
     for arm in args.arms:
-        label, _, _, ty = ca.ARMS[arm]
+        label, _, _, ty = ARMS[arm]
         found = {(t, s): results[ca.run_name(arm, t, s)] for a, t, s in jobs
                  if a == arm and results.get(ca.run_name(arm, t, s))}
         if found:
