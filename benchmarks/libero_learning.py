@@ -117,6 +117,8 @@ def plot_curves(results: Dict[str, Dict[int, Dict]], title: str, path: str) -> N
 def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
     """LIBERO-PRO: every policy greedy on the trained task's held-out init states in the base suite and each variant
     (`evaluate.py --suites robustness`), one folder each (skipped when its robustness.json is there); one table."""
+    from common.robustness import suites_table
+
     tables = {}
     for name, checkpoint in policies.items():
         folder = os.path.join(out, "robustness", name)
@@ -128,13 +130,8 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
                 os.path.join(out, f"robustness_{name}.log"))
         with open(found) as f:
             tables[name] = json.load(f)["per_suite"]
-    names = list(tables)
-    print(f"\nLIBERO-PRO, {args.suite} task {args.task_id}, greedy, init states 40..{39 + args.pro_trials}:")
-    print("| suite | what changes | " + " | ".join(names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for suite, first in tables[names[0]].items():
-        print(f"| {suite} | {first['changes']} | " + " | ".join(f"{tables[n][suite]['success']:.2f}" for n in names)
-              + " |")
+    print(f"\nLIBERO-PRO, {args.suite} task {args.task_id}, greedy, init states 40..{39 + args.pro_trials}:\n"
+          + "\n".join(suites_table(tables)))
     with open(os.path.join(out, "results_robustness.json"), "w") as f:
         json.dump({n: {s: t[s]["success"] for s in t} for n, t in tables.items()}, f, indent=1)
 

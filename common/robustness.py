@@ -170,6 +170,15 @@ def markdown(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def suites_table(per_suite: Dict[str, Dict[str, Any]]) -> List[str]:
+    """Several policies side by side (name -> its robustness.json's per_suite; benchmarks/libero_learning.py --pro):
+    markdown lines, per suite what changes and each policy's success."""
+    names = list(per_suite)
+    return ["| suite | what changes | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)] + [
+        f"| {suite} | {first['changes']} | " + " | ".join(f"{per_suite[n][suite]['success']:.2f}" for n in names)
+        + " |" for suite, first in per_suite[names[0]].items()]
+
+
 def write_chart(results: Dict[str, Any], path: str) -> str:
     """Success per suite (bars coloured by family, ± s.e.) with the base suite's success as a dashed line."""
     import matplotlib

@@ -143,6 +143,20 @@ def test_benchmark_aggregates_families_over_tasks_then_seeds():
                         "29.2 ± 29.2 |")
 
 
+def test_policies_side_by_side_per_suite():
+    """benchmarks/libero_learning.py --pro's table: per suite (in the first policy's order) what changes and each
+    policy's success."""
+    from common.robustness import suites_table
+
+    sft = {"libero_spatial": {"changes": "-", "success": 0.5},
+           "libero_spatial_swap": {"changes": "swap", "success": 0.2}}
+    run = {"libero_spatial": {"changes": "-", "success": 0.75},
+           "libero_spatial_swap": {"changes": "swap", "success": 0.125}}
+    assert suites_table({"sft": sft, "grpo_s1": run}) == [
+        "| suite | what changes | sft | grpo_s1 |", "|---|---|---|---|", "| libero_spatial | - | 0.50 | 0.75 |",
+        "| libero_spatial_swap | swap | 0.20 | 0.12 |"]
+
+
 def test_benchmark_runs_as_its_docstring_writes_it():
     out = subprocess.run([sys.executable, "benchmarks/robustness.py", "--help"], cwd=ROOT,
                          env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True, timeout=120)
