@@ -26,15 +26,13 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_algorithms as ca  # noqa: E402
 
 ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
 from common.child_runs import run_pool  # noqa: E402
-from common.robustness import COLUMNS, per_seed, table  # noqa: E402
+from common.robustness import chart, per_seed, table  # noqa: E402
 from common.tabletop_arms import ARMS, PRESETS  # noqa: E402
 
 
@@ -67,32 +65,6 @@ def newest_mtime(path: str) -> float:
     """The newest modification time of any file under `path` (a new checkpoint makes old results stale)."""
     times = [os.path.getmtime(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files]
     return max(times, default=0.0)
-
-
-def plot(rows: Dict[str, Dict[str, List[float]]], title: str, path: str) -> None:
-    """Grouped bars: one group per column, one bar per policy (mean over seeds, ± std)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    x = np.arange(len(COLUMNS))
-    width = 0.8 / max(1, len(rows))
-    for k, ((label, vals), color) in enumerate(zip(rows.items(), plt.cm.tab10.colors)):
-        mean = [np.mean(vals[c]) if vals[c] else np.nan for c in COLUMNS]
-        std = [np.std(vals[c]) if len(vals[c]) > 1 else 0.0 for c in COLUMNS]
-        ax.bar(x + (k - (len(rows) - 1) / 2) * width, mean, width, yerr=std, capsize=2, color=color, label=label)
-    ax.set_xticks(x, COLUMNS)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("held-out greedy success")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=min(5, len(rows)), loc="upper right")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -162,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     title = (f"tabletop task{'s' * (len(args.tasks) > 1)} {' '.join(map(str, args.tasks))}: SFT starts and RL at "
              f"{args.env_steps:,} env steps, trials {args.trial_start}-{args.trial_start + args.trials - 1}"
              f", mean ± std over seeds")
-    plot(rows, title, args.plot)
+    chart(rows, title, args.plot)
     md_path = os.path.splitext(args.plot)[0] + ".md"
     text = "\n".join([
         f"# Robustness, {title}",
