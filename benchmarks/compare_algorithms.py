@@ -52,79 +52,26 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-import yaml
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from common.child_runs import ONE_THREAD, run_logged, run_pool  # noqa: E402
+from common.tabletop_arms import ARMS, PRESETS, episodes_per_iteration, max_episode_steps  # noqa: E402
 from common.metrics_log import read_rows  # noqa: E402
 from common.curves import (HOLD, LAST, LATE, METRIC, PRACTICE, TARGETS, band, eval_curve,  # noqa: E402
                            markdown_table, ratio_lines, run_lines, summarize)
-ARMS = {  # key -> (label, script, overrides, policy type)
-    "srpo": ("SRPO", "train_srpo.py", [], "token"),
-    "grpo": ("GRPO", "train_srpo.py", ["reward.mode=binary"], "token"),
-    "drgrpo": ("Dr.GRPO", "train_srpo.py", ["reward.mode=binary", "algorithm.norm_adv_by_std_in_grpo=false",
-               "algorithm.loss_agg_mode=seq-mean-token-sum-norm"], "token"),
-    "adv_grpo": ("Advanced GRPO", "train_srpo.py", ["reward.mode=binary", "algorithm.adv_estimator=advanced_grpo"],
-                 "token"),
-    "gae_ppo": ("GAE-PPO", "train_gae_ppo.py", [], "token"),
-    "flowsar": ("FlowSAR", "train_flowsar.py", [], "flow"),
-    "luffy": ("LUFFY", "train_luffy.py", [], "token"),
-    # --preset luffy-vs-grpo: GRPO on-policy, RL with an SFT loss, and more SFT (train_sft.py from the start, on the
-    # scripted expert's demos of the practice trials 0..9, the demos the RL arms see; no env steps)
-    "grpo_unfiltered": ("GRPO, no filter", "train_srpo.py", ["reward.mode=binary", "algorithm.filter_accuracy=false",
-                                                             "algorithm.entropy_coeff=0.001"], "token"),
-    "rl_sft": ("RL w/ SFT loss", "train_luffy.py", ["algorithm.use_sft_multitask_loss=true",
-                                                    "algorithm.adv_estimator=grpo_split"], "token"),
-    "sft": ("SFT", "train_sft.py", ["sft.demo_starts=false", "sft.num_demos=10", "sft.steps=300", "sft.eval_every=0",
-                                    "sft.eval_trial_start=30", "sft.eval_trials=20"], "token"),
-    # --preset flowsar-ablation: every arm sets all three keys (not configs/flowsar.yaml's choices)
-    **{f"flowsar_{name}": (f"FlowSAR {name}", "train_flowsar.py", [f"algorithm.loss_variant={loss}",
-                                                                    f"algorithm.energy_type={energy}",
-                                                                    f"algorithm.ema_schedule={ema}"], "flow")
-       for name, loss, energy, ema in (("base", "softplus_kl", "mse", "linear"), ("mse_branch", "mse_branch", "mse",
-                                       "linear"), ("sde", "softplus_kl", "sde", "linear"),
-                                       ("fixed_ema", "softplus_kl", "mse", "fixed"),
-                                       ("shipped", "mse_branch", "mse", "fixed"))},
-}
-PRESETS = {  # --preset -> (title, the flags' defaults; rl_overrides: before the command's overrides, every RL arm)
-    "all": ("All algorithms", {"arms": ["srpo", "grpo", "drgrpo", "adv_grpo", "gae_ppo", "flowsar", "luffy"]}),
-    "srpo-vs-grpo": ("SRPO vs GRPO", {"arms": ["srpo", "grpo"], "seeds": [1], "iterations": 60, "eval_every": 5,
-                                      "eval_samples": 8, "metric": "val/sampled_success_rate"}),
-    "luffy-vs-grpo": ("LUFFY vs GRPO vs SFT vs RL w/ SFT loss", {
-        "arms": ["luffy", "grpo_unfiltered", "sft", "rl_sft"], "seeds": [1, 2], "iterations": 30, "eval_every": 5,
-        "eval_samples": 4, "sft_overrides": ["sft.num_demos=1", "sft.steps=300", "sft.eval_every=0",
-                                             "sft.eval_trial_start=30", "sft.eval_trials=20"],
-        "rl_overrides": ["rollout.train_trials=10", "rollout.prompts_per_iteration=8", "rollout.n=8",
-                         "env.max_steps=60"]}),
-    "flowsar-ablation": ("FlowSAR ablations", {
-        "arms": [a for a in ARMS if a.startswith("flowsar_")], "seeds": [1], "iterations": 40, "eval_every": 5,
-        "sft_overrides": ["sft.num_demos=20", "sft.augment_shift=0"]}),  # configs/flowsar.yaml's init.sft_args
-}
+
 MAX_SEGMENTS = 6  # runs resumed at most this many times to reach the budget
+AGAIN = "run again with --reuse to keep the SFT starts and the finished runs"  # after Ctrl-C
 
 
 # ---- launching
-def episodes_per_iteration(script: str) -> int:
-    """Episodes one iteration rolls out, from the script's shipped config (LUFFY's demos count: they are executed)."""
-    with open(os.path.join(ROOT, "configs", script[len("train_"):-len(".py")] + ".yaml")) as f:
-        r = yaml.safe_load(f)["rollout"]
-    return int(r["prompts_per_iteration"] * r.get("n", 1))  # GAE-PPO: one episode per start
-
-
-def max_episode_steps(task: int) -> int:
-    from envs.tabletop import TASKS
-
-    return int(TASKS[task][3])
-
-
 def run_name(arm: str, task: int, seed: int) -> str:
     return f"{arm}_t{task}_s{seed}"
 
@@ -133,33 +80,7 @@ def sh(cmd: List[str], log_path: str) -> Tuple[int, float]:
     """Run `cmd` (one thread, output appended to log_path); (exit code, wall seconds)."""
     print("$ " + " ".join(["python"] + [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd[1:]]),
           flush=True)  # one string: two threads printing at once do not interleave it
-    t0 = time.time()
-    with open(log_path, "a") as log:
-        code = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true")).returncode
-    return code, time.time() - t0
-
-
-def failure(script: str, log_path: str) -> str:
-    """'missing' for a script that is absent or a placeholder that says so, else 'failed'."""
-    if not os.path.isfile(os.path.join(ROOT, script)):
-        return "missing"
-    with open(log_path, errors="replace") as f:
-        tail = f.read()[-2000:].lower()
-    return "missing" if "placeholder" in tail or "not implemented" in tail else "failed"
-
-
-def run_pool(fn, jobs: List[tuple], workers: int) -> List:
-    """[fn(*job) for job in jobs], `workers` at a time (threads that each wait on one subprocess). Ctrl-C reaches the
-    running children too (they stop and exit); the jobs not started yet are dropped."""
-    pool = ThreadPoolExecutor(workers)
-    try:
-        return list(pool.map(lambda job: fn(*job), jobs))
-    except KeyboardInterrupt:
-        pool.shutdown(wait=True, cancel_futures=True)
-        raise SystemExit("interrupted; run again with --reuse to keep the SFT starts and the finished runs") from None
-    finally:
-        pool.shutdown()
+    return run_logged(cmd, log_path, ONE_THREAD, append=True)
 
 
 def make_sft(policy_type: str, task: int, args: argparse.Namespace) -> dict:
@@ -198,8 +119,6 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
     if script != "train_sft.py":
         overrides += [*args.rl_overrides, *args.overrides]  # the preset's and the command's, for every RL arm
     name = run_name(arm, task, seed)
-    if not os.path.isfile(os.path.join(ROOT, script)):
-        return {"status": "missing", "wall_s": 0.0, "segments": 0, "log": None}
     run_dir, info_path = os.path.join(args.out, name), os.path.join(args.out, "logs", name + ".json")
     same = {"budget": args.env_steps, "eval_samples": args.eval_samples, "evals": args.evals,
             "sft": sft.get("finished"), "iterations": args.iterations,
@@ -240,7 +159,7 @@ def train_arm(arm: str, task: int, seed: int, sft: dict, args: argparse.Namespac
         info["wall_s"] += wall
         info["segments"] += 1
         if code != 0:
-            info["status"] = failure(script, log_path)
+            info["status"] = "failed"
             break
         if args.iterations or script in ("train_gae_ppo.py", "train_sft.py"):
             break
@@ -343,14 +262,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sft = {k: {"path": os.path.abspath(args.start), "ok": True, "wall_s": 0.0, "log": None,
                    "finished": os.path.getmtime(args.start)} for k in starts}
     else:
-        sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs)))
+        sft = dict(zip(starts, run_pool(lambda ty, t: make_sft(ty, t, args), starts, args.jobs, AGAIN)))
     for (ty, t), info in sft.items():
         if not info["ok"]:
             sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
 
     # 2. every (arm, task, seed) run, args.jobs at a time
     jobs = [(a, t, s) for a in args.arms for t in args.tasks for s in args.seeds]
-    infos = dict(zip(jobs, run_pool(lambda a, t, s: train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs, args.jobs)))
+    infos = dict(zip(jobs, run_pool(lambda a, t, s: train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs,
+                                    args.jobs, AGAIN)))
 
     # 3. table and plot
     done = {arm: {(t, s): read_rows(os.path.join(args.out, run_name(arm, t, s))) for a, t, s in jobs

@@ -51,7 +51,6 @@ import argparse
 import glob
 import json
 import os
-import subprocess
 import sys
 from typing import Dict, List
 
@@ -60,7 +59,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.arms import arms_table, mean, summary  # noqa: E402
+from common.arms import arms_table, seeds_table, summary  # noqa: E402
+from common.child_runs import first_run_reaching, newest_resumable, run_or_exit  # noqa: E402
 from common.metrics_log import read_rows  # noqa: E402
 from common.cpu_recipe import (ARMS, COMPARISONS, FLOW_ARMS, ITERATION_CAP, PRACTICE_TRIALS,  # noqa: E402
                                SFT_POLICY, arm_order, sampling)
@@ -69,23 +69,12 @@ from common.cpu_recipe import (ARMS, COMPARISONS, FLOW_ARMS, ITERATION_CAP, PRAC
 def run(cmd: List[str], log: str) -> None:
     """A step of the chain in a subprocess, its output in `log` (the command is its first line); exit on failure."""
     print("$ " + " ".join(cmd), flush=True)
-    with open(log, "w") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        code = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
-    if code:
-        with open(log) as f:
-            tail = f.read()[-2000:]
-        sys.exit(f"error: step failed (exit {code}), its output in {log}:\n{tail}")
+    run_or_exit(cmd, log)
 
 
 def finished(runs: str, iterations: int):
     """The run folder under `runs` whose metrics reach `iterations`, else None."""
-    for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
-        if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")) and \
-                any(r.get("iteration") == iterations for r in read_rows(run_dir)):
-            return run_dir
-    return None
+    return first_run_reaching(runs, lambda rows: any(r.get("iteration") == iterations for r in rows))
 
 
 def sft_task(sft: str):
@@ -96,35 +85,6 @@ def sft_task(sft: str):
 
     env = saved_env_config(sft)
     return None if env is None else (env.suite, env.task_ids[0])
-
-
-def resumable(runs: str):
-    """The newest run folder under `runs` with a complete checkpoint (an interrupted run, or a finished one to extend
-    to more iterations), else None."""
-    from common.checkpoint import latest_checkpoint
-
-    for run_dir in sorted(glob.glob(os.path.join(runs, "*")), reverse=True):
-        if os.path.isdir(os.path.join(run_dir, "checkpoints")) and latest_checkpoint(run_dir) is not None:
-            return run_dir
-    return None
-
-
-def print_table(results: Dict[str, Dict[int, Dict]]) -> None:
-    """Per arm and seed, then the mean over seeds: start / best / mean of the last three evaluations."""
-    print("| arm | seed | held-out greedy: start / best / last 3 | held-out sampled: start / best / last 3 | "
-          "practice, first 3 -> last 3 iterations | env steps | wall |")
-    print("|---|---|---|---|---|---|---|")
-    for arm, seeds in results.items():
-        rows = list(seeds.items())
-        if len(rows) > 1:  # the mean over seeds of every number (the per-evaluation lists are not in the table)
-            first = rows[0][1]
-            rows.append(("mean", {k: mean([r[k] for r in seeds.values()]) for k, v in first.items()
-                                  if isinstance(v, (int, float))}))
-        for seed, r in rows:
-            print(f"| {arm} | {seed} | {r['greedy_start']:.2f} / {r['greedy_best']:.2f} / {r['greedy_last']:.2f} | "
-                  f"{r['sampled_start']:.2f} / {r['sampled_best']:.2f} / {r['sampled_last']:.2f} | "
-                  f"{r['practice_first']:.2f} -> {r['practice_last']:.2f} | {int(r['total_env_steps']):,} | "
-                  f"{r['wall_s'] / 60:.0f} min |")
 
 
 def plot_curves(results: Dict[str, Dict[int, Dict]], title: str, path: str) -> None:
@@ -157,6 +117,8 @@ def plot_curves(results: Dict[str, Dict[int, Dict]], title: str, path: str) -> N
 def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
     """LIBERO-PRO: every policy greedy on the trained task's held-out init states in the base suite and each variant
     (`evaluate.py --suites robustness`), one folder each (skipped when its robustness.json is there); one table."""
+    from common.robustness import suites_table
+
     tables = {}
     for name, checkpoint in policies.items():
         folder = os.path.join(out, "robustness", name)
@@ -168,13 +130,8 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
                 os.path.join(out, f"robustness_{name}.log"))
         with open(found) as f:
             tables[name] = json.load(f)["per_suite"]
-    names = list(tables)
-    print(f"\nLIBERO-PRO, {args.suite} task {args.task_id}, greedy, init states 40..{39 + args.pro_trials}:")
-    print("| suite | what changes | " + " | ".join(names) + " |")
-    print("|---|---|" + "---|" * len(names))
-    for suite, first in tables[names[0]].items():
-        print(f"| {suite} | {first['changes']} | " + " | ".join(f"{tables[n][suite]['success']:.2f}" for n in names)
-              + " |")
+    print(f"\nLIBERO-PRO, {args.suite} task {args.task_id}, greedy, init states 40..{39 + args.pro_trials}:\n"
+          + "\n".join(suites_table(tables)))
     with open(os.path.join(out, "results_robustness.json"), "w") as f:
         json.dump({n: {s: t[s]["success"] for s in t} for n, t in tables.items()}, f, indent=1)
 
@@ -184,13 +141,11 @@ def robustness(py: str, policies: Dict[str, str], args, out: str) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 def budget_reached(runs: str, budget: int):
     """The run folder under `runs` whose metrics reach the env-step budget (or the iteration cap), else None."""
-    for run_dir in sorted(glob.glob(os.path.join(runs, "*"))):
-        if os.path.isfile(os.path.join(run_dir, "metrics.jsonl")):
-            rows = read_rows(run_dir)
-            if rows and (max(r.get("charts/env_steps", 0.0) for r in rows) >= budget
-                         or max(r["iteration"] for r in rows) >= ITERATION_CAP):
-                return run_dir
-    return None
+    def reached(rows: List[dict]) -> bool:
+        return bool(rows) and (max(r.get("charts/env_steps", 0.0) for r in rows) >= budget
+                               or max(r["iteration"] for r in rows) >= ITERATION_CAP)
+
+    return first_run_reaching(runs, reached)
 
 
 def sft_header(out: str) -> Dict:
@@ -296,7 +251,7 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
         runs = os.path.join(out, f"cpu_{arm}_s{seed}")
         limits = [f"train.total_timesteps={args.env_steps}", f"train.iterations={ITERATION_CAP}"]
         run_dir = budget_reached(runs, args.env_steps)
-        stopped = resumable(runs) if run_dir is None else None
+        stopped = newest_resumable(runs) if run_dir is None else None
         if stopped is not None:  # continue it (the budget may grow)
             run([py, script, "--resume", stopped, *limits, "--no-wandb"],
                 os.path.join(out, f"cpu_{arm}_s{seed}_resumed.log"))
@@ -342,7 +297,7 @@ def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: 
     what made it to `made` (JSON)."""
     if os.path.isdir(sft):
         return
-    stopped_sft = resumable(run_root)
+    stopped_sft = newest_resumable(run_root)
     if stopped_sft:  # an SFT that was stopped (it checkpoints every 250 steps): continue it if it is this start's
         from omegaconf import OmegaConf
 
@@ -544,7 +499,7 @@ def main() -> None:
         for seed in args.seeds:
             runs = os.path.join(out, f"{arm}_s{seed}")
             run_dir = finished(runs, args.iterations)
-            stopped = resumable(runs) if run_dir is None else None
+            stopped = newest_resumable(runs) if run_dir is None else None
             if stopped is not None:  # continue it (train.iterations may grow)
                 run([py, "train_srpo.py", "--resume", stopped, f"train.iterations={args.iterations}",
                      "--no-wandb"], os.path.join(out, f"{arm}_s{seed}_resumed.log"))
@@ -566,8 +521,7 @@ def main() -> None:
             json.dump(results[arm], f, indent=1)
     title = (f"{args.suite} task {args.task_id}, {args.demos} expert demos, SFT {args.sft_steps} steps, "
              f"{args.iterations} iterations x {args.prompts} x 8 episodes, held-out init states 40..49")
-    print("\n" + title)
-    print_table(results)
+    print("\n" + title + "\n" + "\n".join(seeds_table(results)))
     # one PNG per command's arms: an SRPO command does not overwrite the GRPO command's figure
     plot_curves(results, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
                                                             f"{'_'.join(args.reward)}{setting}.png"))

@@ -30,10 +30,7 @@ episode runs to the step limit: no successes, so no uneven episode ends).
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -41,6 +38,9 @@ from typing import Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+
+from common.child_runs import only_run, run_or_exit  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
 
 
 def env_config(args, num_envs: int):
@@ -217,16 +217,8 @@ def profile_run(args, pipeline: bool, tmp: str) -> Dict[str, float]:
     """Part 2: one train_srpo.py run, its wall time split by what it logged."""
     out_dir = os.path.join(tmp, f"pipeline_{pipeline}")
     cmd = train_command(args, pipeline, out_dir)
-    t0 = time.perf_counter()
-    with open(out_dir + ".log", "w") as log:
-        code = subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - t0
-    if code:
-        with open(out_dir + ".log") as f:
-            sys.exit(f"error: train_srpo.py failed (exit {code}):\n{f.read()[-3000:]}")
-    (metrics_file,) = glob.glob(os.path.join(out_dir, "*", "metrics.jsonl"))
-    with open(metrics_file) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    wall = run_or_exit(cmd, out_dir + ".log")
+    rows = read_rows(only_run(out_dir))
 
     def total(key: str) -> float:
         return sum(float(r.get(key, 0.0)) for r in rows)

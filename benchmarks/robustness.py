@@ -26,14 +26,14 @@ import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import compare_algorithms as ca  # noqa: E402
 
 ROOT = ca.ROOT
 sys.path.insert(0, ROOT)
-from common.robustness import COLUMNS, per_seed, table  # noqa: E402
+from common.child_runs import run_pool  # noqa: E402
+from common.robustness import chart, per_seed, table  # noqa: E402
+from common.tabletop_arms import ARMS, PRESETS  # noqa: E402
 
 
 # ---- evaluation
@@ -67,38 +67,12 @@ def newest_mtime(path: str) -> float:
     return max(times, default=0.0)
 
 
-def plot(rows: Dict[str, Dict[str, List[float]]], title: str, path: str) -> None:
-    """Grouped bars: one group per column, one bar per policy (mean over seeds, ± std)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 4.2))
-    x = np.arange(len(COLUMNS))
-    width = 0.8 / max(1, len(rows))
-    for k, ((label, vals), color) in enumerate(zip(rows.items(), plt.cm.tab10.colors)):
-        mean = [np.mean(vals[c]) if vals[c] else np.nan for c in COLUMNS]
-        std = [np.std(vals[c]) if len(vals[c]) > 1 else 0.0 for c in COLUMNS]
-        ax.bar(x + (k - (len(rows) - 1) / 2) * width, mean, width, yerr=std, capsize=2, color=color, label=label)
-    ax.set_xticks(x, COLUMNS)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("held-out greedy success")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, ncol=min(5, len(rows)), loc="upper right")
-    ax.grid(axis="y", alpha=0.3)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", type=int, nargs="+", default=[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--env-steps", type=int, default=200_000, help="env-step budget of every RL run")
-    p.add_argument("--arms", nargs="+", default=ca.PRESETS["all"][1]["arms"], choices=list(ca.ARMS))
+    p.add_argument("--arms", nargs="+", default=PRESETS["all"][1]["arms"], choices=list(ARMS))
     p.add_argument("--jobs", type=int, default=2, help="processes at a time (one thread each)")
     p.add_argument("--evals", type=int, default=5, help="evaluations per RL run aimed at (compare_algorithms.py)")
     p.add_argument("--eval-samples", type=int, default=0, help="compare_algorithms.py's --eval-samples")
@@ -119,18 +93,19 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     t_start = time.time()
 
     # 1. SFT starts and RL runs: compare_algorithms.py's (same starts, budget and seeds; --reuse keeps finished ones)
-    types = sorted({ca.ARMS[a][3] for a in args.arms})
+    types = sorted({ARMS[a][3] for a in args.arms})
     starts = [(ty, t) for t in args.tasks for ty in types]
     jobs = [(a, t, s) for a in args.arms for t in args.tasks for s in args.seeds]
     if args.skip_training:
         sft = {(ty, t): {"path": os.path.join(args.out, f"sft_{ty}_t{t}_policy")} for ty, t in starts}
         ok = {j for j in jobs if os.path.isdir(os.path.join(args.out, ca.run_name(*j), "checkpoints"))}
     else:
-        sft = dict(zip(starts, ca.run_pool(lambda ty, t: ca.make_sft(ty, t, args), starts, args.jobs)))
+        sft = dict(zip(starts, run_pool(lambda ty, t: ca.make_sft(ty, t, args), starts, args.jobs, ca.AGAIN)))
         for (ty, t), info in sft.items():
             if not info["ok"]:
                 sys.exit(f"error: the {ty} SFT start for task {t} failed; see {info['log']}")
-        infos = ca.run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ca.ARMS[a][3], t)], args), jobs, args.jobs)
+        infos = run_pool(lambda a, t, s: ca.train_arm(a, t, s, sft[(ARMS[a][3], t)], args), jobs, args.jobs,
+                         ca.AGAIN)
         ok = {j for j, info in zip(jobs, infos) if info["status"] == "ok"}
     t_train = time.time() - t_start
 
@@ -138,8 +113,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     evals = [(f"sft_{ty}_t{t}", sft[(ty, t)]["path"], t) for ty, t in starts if os.path.isdir(sft[(ty, t)]["path"])]
     evals += [(ca.run_name(*j), os.path.join(args.out, ca.run_name(*j)), j[1]) for j in jobs if j in ok]
     t_eval = time.time()
-    results = dict(zip([e[0] for e in evals], ca.run_pool(lambda n, path, t: evaluate_checkpoint(n, path, t, args),
-                                                          evals, args.jobs)))
+    results = dict(zip([e[0] for e in evals], run_pool(lambda n, path, t: evaluate_checkpoint(n, path, t, args),
+                                                       evals, args.jobs, ca.AGAIN)))
     t_eval = time.time() - t_eval
 
     # 3. table and plot
@@ -150,7 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if found:
             rows[f"SFT ({ty})"] = per_seed(found)
     for arm in args.arms:
-        label, _, _, ty = ca.ARMS[arm]
+        label, _, _, ty = ARMS[arm]
         found = {(t, s): results[ca.run_name(arm, t, s)] for a, t, s in jobs
                  if a == arm and results.get(ca.run_name(arm, t, s))}
         if found:
@@ -159,7 +134,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     title = (f"tabletop task{'s' * (len(args.tasks) > 1)} {' '.join(map(str, args.tasks))}: SFT starts and RL at "
              f"{args.env_steps:,} env steps, trials {args.trial_start}-{args.trial_start + args.trials - 1}"
              f", mean ± std over seeds")
-    plot(rows, title, args.plot)
+    chart(rows, title, args.plot)
     md_path = os.path.splitext(args.plot)[0] + ".md"
     text = "\n".join([
         f"# Robustness, {title}",

@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from common.child_runs import ONE_THREAD, run_or_exit, run_pool  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
 
 RECIPES = {  # name -> overrides on configs/sft.yaml
     "weak": ["sft.augment_shift=0", "policy.token.hidden_size=128"],  # 10 demos, 1000 steps, no augmentation, 128 wide
@@ -37,18 +39,13 @@ RECIPES = {  # name -> overrides on configs/sft.yaml
 def run_one(recipe: str, task: int, seed: int, args: argparse.Namespace) -> dict:
     """One train_sft.py run in a subprocess -> its evaluation curve and wall time."""
     run_name = f"sft_bench_{recipe}_t{task}_s{seed}"
-    log = os.path.join(args.out_dir, run_name + ".log")
-    t0 = time.time()
-    with open(log, "w") as f:
-        subprocess.run([sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-id", str(task), "--seed", str(seed),
+    wall = run_or_exit([sys.executable, os.path.join(ROOT, "train_sft.py"), "--task-id", str(task), "--seed", str(seed),
                         "--no-wandb", f"log.output_dir={args.out_dir}", f"log.run_name={run_name}",
                         f"sft.output_path={os.path.join(args.out_dir, 'policies', run_name)}",
                         f"sft.eval_every={args.eval_every}", *RECIPES[recipe]],
-                       cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_SILENT="true"), stdout=f,
-                       stderr=subprocess.STDOUT, check=True)
-    with open(os.path.join(args.out_dir, run_name, "metrics.jsonl")) as f:
-        evals = [r for r in map(json.loads, f) if r.get("val/success_rate") is not None]
-    return {"recipe": recipe, "task": task, "seed": seed, "wall_s": round(time.time() - t0, 1),
+                       os.path.join(args.out_dir, run_name + ".log"), ONE_THREAD)
+    evals = [r for r in read_rows(os.path.join(args.out_dir, run_name)) if r.get("val/success_rate") is not None]
+    return {"recipe": recipe, "task": task, "seed": seed, "wall_s": round(wall, 1),
             "final": evals[-1]["val/success_rate"], "curve": [(r["iteration"], r["val/success_rate"]) for r in evals]}
 
 
@@ -65,8 +62,7 @@ def main() -> None:
     os.makedirs(args.out_dir, exist_ok=True)
     todo = [(r, t, s) for r in args.recipes for t in args.tasks for s in args.seeds]
     t0 = time.time()
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda job: run_one(*job, args), todo))
+    rows = run_pool(lambda *job: run_one(*job, args), todo, args.jobs)
     print(f"\n{len(rows)} runs in {time.time() - t0:.0f} s ({args.jobs} at a time, one thread each); held-out greedy "
           f"success (trials 30-49) at the last step")
     print(f"{'recipe':<8}{'task':>5}  {'per seed':<20}{'mean':>6}{'std':>6}{'wall s':>8}  curve of the first seed")

@@ -22,25 +22,21 @@ import glob
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Sequence
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.arms import false_alarm, plateau_measures  # noqa: E402
+from common.arms import pairs_table, plateau_measures, plateau_table  # noqa: E402
+from common.child_runs import ONE_THREAD, newest_resumable, only_run, run_logged, run_pool  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
 
 
-def read_rows(folder: str) -> List[dict]:
+def srpo_rows(folder: str) -> List[dict]:
     """The SRPO run's metrics rows (an auto_sft start made by the run has its own folder beside it)."""
-    (run,) = [r for r in os.listdir(os.path.join(folder, "runs")) if r.startswith("srpo__")]
-    with open(os.path.join(folder, "runs", run, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f]
+    return read_rows(only_run(os.path.join(folder, "runs"), "srpo__"))
 
 
 RECIPE = ("env", "rollout", "reward", "algorithm", "train", "eval")  # what a run's folder must share with the command
@@ -73,10 +69,9 @@ def refuse_other_recipe(folder: str, task: int, seed: int, overrides: Sequence[s
 
 
 def stopped_or_restart(folder: str, task: int, seed: int):
-    """An unfinished run in `folder`: the SRPO run to continue (the newest, when it has a complete checkpoint), else
-    None after removing what a run without a checkpoint left. Exits in one line when a job still holds a run's lock:
+    """An unfinished run in `folder`: the SRPO run to continue (the newest with a complete checkpoint), else None;
+    the others (older, or without a checkpoint) are removed. Exits in one line when a job still holds a run's lock:
     a live run is never deleted or run twice."""
-    from common.checkpoint import latest_checkpoint
     from common.run_folder import lock_run_dir
     from base.config_fields import ConfigError
 
@@ -86,17 +81,11 @@ def stopped_or_restart(folder: str, task: int, seed: int):
             lock_run_dir(run_dir, f"task {task} seed {seed}").release()
         except ConfigError as e:
             raise SystemExit(f"error: {e}") from None
-    keep = runs[-1] if runs and latest_checkpoint(runs[-1]) is not None else None
+    keep = newest_resumable(os.path.join(folder, "runs"), "srpo__")
     for run_dir in runs:
-        if run_dir != keep:  # older or checkpoint-less runs: read_rows reads the one run left
+        if run_dir != keep:  # older or checkpoint-less runs: srpo_rows reads the one run left
             shutil.rmtree(run_dir)
     return keep
-
-
-def call(cmd: List[str], log) -> int:
-    """A benchmark step in a subprocess on one thread, its output into the open file `log`; its exit code."""
-    return subprocess.call(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                           env=dict(os.environ, OMP_NUM_THREADS="1", WANDB_MODE="disabled"))
 
 
 def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, float]:
@@ -110,10 +99,7 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
         cmd = ([sys.executable, os.path.join(ROOT, "train_srpo.py"), "--resume", stopped, "--no-wandb"] if stopped else
                [sys.executable, os.path.join(ROOT, "train_srpo.py"), "--task-id", str(task), "--seed", str(seed),
                 "--no-wandb", f"log.output_dir={folder}/runs", f"log.plots_dir={folder}/plots", *overrides])
-        with open(os.path.join(folder, "log.txt"), "a") as log:
-            log.write(" ".join(cmd) + "\n")
-            log.flush()
-            rc = call(cmd, log)
+        rc, _ = run_logged(cmd, os.path.join(folder, "log.txt"), ONE_THREAD, append=True)
         if rc != 0:
             raise SystemExit(f"task {task} seed {seed} failed (exit {rc}): see {folder}/log.txt"
                              + ("; run this again to continue it" if rc == 130 else ""))
@@ -122,20 +108,21 @@ def one(task: int, seed: int, overrides: Sequence[str], out: str) -> Dict[str, f
                        "resumed": bool(stopped)}, f)
     with open(done) as f:
         minutes = json.load(f)["minutes"]
-    m = dict(plateau_measures(read_rows(folder)), minutes=minutes)
+    m = dict(plateau_measures(srpo_rows(folder)), minutes=minutes)
     print(f"task {task} seed {seed}: {json.dumps({k: round(v, 3) for k, v in m.items()})}", flush=True)
     return m
 
 
-def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, float]]:
+def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict]:
     """The SFT start and the run's final policy on `states` held-out states of the task (its never-practised trials
     30..49 plus states drawn from the suite's placements; greedy, and sampled at the run's temperature, with
-    `evaluate.py --heldout-set --paired`): per decoding the start, the end and end - start with its paired bootstrap
-    95% interval. Far more episodes than the in-run evaluations (20 greedy), so a fall from the start or a lift shows
-    beyond their noise. Kept in <folder>/heldout<states>/ and read again."""
+    `evaluate.py --heldout-set --paired`): per decoding its paired record, the start (mean_a), the end (mean_b) and
+    end - start (diff) with its paired bootstrap 95% interval (low, high). Far more episodes than the in-run
+    evaluations (20 greedy), so a fall from the start or a lift shows beyond their noise. Kept in
+    <folder>/heldout<states>/ and read again."""
     import yaml
 
-    (run,) = glob.glob(os.path.join(folder, "runs", "srpo__*"))
+    run = only_run(os.path.join(folder, "runs"), "srpo__")
     with open(os.path.join(run, "config.yaml")) as f:
         start = yaml.safe_load(f)["init"]["path"] or os.path.join("checkpoints", f"sft_tabletop_task{task}")
     out = os.path.join(folder, f"heldout{states}")
@@ -149,17 +136,11 @@ def end_vs_start(folder: str, task: int, states: int) -> Dict[str, Dict[str, flo
             os.makedirs(out, exist_ok=True)
             cmd = [sys.executable, os.path.join(ROOT, "evaluate.py"), "--checkpoint", *what, *flags, "--out-dir",
                    os.path.join(out, name)]
-            with open(os.path.join(out, f"{name}.log"), "w") as log:
-                if call(cmd, log):
-                    raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
+            if run_logged(cmd, os.path.join(out, f"{name}.log"), ONE_THREAD)[0]:
+                raise SystemExit(f"task {task}: the held-out evaluation failed: see {out}/{name}.log")
     with open(os.path.join(out, "end", "paired.json")) as f:
         paired = json.load(f)
-    return {m: {"start": paired[m]["mean_a"], "end": paired[m]["mean_b"], "diff": paired[m]["diff"],
-                "low": paired[m]["low"], "high": paired[m]["high"]} for m in ("greedy", "sampled")}
-
-
-def fmt_pair(r: Dict[str, float]) -> str:
-    return f"{r['start']:.2f} -> {r['end']:.2f}, {r['diff']:+.2f} [{r['low']:+.2f}, {r['high']:+.2f}]"
+    return {m: paired[m] for m in ("greedy", "sampled")}
 
 
 def main() -> None:
@@ -173,46 +154,16 @@ def main() -> None:
                     help="then the SFT start and each final policy on N held-out states, paired (0: skip)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    with ThreadPoolExecutor(args.jobs) as pool:
-        rows = list(pool.map(lambda t: one(t, args.seed, args.set, args.out), args.tasks))
-        ends = list(pool.map(lambda t: end_vs_start(os.path.join(args.out, f"t{t}_s{args.seed}"), t,
-                                                    args.heldout_set), args.tasks)) if args.heldout_set else []
-    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    tasks = [(t,) for t in args.tasks]
+    rows = run_pool(lambda t: one(t, args.seed, args.set, args.out), tasks, args.jobs, "run this again to continue")
+    ends = run_pool(lambda t: end_vs_start(os.path.join(args.out, f"t{t}_s{args.seed}"), t, args.heldout_set), tasks,
+                    args.jobs, "run this again to continue") if args.heldout_set else []
     print(f"\ntrain_srpo.py defaults{' + ' + ' '.join(args.set) if args.set else ''}, seed {args.seed}")
-    print("| task | practice first 10 -> last 10 | held-out greedy start / best / last 3 | held-out sampled start / "
-          "best / last 3 | token entropy first 10 -> last 10 | env steps | minutes | practice holds | greedy last 3 "
-          ">= best - 0.1 | sampled last 3 >= best - 0.1 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for task, m in zip(args.tasks, rows):
-        sampled = (f"{m['sampled_start']:.2f} / {m['sampled_best']:.2f} / {m['sampled_last3']:.2f}"
-                   if "sampled_start" in m else "")
-        print(f"| {task} | {m['practice_first']:.2f} -> {m['practice_last']:.2f} | {m['greedy_start']:.2f} / "
-              f"{m['greedy_best']:.2f} / {m['greedy_last3']:.2f} | {sampled} | {m['entropy_first']:.2f} -> "
-              f"{m['entropy_last']:.2f} | {m['env_steps'] / 1e3:.0f} k | {m['minutes']:.1f} | "
-              f"{yes(m['practice_holds'])} | {yes(m['greedy_holds'])} | {yes(m.get('sampled_holds'))} |")
-    mean = {k: np.mean([m[k] for m in rows]) for k in rows[0]}
-    print(f"| mean | {mean['practice_first']:.2f} -> {mean['practice_last']:.2f} | {mean['greedy_start']:.2f} / "
-          f"{mean['greedy_best']:.2f} / {mean['greedy_last3']:.2f} | | {mean['entropy_first']:.2f} -> "
-          f"{mean['entropy_last']:.2f} | {mean['env_steps'] / 1e3:.0f} k | {mean['minutes']:.1f} | "
-          + " | ".join(f"{int(sum(m.get(k, 0) for m in rows))} of {len(rows)}"
-                       for k in ("practice_holds", "greedy_holds", "sampled_holds")) + " |")
-    evaluations = int(max(m["evaluations"] for m in rows))
-    print("\nThe held-out check's noise: a plateau whose outcomes re-draw at every evaluation fails it with "
-          "probability "
-          + ", ".join(f"{false_alarm(p, evaluations, 20):.2f} at p = {p}" for p in (0.6, 0.7, 0.8, 0.9))
-          + f" ({evaluations} greedy evaluations of 20 trials; sampled evaluations have 20 x eval.samples_per_trial"
-          f" episodes: {false_alarm(0.7, evaluations, 160):.2f} at p = 0.7 with 160)")
+    print("\n".join(plateau_table(args.tasks, rows)))
     if ends:
         print(f"\nThe SFT start and the final policy on {args.heldout_set} held-out states (trials 30-49 and drawn "
               f"ones), paired: start -> end, end - start [95% CI]")
-        print("| task | greedy | sampled |\n|---|---|---|")
-        for task, e in zip(args.tasks, ends):
-            print(f"| {task} | {fmt_pair(e['greedy'])} | {fmt_pair(e['sampled'])} |")
-        print("| mean | " + " | ".join(f"{np.mean([e[m]['start'] for e in ends]):.2f} -> "
-                                      f"{np.mean([e[m]['end'] for e in ends]):.2f}, "
-                                      f"{np.mean([e[m]['diff'] for e in ends]):+.2f}; above 0: "
-                                      f"{sum(e[m]['low'] > 0 for e in ends)} of {len(ends)}, below 0: "
-                                      f"{sum(e[m]['high'] < 0 for e in ends)}" for m in ("greedy", "sampled")) + " |")
+        print("\n".join(pairs_table(args.tasks, ends)))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,7 @@
     python benchmarks/update_profile.py [--iterations 4] [--threads 2] [--prompts 8] [--n 8] [-- key=value ...]
 """
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +22,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # run as a script
 
 from envs import EnvConfig  # noqa: E402
+from common.child_runs import run_or_exit  # noqa: E402
+from common.metrics_log import read_rows  # noqa: E402
 from common.rollout import collect_rollouts, flatten_steps  # noqa: E402
 from envs import make_vector_env  # noqa: E402
 from models import TokenPolicy, TokenPolicyConfig  # noqa: E402
@@ -40,9 +40,8 @@ def run_script(args) -> None:
                    f"rollout.prompts_per_iteration={args.prompts}", f"rollout.n={args.n}",
                    f"train.recompute_old_log_prob={str(recompute).lower()}", "log.run_name=update_profile",
                    f"log.output_dir={out}", f"log.plots_dir={out}", *args.overrides]
-            env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-            subprocess.run(cmd, cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            rows = [json.loads(line) for line in open(os.path.join(out, "update_profile", "metrics.jsonl"))]
+            run_or_exit(cmd, os.path.join(out, "log.txt"), {"OMP_NUM_THREADS": str(args.threads)})
+            rows = read_rows(os.path.join(out, "update_profile"))
         rows = [r for r in rows if r["iteration"] >= 2] or rows  # row 0 is the start; iteration 1 pays for warm-up
         mean = {k: float(np.mean([r.get(k, 0.0) for r in rows]))
                 for k in ("time/rollout", "time/old_log_prob", "time/update", "time/iteration")}

@@ -1,8 +1,10 @@
 """Arms over seeds, in numbers: one run's row from its metrics rows, its curve against env steps, and an arm's end
 against its start or against another arm on one held-out set, pooled over the seeds (the statistics of the
 benchmarks' tables: libero_learning.py, tabletop_default.py, compare_algorithms.py and its presets; and of the tests
-that check the numbers docs/results.md quotes), and libero_learning.py's --arms table built from them (arms_table,
-which tests/test_libero_learning_table.py checks on hand data). The bootstraps and the permutation test themselves are common/heldout.py's."""
+that check the numbers docs/results.md quotes), and the tables built from them that libero_learning.py (seeds_table,
+arms_table) and tabletop_default.py (plateau_table, pairs_table) print, checked on hand data by
+tests/test_libero_learning_table.py and tests/test_tabletop_default_table.py. The bootstraps and the permutation test
+themselves are common/heldout.py's."""
 from __future__ import annotations
 
 import math
@@ -51,6 +53,25 @@ def summary(rows: List[Dict], last: int = 3) -> Dict:
     return out
 
 
+def seeds_table(results: Dict[str, Dict[int, Dict]]) -> List[str]:
+    """benchmarks/libero_learning.py's --reward table (markdown lines), `results`: arm -> seed -> summary(rows): per
+    arm and seed, then the mean over seeds of every number, start / best / mean of the last three evaluations."""
+    lines = ["| arm | seed | held-out greedy: start / best / last 3 | held-out sampled: start / best / last 3 | "
+             "practice, first 3 -> last 3 iterations | env steps | wall |", "|---|---|---|---|---|---|---|"]
+    for arm, seeds in results.items():
+        rows = list(seeds.items())
+        if len(rows) > 1:  # the mean over seeds of every number (the per-evaluation lists are not in the table)
+            first = rows[0][1]
+            rows.append(("mean", {k: mean([r[k] for r in seeds.values()]) for k, v in first.items()
+                                  if isinstance(v, (int, float))}))
+        for seed, r in rows:
+            lines.append(f"| {arm} | {seed} | {r['greedy_start']:.2f} / {r['greedy_best']:.2f} / "
+                         f"{r['greedy_last']:.2f} | {r['sampled_start']:.2f} / {r['sampled_best']:.2f} / "
+                         f"{r['sampled_last']:.2f} | {r['practice_first']:.2f} -> {r['practice_last']:.2f} | "
+                         f"{int(r['total_env_steps']):,} | {r['wall_s'] / 60:.0f} min |")
+    return lines
+
+
 WINDOW = 10  # iterations at each end for practice success and entropy (plateau_measures)
 
 
@@ -89,6 +110,49 @@ def false_alarm(p: float, evaluations: int, trials: int, sims: int = 100_000, se
     evaluations of 20 trials: 0.65 at p = 0.8)."""
     scores = np.random.default_rng(seed).binomial(trials, p, size=(sims, evaluations)) / trials
     return float(np.mean(scores.max(axis=1) - scores[:, -3:].mean(axis=1) > 0.1 + 1e-9))
+
+
+def plateau_table(tasks: Sequence[int], rows: Sequence[Dict[str, float]]) -> List[str]:
+    """benchmarks/tabletop_default.py's table (markdown lines): per task its run's plateau_measures (plus `minutes`),
+    the mean over tasks with how many pass each check, then the held-out check's false-alarm rate at the runs' number
+    of greedy evaluations."""
+    yes = lambda flag: "yes" if flag else "no"  # noqa: E731
+    lines = ["| task | practice first 10 -> last 10 | held-out greedy start / best / last 3 | held-out sampled start "
+             "/ best / last 3 | token entropy first 10 -> last 10 | env steps | minutes | practice holds | greedy last "
+             "3 >= best - 0.1 | sampled last 3 >= best - 0.1 |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for task, m in zip(tasks, rows):
+        sampled = (f"{m['sampled_start']:.2f} / {m['sampled_best']:.2f} / {m['sampled_last3']:.2f}"
+                   if "sampled_start" in m else "")
+        lines.append(f"| {task} | {m['practice_first']:.2f} -> {m['practice_last']:.2f} | {m['greedy_start']:.2f} / "
+                     f"{m['greedy_best']:.2f} / {m['greedy_last3']:.2f} | {sampled} | {m['entropy_first']:.2f} -> "
+                     f"{m['entropy_last']:.2f} | {m['env_steps'] / 1e3:.0f} k | {m['minutes']:.1f} | "
+                     f"{yes(m['practice_holds'])} | {yes(m['greedy_holds'])} | {yes(m.get('sampled_holds'))} |")
+    avg = {k: np.mean([m[k] for m in rows]) for k in rows[0]}
+    lines.append(f"| mean | {avg['practice_first']:.2f} -> {avg['practice_last']:.2f} | {avg['greedy_start']:.2f} / "
+                 f"{avg['greedy_best']:.2f} / {avg['greedy_last3']:.2f} | | {avg['entropy_first']:.2f} -> "
+                 f"{avg['entropy_last']:.2f} | {avg['env_steps'] / 1e3:.0f} k | {avg['minutes']:.1f} | "
+                 + " | ".join(f"{int(sum(m.get(k, 0) for m in rows))} of {len(rows)}"
+                              for k in ("practice_holds", "greedy_holds", "sampled_holds")) + " |")
+    evaluations = int(max(m["evaluations"] for m in rows))
+    return lines + ["", "The held-out check's noise: a plateau whose outcomes re-draw at every evaluation fails it "
+                    "with probability " + ", ".join(f"{false_alarm(p, evaluations, 20):.2f} at p = {p}"
+                                                    for p in (0.6, 0.7, 0.8, 0.9))
+                    + f" ({evaluations} greedy evaluations of 20 trials; sampled evaluations have 20 x "
+                    f"eval.samples_per_trial episodes: {false_alarm(0.7, evaluations, 160):.2f} at p = 0.7 with 160)"]
+
+
+def pairs_table(tasks: Sequence[int], ends: Sequence[Dict[str, Dict]]) -> List[str]:
+    """benchmarks/tabletop_default.py's held-out table (markdown lines): per task the SFT start -> the final policy,
+    greedy and sampled (`ends`: per task, mode -> evaluate.py --paired's record), and the mean over tasks with how
+    many tasks' intervals lie above and below 0."""
+    lines = ["| task | greedy | sampled |", "|---|---|---|"]
+    lines += [f"| {task} | {fmt_pair(e['greedy'])} | {fmt_pair(e['sampled'])} |" for task, e in zip(tasks, ends)]
+    return lines + ["| mean | " + " | ".join(f"{np.mean([e[m]['mean_a'] for e in ends]):.2f} -> "
+                                             f"{np.mean([e[m]['mean_b'] for e in ends]):.2f}, "
+                                             f"{np.mean([e[m]['diff'] for e in ends]):+.2f}; above 0: "
+                                             f"{sum(e[m]['low'] > 0 for e in ends)} of {len(ends)}, below 0: "
+                                             f"{sum(e[m]['high'] < 0 for e in ends)}" for m in ("greedy", "sampled"))
+                    + " |"]
 
 
 # ---------------------------------------------------------------------- curves against env steps

@@ -11,7 +11,7 @@ drop is a paired comparison: `lost` counts the starts solved in the base suite a
 the reverse. Writes to the output folder: robustness.md (the tables, also printed), robustness.json (every episode's
 0/1 result, so every aggregate can be recomputed), robustness.png (success per suite, coloured by family) and
 episodes_<suite>.gif per suite. Over many runs (benchmarks/robustness.py): each run's success per family, averaged over
-tasks within a seed, and the table of mean ± std over seeds (per_seed, table).
+tasks within a seed, and the table of mean ± std over seeds and its bar chart (per_seed, table, chart).
 """
 from __future__ import annotations
 
@@ -170,6 +170,15 @@ def markdown(results: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def suites_table(per_suite: Dict[str, Dict[str, Any]]) -> List[str]:
+    """Several policies side by side (name -> its robustness.json's per_suite; benchmarks/libero_learning.py --pro):
+    markdown lines, per suite what changes and each policy's success."""
+    names = list(per_suite)
+    return ["| suite | what changes | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)] + [
+        f"| {suite} | {first['changes']} | " + " | ".join(f"{per_suite[n][suite]['success']:.2f}" for n in names)
+        + " |" for suite, first in per_suite[names[0]].items()]
+
+
 def write_chart(results: Dict[str, Any], path: str) -> str:
     """Success per suite (bars coloured by family, ± s.e.) with the base suite's success as a dashed line."""
     import matplotlib
@@ -296,3 +305,29 @@ def table(rows: Dict[str, Dict[str, List[float]]], starts: Dict[str, str]) -> st
         lines.append("| " + " | ".join([label, str(n)] + [cell(vals[c]) for c in COLUMNS] +
                                        [cell(drop), cell(gain)]) + " |")
     return "\n".join(lines)
+
+
+def chart(rows: Dict[str, Dict[str, List[float]]], title: str, path: str) -> None:
+    """table()'s rows as grouped bars: one group per column, one bar per policy (mean over seeds, ± std)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    x = np.arange(len(COLUMNS))
+    width = 0.8 / max(1, len(rows))
+    for k, ((label, vals), color) in enumerate(zip(rows.items(), plt.cm.tab10.colors)):
+        mean = [np.mean(vals[c]) if vals[c] else np.nan for c in COLUMNS]
+        std = [np.std(vals[c]) if len(vals[c]) > 1 else 0.0 for c in COLUMNS]
+        ax.bar(x + (k - (len(rows) - 1) / 2) * width, mean, width, yerr=std, capsize=2, color=color, label=label)
+    ax.set_xticks(x, COLUMNS)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("held-out greedy success")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, ncol=min(5, len(rows)), loc="upper right")
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -6,6 +6,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from common.child_runs import only_run
 from common.metrics_log import read_rows as read_metrics  # noqa: F401  (the tests' name for it)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +62,7 @@ def learning_run(script: str, args: Sequence[str], out, timeout: int = 2400) -> 
 
 def only_run_metrics(out) -> List[dict]:
     """The metrics rows of the one run under `out`/runs."""
-    (run,) = os.listdir(os.path.join(str(out), "runs"))
-    return read_metrics(os.path.join(str(out), "runs", run))
+    return read_metrics(only_run(os.path.join(str(out), "runs")))
 
 
 def golden_image(seed: int, size: int) -> np.ndarray:

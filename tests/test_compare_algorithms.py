@@ -1,5 +1,5 @@
 """benchmarks/compare_algorithms.py: its table's statistics (common/curves.py) on fake metric rows (the runs themselves
-take hours), and the command lines its arms and presets start (nothing run)."""
+take hours), and the command lines its arms and presets (common/tabletop_arms.py) start (nothing run)."""
 import json
 import os
 import sys
@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from common import arms, curves  # the statistics the benchmark's table uses
+from common import arms, curves, tabletop_arms  # the statistics the benchmark's table uses; its arms
 from tests.scripts import load_benchmark
 
 ca = load_benchmark("compare_algorithms")
@@ -101,7 +101,7 @@ def test_summarize_reads_gae_values_and_flowsar_annotation_as_the_reward_phase()
 @pytest.mark.parametrize("script,episodes", [("train_srpo.py", 64), ("train_gae_ppo.py", 64), ("train_luffy.py", 64),
                                              ("train_flowsar.py", 32)])
 def test_episodes_per_iteration_from_the_shipped_configs(script, episodes):
-    assert ca.episodes_per_iteration(script) == episodes
+    assert tabletop_arms.episodes_per_iteration(script) == episodes
 
 
 def test_runs_as_its_docstring_writes_it():
@@ -110,17 +110,6 @@ def test_runs_as_its_docstring_writes_it():
     out = subprocess.run([sys.executable, "benchmarks/compare_algorithms.py", "--help"], cwd=ca.ROOT,
                          env=dict(os.environ, PYTHONPATH=""), capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "--env-steps" in out.stdout, out.stderr[-2000:]
-
-
-def test_a_missing_or_placeholder_script_is_listed_as_missing(tmp_path, monkeypatch):
-    monkeypatch.setitem(ca.ARMS, "nope", ("Nope", "train_nope.py", [], "token"))
-    args = ca.parse(["--out", str(tmp_path), "--env-steps", "1000"])
-    assert ca.train_arm("nope", 0, 1, {"path": "x", "finished": 1.0}, args)["status"] == "missing"  # nothing ran
-    log = tmp_path / "run.log"
-    log.write_text("error: train_luffy.py is a placeholder: not written yet\n")
-    assert ca.failure("train_luffy.py", str(log)) == "missing"
-    log.write_text("Traceback ...\nRuntimeError: shapes do not match\n")
-    assert ca.failure("train_luffy.py", str(log)) == "failed"
 
 
 def test_an_interrupted_rerun_is_not_kept_as_the_finished_run(tmp_path, monkeypatch):
@@ -202,8 +191,8 @@ def test_preset_flowsar_ablation_sets_all_three_keys_in_every_arm(tmp_path, monk
     assert cmd[0] == "train_flowsar.py" and "eval.samples_per_trial=0" in cmd
     assert cmd[-4:] == ["algorithm.loss_variant=softplus_kl", "algorithm.energy_type=sde",
                         "algorithm.ema_schedule=linear", "train.iterations=40"]
-    assert ca.ARMS["flowsar_shipped"][2] == ["algorithm.loss_variant=mse_branch", "algorithm.energy_type=mse",
-                                            "algorithm.ema_schedule=fixed"]
+    assert tabletop_arms.ARMS["flowsar_shipped"][2] == ["algorithm.loss_variant=mse_branch",
+                                                       "algorithm.energy_type=mse", "algorithm.ema_schedule=fixed"]
     args = ca.parse(["--preset", "flowsar-ablation"])
     assert args.arms == ["flowsar_base", "flowsar_mse_branch", "flowsar_sde", "flowsar_fixed_ema", "flowsar_shipped"]
     assert args.sft_overrides == ["sft.num_demos=20", "sft.augment_shift=0"]  # configs/flowsar.yaml's init.sft_args

@@ -288,13 +288,12 @@ def test_the_error_messages_point_at_docs_that_exist():
 
 
 def test_the_headline_figure_is_generated_from_committed_data(tmp_path):
-    """docs/headline_libero_spatial_t0.png is what benchmarks/headline_figure.py makes from the committed outcomes
+    """docs/headline_libero_spatial_t0.png is what tests/headline_figure.py makes from the committed outcomes
     (same size, the same pixels up to rendering noise), small, and README shows it beside its table."""
     import matplotlib.image
 
-    from tests.scripts import load_benchmark
+    from tests import headline_figure as figure
 
-    figure = load_benchmark("headline_figure")
     committed = os.path.join(ROOT, "docs", "headline_libero_spatial_t0.png")
     assert os.path.getsize(committed) < 100_000
     made = figure.figure(str(tmp_path / "fig.png"))

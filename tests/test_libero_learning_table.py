@@ -38,19 +38,19 @@ def test_summary_start_best_last_three_steps_and_wall():
     assert r["wall_s"] == 8 * 10 + 5 + 4 * 5  # iterations, evaluation 0 (inside iteration 1), evaluations 2..8
 
 
-def test_table_has_a_mean_row_over_seeds_and_the_png_is_written(tmp_path, capsys):
-    ll = load()
+def test_table_has_a_mean_row_over_seeds_and_the_png_is_written(tmp_path):
+    """--reward's table (common/arms.seeds_table) and its PNG (the benchmark's plot_curves)."""
     results = {"binary": {1: arms.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3])),
                           2: arms.summary(rows([0.3, 0.8], [0.4, 0.6], [0.3, 0.5]))}}
-    ll.print_table(results)
-    lines = capsys.readouterr().out.splitlines()
+    lines = arms.seeds_table(results)
+    assert lines[2] == "| binary | 1 | 0.50 / 0.60 / 0.55 | 0.20 / 0.40 / 0.30 | 0.20 -> 0.20 | 200 | 0 min |"
     mean = [line for line in lines if line.startswith("| binary | mean |")]
     assert len(mean) == 1
     assert "0.40 / 0.70 / 0.55" in mean[0]  # start (0.5+0.3)/2, best (0.6+0.8)/2, last three = mean of all (2 evals)
     # practice over the first and the last three iterations: both are the two there are (0.2 and 0.4 per seed)
     assert "0.30 / 0.50 / 0.40" in mean[0] and "0.30 -> 0.30" in mean[0] and "| 200 |" in mean[0]
     png = tmp_path / "curves.png"
-    ll.plot_curves(results, "title", str(png))
+    load().plot_curves(results, "title", str(png))
     assert png.stat().st_size > 1000
 
 
@@ -226,7 +226,8 @@ def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused
     stopped.mkdir(parents=True)
     (stopped / "config.yaml").write_text("sft:\n  steps: 5000\n  num_demos: 100\n")
     calls = []
-    monkeypatch.setattr(m, "resumable", lambda runs: str(stopped) if runs == str(tmp_path / "sft_run") else None)
+    monkeypatch.setattr(m, "newest_resumable",
+                        lambda runs: str(stopped) if runs == str(tmp_path / "sft_run") else None)
     monkeypatch.setattr(m, "run", lambda cmd, log: calls.append(cmd))
     monkeypatch.setattr(m, "run_arms", lambda *a: None)
     argv = ["libero_learning.py", "--suite", "libero_spatial", "--demos", "100", "--sft-only", "--out", str(tmp_path)]

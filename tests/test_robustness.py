@@ -116,7 +116,7 @@ def fake_result(base, variants):
     return {"base_suite": "tabletop", "per_suite": per_suite, **summarize(per_suite, "tabletop")}
 
 
-def test_benchmark_aggregates_families_over_tasks_then_seeds():
+def test_benchmark_aggregates_families_over_tasks_then_seeds(tmp_path):
     from common import robustness as bench  # benchmarks/robustness.py's table
 
     r1 = fake_result([1, 1, 1, 1], {"tabletop_lan": [1, 1, 0, 0], "tabletop_camera": [0, 0, 0, 0],
@@ -141,6 +141,22 @@ def test_benchmark_aggregates_families_over_tasks_then_seeds():
     # GRPO: all variants per seed 58.3 / 0.0; drop vs base 58.3 - 75 = -16.7 and 0; vs the SFT start (0.0): +58.3 / 0
     assert lines[3] == ("| GRPO | 2 | 37.5 ± 37.5 | 12.5 ± 12.5 | - | - | - | 37.5 ± 37.5 | 29.2 ± 29.2 | -8.3 ± 8.3 | "
                         "29.2 ± 29.2 |")
+    bench.chart(rows, "title", str(tmp_path / "plots" / "robustness.png"))  # the same rows as bars (a column with
+    assert (tmp_path / "plots" / "robustness.png").stat().st_size > 1000  # no values is left empty)
+
+
+def test_policies_side_by_side_per_suite():
+    """benchmarks/libero_learning.py --pro's table: per suite (in the first policy's order) what changes and each
+    policy's success."""
+    from common.robustness import suites_table
+
+    sft = {"libero_spatial": {"changes": "-", "success": 0.5},
+           "libero_spatial_swap": {"changes": "swap", "success": 0.2}}
+    run = {"libero_spatial": {"changes": "-", "success": 0.75},
+           "libero_spatial_swap": {"changes": "swap", "success": 0.125}}
+    assert suites_table({"sft": sft, "grpo_s1": run}) == [
+        "| suite | what changes | sft | grpo_s1 |", "|---|---|---|---|", "| libero_spatial | - | 0.50 | 0.75 |",
+        "| libero_spatial_swap | swap | 0.20 | 0.12 |"]
 
 
 def test_benchmark_runs_as_its_docstring_writes_it():

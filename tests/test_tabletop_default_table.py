@@ -40,6 +40,37 @@ def test_false_alarm_against_its_closed_form():
     assert arms.false_alarm(1.0, 13, 20) == 0.0
 
 
+def test_the_printed_tables_per_task_their_mean_and_the_checks_noise():
+    """The benchmark's two tables (common/arms.py): per task its measures, the mean with how many tasks pass each
+    check, the false-alarm line at the runs' number of evaluations (runs without sampled evaluations: an empty cell,
+    that check not passed); then start -> end on the held-out set per task and the mean with the intervals above and
+    below 0."""
+    m1 = {"practice_first": 0.5, "practice_last": 0.75, "greedy_start": 0.5, "greedy_best": 0.9, "greedy_last3": 0.85,
+          "entropy_first": 1.0, "entropy_last": 0.5, "env_steps": 12_000.0, "minutes": 10.0, "practice_holds": 1.0,
+          "greedy_holds": 1.0, "evaluations": 13.0, "sampled_start": 0.25, "sampled_best": 0.5,
+          "sampled_last3": 0.375, "sampled_holds": 0.0}
+    m2 = {**m1, "practice_last": 0.25, "practice_holds": 0.0, "env_steps": 8_000.0, "minutes": 20.0,
+          "evaluations": 12.0}
+    lines = arms.plateau_table([3, 4], [m1, m2])
+    assert lines[2:5] == [
+        "| 3 | 0.50 -> 0.75 | 0.50 / 0.90 / 0.85 | 0.25 / 0.50 / 0.38 | 1.00 -> 0.50 | 12 k | 10.0 | yes | yes | no |",
+        "| 4 | 0.50 -> 0.25 | 0.50 / 0.90 / 0.85 | 0.25 / 0.50 / 0.38 | 1.00 -> 0.50 | 8 k | 20.0 | no | yes | no |",
+        "| mean | 0.50 -> 0.50 | 0.50 / 0.90 / 0.85 | | 1.00 -> 0.50 | 10 k | 15.0 | 1 of 2 | 2 of 2 | 0 of 2 |"]
+    assert lines[5] == "" and lines[6].startswith("The held-out check's noise: a plateau whose outcomes re-draw")
+    assert f"{arms.false_alarm(0.8, 13, 20):.2f} at p = 0.8" in lines[6] and "(13 greedy evaluations" in lines[6]
+    greedy_only = {k: v for k, v in m1.items() if not k.startswith("sampled")}
+    assert arms.plateau_table([3], [greedy_only])[2].endswith("| 0.50 / 0.90 / 0.85 |  | 1.00 -> 0.50 | 12 k | 10.0 | "
+                                                              "yes | yes | no |")
+    pair = {"mean_a": 0.5, "mean_b": 0.75, "diff": 0.25, "low": 0.125, "high": 0.375}
+    fall = {"mean_a": 0.5, "mean_b": 0.25, "diff": -0.25, "low": -0.375, "high": -0.125}
+    assert arms.pairs_table([3, 4], [{"greedy": pair, "sampled": pair}, {"greedy": fall, "sampled": pair}]) == [
+        "| task | greedy | sampled |", "|---|---|---|",
+        "| 3 | 0.50 -> 0.75, +0.25 [+0.12, +0.38] | 0.50 -> 0.75, +0.25 [+0.12, +0.38] |",
+        "| 4 | 0.50 -> 0.25, -0.25 [-0.38, -0.12] | 0.50 -> 0.75, +0.25 [+0.12, +0.38] |",
+        "| mean | 0.50 -> 0.50, +0.00; above 0: 1 of 2, below 0: 1 | "
+        "0.50 -> 0.75, +0.25; above 0: 2 of 2, below 0: 0 |"]
+
+
 def test_an_unfinished_run_continues_from_its_checkpoint_and_a_live_one_is_refused(tmp_path, monkeypatch):
     """`one()` used to delete an unfinished folder and start again, even under a run that was still going. Now: the
     newest SRPO run continues when it has a checkpoint (older and checkpoint-less runs are removed), and a run whose
@@ -93,11 +124,11 @@ def test_the_start_and_the_end_on_a_held_out_set_paired(tmp_path):
     e = m.end_vs_start(str(folder), 0, 22)
     for mode in ("greedy", "sampled"):
         r = e[mode]
-        assert r["end"] == 0.0 and r["diff"] == pytest.approx(-r["start"]) and r["low"] <= r["diff"] <= r["high"]
+        assert r["mean_b"] == 0.0 and r["diff"] == pytest.approx(-r["mean_a"]) and r["low"] <= r["diff"] <= r["high"]
     paired = json.loads((folder / "heldout22" / "end" / "paired.json").read_text())
     assert paired["a"] == WEAK and paired["heldout_set"]["states"] == 22
     start = json.loads((folder / "heldout22" / "start" / "outcomes.json").read_text())
-    assert start["checkpoint"] == WEAK and {k: e[k]["start"] for k in e} == start["success"]
+    assert start["checkpoint"] == WEAK and {k: e[k]["mean_a"] for k in e} == start["success"]
     assert [r["trial_id"] for r in start["episodes"]["greedy"][:21]] == list(range(30, 50)) + [None]
     (folder / "heldout22" / "end" / "outcomes.json").unlink()  # read again, not run again: paired.json is there
     assert m.end_vs_start(str(folder), 0, 22) == e

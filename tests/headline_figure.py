@@ -3,10 +3,11 @@ real LIBERO?")? Held-out greedy success on libero_spatial task 0 (100 held-out s
 arm's runs at their end (~305 k env steps), with each evaluation's bootstrap 95% interval, read from the per-episode
 outcomes in docs/data/libero_learning/libero_spatial_t0/*_outcomes.json (nothing is run).
 
-    python benchmarks/headline_figure.py                      # writes docs/headline_libero_spatial_t0.png
-    python benchmarks/headline_figure.py --out /tmp/fig.png
+    python tests/headline_figure.py                      # writes docs/headline_libero_spatial_t0.png
+    python tests/headline_figure.py --out /tmp/fig.png
 
-tests/test_first_run.py regenerates it and compares it with the committed PNG.
+A tool beside the test that checks its output (it measures nothing, so it is no benchmark): tests/test_first_run.py
+regenerates the figure and compares it with the committed PNG.
 """
 from __future__ import annotations
 
