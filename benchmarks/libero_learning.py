@@ -52,14 +52,14 @@ import glob
 import json
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.arms import arms_table, seeds_table, summary  # noqa: E402
+from common.arms import arms_table, data_files, read_data, seeds_table, summary  # noqa: E402
 from common.child_runs import first_run_reaching, newest_resumable, run_or_exit  # noqa: E402
 from common.metrics_log import read_rows  # noqa: E402
 from common.cpu_recipe import (ARMS, COMPARISONS, FLOW_ARMS, ITERATION_CAP, PRACTICE_TRIALS,  # noqa: E402
@@ -158,16 +158,27 @@ def sft_header(out: str) -> Dict:
             "flow_mse": last.get("sft/flow_mse")}
 
 
-def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: str) -> None:
-    """Held-out greedy success against env steps: each seed's in-run evaluations (thin), the arm's mean over seeds
-    (thick, interpolated on the env steps all its seeds reached), each final policy on the held-out set (marker with
-    its bootstrap interval), the SFT start's held-out interval (grey band); the control arm in grey."""
+def plot_arms(blocks: List[Tuple[Dict[str, Dict[int, Dict]], Dict, str]], path: str) -> None:
+    """Held-out greedy success against env steps, one panel per (arms, start, title) block (one SFT start each): each
+    seed's in-run evaluations (thin), the arm's mean over seeds (thick, interpolated on the env steps all its seeds
+    reached), each final policy on the held-out set (marker with its bootstrap interval), the SFT start's held-out
+    interval (grey band); the control arms in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, axes = plt.subplots(1, len(blocks), figsize=(8 * len(blocks), 4.5), squeeze=False)
+    for ax, (arms, start, title) in zip(axes[0], blocks):
+        plot_block(ax, arms, start, title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"curves: {path}")
+
+
+def plot_block(ax, arms: Dict[str, Dict[int, Dict]], start: Dict, title: str) -> None:
     low, high = start["interval"]["greedy"]
     ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
                                                f"[{low:.2f}, {high:.2f}]")
@@ -195,11 +206,6 @@ def plot_arms(arms: Dict[str, Dict[int, Dict]], start: Dict, title: str, path: s
     ax.legend(fontsize=7)
     ax.set_title(f"{title}\nlines: in-run evaluations (10 init states); markers: the final policies on the "
                  f"{start['heldout_set']['states']}-state held-out set, 95% interval", fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"curves: {path}")
 
 
 def heldout_eval(py: str, checkpoint: str, folder: str, set_file: str, args, paired=None) -> Dict:
@@ -272,13 +278,12 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     with open(os.path.join(out, f"results_arms_n{args.heldout_set}.json"), "w") as f:
         json.dump({k: v for k, v in table.items() if k != "lines"}, f, indent=1, default=str)
     if arms:
-        plot_arms(arms, start, title, os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
+        plot_arms([(arms, start, title)], os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
                                                                  f"{'_'.join(arms)}_n{args.heldout_set}.png"))
-    if args.data_out:  # the per-episode outcomes behind every row, compact, and the table's numbers
-        data = os.path.join(args.data_out, f"{args.suite}_t{args.task_id}")
+    if args.data_out:  # the per-episode outcomes behind every row with each run's row, compact, and the table
+        data = os.path.join(args.data_out, os.path.basename(out))
         os.makedirs(data, exist_ok=True)
-        files = {"sft": start, **{f"{arm}_s{seed}": r["outcomes"] for arm, seeds in arms.items()
-                                  for seed, r in seeds.items()}}
+        files = data_files(start, arms, header, title)
         for name, outcomes in files.items():
             with open(os.path.join(data, f"{name}_outcomes.json"), "w") as f:
                 json.dump(outcomes, f, separators=(",", ":"))
@@ -288,6 +293,22 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
     if args.pro:  # LIBERO-PRO: the SFT start and every final policy, greedy on the task's held-out init states
         robustness(py, {"sft": sft, **{f"{arm}_s{seed}": r["run_dir"] for arm, seeds in arms.items()
                                        for seed, r in seeds.items()}}, args, out)
+
+
+def print_data_table(folders: List[str], png: str) -> None:
+    """--table: each --data-out folder's arms against its own start (arms_table), one block of the table each, and
+    one figure with a panel per folder; nothing is run."""
+    blocks = []
+    for folder in folders:
+        try:
+            start, arms, header, title = read_data(folder, order=list(ARMS))
+        except ValueError as e:
+            sys.exit(f"error: {e}")
+        print(f"\n{title} ({folder})\n" + "\n".join(arms_table(start, arms, header, COMPARISONS)["lines"]))
+        if arms:
+            blocks.append((arms, start, title))
+    if blocks:
+        plot_arms(blocks, png)
 
 
 def make_sft(py: str, out: str, sft: str, run_root: str, demo_file: str, steps: int, args, env: List[str],
@@ -413,7 +434,14 @@ def main() -> None:
                    help="--arms: held-out states (official trials 40..49 plus drawn ones) of the paired evaluation")
     p.add_argument("--heldout-seed", type=int, default=0, help="--arms: the seed the held-out states are drawn with")
     p.add_argument("--data-out", default=None, help="--arms: copy every policy's per-episode outcomes (compact "
-                                                    "JSON) and the table to <data-out>/<suite>_t<task id>/")
+                                                    "JSON, each run's row with them) and the table to "
+                                                    "<data-out>/<the --out folder's name>/")
+    p.add_argument("--table", nargs="+", default=None, metavar="DATA",
+                   help="run nothing: one table and one figure (a panel per folder) of every arm in these --data-out "
+                        "folders (e.g. docs/data/libero_learning/libero_spatial_t0_d100_s1500 and ..._flow: the token "
+                        "and the flow starts' arms), from their files alone; the figure to --table-png")
+    p.add_argument("--table-png", default=os.path.join("plots", "libero_learning_arms.png"),
+                   help="--table: where the figure goes")
     p.add_argument("--sft-from", default=None, metavar="FOLDER",
                    help="start from this saved SFT policy (e.g. the committed "
                         "docs/data/libero_learning/libero_spatial_t0/sft_start_2026-12-07) instead of training one: "
@@ -431,6 +459,8 @@ def main() -> None:
     p.add_argument("--sft-only", action="store_true", help="make (or reuse) the demos and the SFT start, evaluate "
                                                            "it on the --heldout-set and stop (no RL)")
     args = p.parse_args()
+    if args.table:
+        return print_data_table(args.table, args.table_png)
     if args.family == "flow" and not (args.arms or args.sft_only):
         p.error("--family flow: give --arms flowsar flow_control (or --sft-only); --reward runs train_srpo.py's token "
                 "policy")

@@ -8,6 +8,8 @@ themselves are common/heldout.py's."""
 from __future__ import annotations
 
 import math
+import os
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -292,3 +294,46 @@ def arms_table(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict,
                                      f"{seeds[m]['permutation']['p_min']:.3f})" for m in modes))
     out["lines"] = lines
     return out
+
+
+# ------------------------------------------------------------------ the --data-out folder, and the table again from it
+
+DATA_FILE = re.compile(r"^(?P<arm>[a-z_]+)_s(?P<seed>\d+)_outcomes\.json$")  # one run's final policy: <arm>_s<seed>
+
+
+def data_files(start: Dict, arms: Dict[str, Dict[int, Dict]], header: Dict, title: str) -> Dict[str, Dict]:
+    """What libero_learning.py --data-out writes, by file stem: the SFT start's outcomes on the held-out set with the
+    table's `title` and the start's `sft` header, and each run's final policy's outcomes (`<arm>_s<seed>`) with its
+    `run` row (summary(): the in-run curve, practice, env steps, wall time, the algorithm's signals), so that the table
+    and the figure come back from the folder alone (read_data). Each is still an outcomes file (evaluate.py
+    --paired reads it)."""
+    return {"sft": {**start, "title": title, "sft": header},
+            **{f"{arm}_s{seed}": {**r["outcomes"], "run": r["summary"]}
+               for arm, seeds in arms.items() for seed, r in seeds.items()}}
+
+
+def read_data(folder: str, order: Sequence[str] = ()) -> Tuple[Dict, Dict[str, Dict[int, Dict]], Dict, str]:
+    """(start, arms, header, title) from a --data-out folder (data_files): arm -> seed -> {"outcomes", "summary"},
+    the arms in `order` first, then by name. ValueError (one line, naming the fix) for a run file without its row
+    (written before --data-out kept it) or a folder without the start's outcomes."""
+    start_path = os.path.join(folder, "sft_outcomes.json")
+    if not os.path.isfile(start_path):
+        raise ValueError(f"{folder}: no sft_outcomes.json; give a folder benchmarks/libero_learning.py --arms ... "
+                         f"--data-out wrote")
+    start = heldout.read_outcomes(start_path, "--table")
+    arms: Dict[str, Dict[int, Dict]] = {}
+    for name in sorted(os.listdir(folder)):
+        m = DATA_FILE.match(name)
+        if not m:
+            continue
+        outcomes = heldout.read_outcomes(os.path.join(folder, name), "--table")
+        if "run" not in outcomes:
+            raise ValueError(f"--table {os.path.join(folder, name)}: no run row (written before --data-out kept "
+                             f"it); run its block's libero_learning.py --arms command again with --data-out")
+        if outcomes["heldout_set"]["sha256"] != start["heldout_set"]["sha256"]:
+            raise ValueError(f"--table {os.path.join(folder, name)}: scored on another held-out set than "
+                             f"{start_path}; one table pairs the same states")
+        arms.setdefault(m["arm"], {})[int(m["seed"])] = {"outcomes": outcomes, "summary": outcomes["run"]}
+    rank = {arm: i for i, arm in enumerate(order)}
+    arms = {arm: dict(sorted(arms[arm].items())) for arm in sorted(arms, key=lambda a: (rank.get(a, len(rank)), a))}
+    return start, arms, start.get("sft", {}), start.get("title", os.path.basename(os.path.normpath(folder)))

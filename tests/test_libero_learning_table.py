@@ -76,9 +76,10 @@ def outcomes(greedy, sampled=None, sha="set-a"):
     `sampled` as lists of episodes per state; success and interval as common/heldout.py's `outcomes` computes them."""
     from common import heldout
 
-    episodes = {"greedy": [{"state": i, "sample": 0, "success": bool(x)} for i, x in enumerate(greedy)]}
+    episodes = {"greedy": [{"state": i, "sample": 0, "success": bool(x), "steps": 100}
+                           for i, x in enumerate(greedy)]}
     if sampled is not None:
-        episodes["sampled"] = [{"state": i, "sample": j, "success": bool(x)} for i, xs in enumerate(sampled)
+        episodes["sampled"] = [{"state": i, "sample": j, "success": bool(x), "steps": 100} for i, xs in enumerate(sampled)
                                for j, x in enumerate(xs)]
     out = {"format": heldout.OUTCOMES_FORMAT, "heldout_set": {"name": "hand", "sha256": sha, "states": len(greedy)},
            "episodes": episodes, "success": {}, "interval": {}}
@@ -164,8 +165,52 @@ def test_arms_table_rows_pooled_rows_differences_and_png(tmp_path):
     assert t["differences"]["grpo - control"]["greedy"]["diff"] == pytest.approx(0.375)
     assert t["arms"]["grpo"]["lift"]["greedy"]["pooled"]["diff"] == pytest.approx(0.375)
     png = tmp_path / "arms.png"
-    ll.plot_arms(by_arm, start, "title", str(png))
+    ll.plot_arms([(by_arm, start, "title")], str(png))
     assert png.stat().st_size > 1000
+
+
+def test_the_table_comes_back_from_the_data_out_folders_alone(tmp_path, monkeypatch, capsys):
+    """--data-out keeps each run's row beside its outcomes (still an outcomes file), so --table prints the same
+    table from two folders (two starts: a token one and a flow one) and draws one figure with a panel each, nothing
+    run; a run file from before (no row) and a run scored on another held-out set are refused in one line."""
+    import json
+
+    from common import heldout
+
+    ll = load()
+    start = outcomes([0, 0, 1, 1], [[1, 0], [0, 0], [1, 1], [0, 1]])
+    summ = arms.summary(rows([0.5, 0.6], [0.2, 0.4], [0.1, 0.3]))
+    header = {"token_accuracy": 0.812, "loss": 0.64, "demos": 100, "sft_steps": 4000}
+    by_arm = {arm: {seed: {"outcomes": outcomes(g, [[x, x] for x in g]), "summary": summ} for seed in (1, 2)}
+              for arm, g in (("control", [0, 0, 1, 1]), ("gae_ppo", [1, 0, 1, 1]))}
+    flow = {"flowsar": {1: {"outcomes": outcomes([1, 1, 1, 1], [[1, 1]] * 4), "summary": summ}}}
+    folders = []
+    for name, block in (("token", by_arm), ("flow", flow)):
+        folder = tmp_path / name
+        folder.mkdir()
+        for stem, data in arms.data_files(start, block, header, f"{name} start").items():
+            (folder / f"{stem}_outcomes.json").write_text(json.dumps(data))
+        folders.append(str(folder))
+    assert heldout.read_outcomes(folders[0] + "/gae_ppo_s2_outcomes.json")["run"] == summ  # evaluate.py reads it
+    back_start, back, back_header, title = arms.read_data(folders[0], order=list(cpu_recipe.ARMS))
+    assert list(back) == ["control", "gae_ppo"] and title == "token start" and back_header == header
+    want = arms.arms_table(start, by_arm, header, ll.COMPARISONS)["lines"]
+    assert arms.arms_table(back_start, back, back_header, ll.COMPARISONS)["lines"] == want
+    png = tmp_path / "all.png"
+    monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--table", *folders, "--table-png", str(png)])
+    ll.main()
+    printed = capsys.readouterr().out
+    assert "\n".join(want) in printed and "gae_ppo - control at the end" in printed
+    assert "| flowsar | **pooled, 1 seed** |" in printed and png.stat().st_size > 1000
+    old = json.loads((tmp_path / "token" / "gae_ppo_s1_outcomes.json").read_text())
+    del old["run"]
+    (tmp_path / "token" / "gae_ppo_s1_outcomes.json").write_text(json.dumps(old))
+    with pytest.raises(SystemExit, match="no run row .* with --data-out"):
+        ll.main()
+    other = {**outcomes([1, 1, 1, 1], sha="set-b"), "run": summ}
+    (tmp_path / "flow" / "flowsar_s2_outcomes.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="another held-out set"):
+        arms.read_data(folders[1])
 
 
 def test_an_sft_start_made_with_other_demos_or_steps_is_refused_in_one_line(tmp_path):
