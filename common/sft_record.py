@@ -54,11 +54,29 @@ def describe(folder: str) -> str:
     """How the start in `folder` was made, in one phrase (for the run's [init] lines)."""
     record = read_made_by(folder)
     if not record:
-        return "no record of what made it (made before starts recorded it, or not by train_sft.py)"
+        return provenance_only(folder) or \
+            "no record of what made it (made before starts recorded it, or not by train_sft.py)"
     score = f", held-out success {record['heldout_success']:.0%} at step {record.get('step')}" \
         if isinstance(record.get("heldout_success"), (int, float)) else ""
     commit = str(record.get("commit") or "unknown")[:10] + (" with uncommitted changes" if record.get("dirty") else "")
     return f"made by `{record.get('command', '?')}` at commit {commit}{score}"
+
+
+def provenance_only(folder: str) -> Optional[str]:
+    """A committed start made before made_by.yaml (e.g. docs/data/libero_learning/libero_spatial_t0/
+    sft_start_2026-12-07) carries the provenance.json of the run that trained it: its commit, said in one phrase."""
+    import json
+
+    try:
+        with open(os.path.join(folder, "provenance.json")) as f:
+            first = json.load(f)[0]
+    except (OSError, ValueError, IndexError, KeyError, TypeError):
+        return None
+    if not isinstance(first, dict) or not first.get("commit"):
+        return None
+    dirty = " with uncommitted changes" if first.get("dirty") else ""
+    return (f"trained at commit {str(first['commit'])[:10]}{dirty} (its provenance.json; train_config.yaml says how; "
+            f"no command line recorded)")
 
 
 def _train_sft_config_class() -> Any:

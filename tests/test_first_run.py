@@ -80,6 +80,9 @@ def test_a_named_init_path_made_otherwise_is_used_with_a_warning(tmp_path):
                                         sft_record.sft_config(["sft.steps=3", "log.output_dir=x"]))
     assert one != sft_record.keyed_path("checkpoints/sft_tabletop_task0", sft_record.sft_config(["sft.steps=4"]))
     assert sft_record.describe(str(tmp_path)).startswith("no record of what made it")
+    # the committed start (made before made_by.yaml): the commit its provenance.json records
+    committed = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0", "sft_start_2026-12-07")
+    assert sft_record.describe(committed).startswith("trained at commit f86f9e838c (its provenance.json;")
 
 
 @pytest.mark.parametrize("script,gpu", [("train_srpo.py", "0"), ("train_sft.py", "3"), ("evaluate.py", "0")])
