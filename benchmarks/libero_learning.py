@@ -39,7 +39,7 @@ the SFT start's interval), and with --data-out every policy's per-episode outcom
     python benchmarks/libero_learning.py --suite libero_spatial --reward binary --lr 2e-5 --prompts 2 --temperature 0.5
     python benchmarks/libero_learning.py --suite libero_spatial --demos 100 --sft-steps 5000 --sft-only --out D
     python benchmarks/libero_learning.py --suite libero_spatial --demos 100 --sft-steps 1500 --arms grpo srpo control \\
-        --seeds 1 2 3 --env-steps 300000 --out D    # seed by seed; control on seed 1; then --data-out docs/data/...
+        --seeds 1 2 3 --env-steps 300000 --out D    # seed by seed; control on seed 1; then --data-out docs/data/.../D
 
 On this 2-core CPU one SRPO iteration (8 episodes of <= --max-steps steps at 64 px, two simulator workers) takes
 a few minutes and one evaluation (10 trials x (1 greedy + --samples sampled)) about as long; recording 30 demos
@@ -281,7 +281,13 @@ def run_arms(args, out: str, sft: str, env: List[str], py: str) -> None:
         plot_arms([(arms, start, title)], os.path.join(out, "plots", f"libero_learning_{args.suite}_t{args.task_id}_"
                                                                  f"{'_'.join(arms)}_n{args.heldout_set}.png"))
     if args.data_out:  # the per-episode outcomes behind every row with each run's row, compact, and the table
-        data = os.path.join(args.data_out, os.path.basename(out))
+        data = args.data_out  # this start's folder: another start's outcomes there are never overwritten
+        was = os.path.join(data, "sft_outcomes.json")
+        if os.path.isfile(was):
+            with open(was) as f:
+                if json.load(f).get("episodes") != start["episodes"]:
+                    sys.exit(f"error: --data-out {data} holds another SFT start's outcomes: give this start a folder "
+                             f"of its own")
         os.makedirs(data, exist_ok=True)
         files = data_files(start, arms, header, title)
         for name, outcomes in files.items():
@@ -433,12 +439,13 @@ def main() -> None:
     p.add_argument("--heldout-set", type=int, default=100, metavar="N",
                    help="--arms: held-out states (official trials 40..49 plus drawn ones) of the paired evaluation")
     p.add_argument("--heldout-seed", type=int, default=0, help="--arms: the seed the held-out states are drawn with")
-    p.add_argument("--data-out", default=None, help="--arms: copy every policy's per-episode outcomes (compact "
-                                                    "JSON, each run's row with them) and the table to "
-                                                    "<data-out>/<the --out folder's name>/")
+    p.add_argument("--data-out", default=None, metavar="FOLDER",
+                   help="--arms: copy every policy's per-episode outcomes (compact JSON, each run's row with them) "
+                        "and the table to FOLDER, one per SFT start (e.g. docs/data/libero_learning/libero_object_t3; "
+                        "a folder holding another start's outcomes is refused)")
     p.add_argument("--table", nargs="+", default=None, metavar="DATA",
                    help="run nothing: one table and one figure (a panel per folder) of every arm in these --data-out "
-                        "folders (e.g. docs/data/libero_learning/libero_spatial_t0_d100_s1500 and ..._flow: the token "
+                        "folders (e.g. docs/data/libero_learning/libero_spatial_t0_start_2026-12-07 and ..._flow: the "
                         "and the flow starts' arms), from their files alone; the figure to --table-png")
     p.add_argument("--table-png", default=os.path.join("plots", "libero_learning_arms.png"),
                    help="--table: where the figure goes")

@@ -79,8 +79,8 @@ def outcomes(greedy, sampled=None, sha="set-a"):
     episodes = {"greedy": [{"state": i, "sample": 0, "success": bool(x), "steps": 100}
                            for i, x in enumerate(greedy)]}
     if sampled is not None:
-        episodes["sampled"] = [{"state": i, "sample": j, "success": bool(x), "steps": 100} for i, xs in enumerate(sampled)
-                               for j, x in enumerate(xs)]
+        episodes["sampled"] = [{"state": i, "sample": j, "success": bool(x), "steps": 100}
+                               for i, xs in enumerate(sampled) for j, x in enumerate(xs)]
     out = {"format": heldout.OUTCOMES_FORMAT, "heldout_set": {"name": "hand", "sha256": sha, "states": len(greedy)},
            "episodes": episodes, "success": {}, "interval": {}}
     for mode in episodes:
@@ -257,6 +257,17 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     sent.clear()
     m.run_arms(SimpleNamespace(**{**vars(args), "control_seeds": None}), str(tmp_path), "SFT", [], "python")
     assert sorted(sent) == ["control_s1", "grpo_s1", "grpo_s2", "sft"]  # by default one control run: the first seed
+    # --data-out FOLDER: the files go to FOLDER itself; a folder holding another start's outcomes is refused
+    data = tmp_path / "data"
+    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"episodes": {"greedy": [1]}})
+    monkeypatch.setattr(m, "data_files", lambda start, arms, header, title: {"sft": start, "grpo_s1": start})
+    m.run_arms(SimpleNamespace(**{**vars(args), "data_out": str(data), "pro": False}), str(tmp_path), "SFT", [],
+               "python")
+    assert sorted(p.name for p in data.iterdir()) == ["grpo_s1_outcomes.json", "sft_outcomes.json", "table.md"]
+    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"episodes": {"greedy": [0]}})
+    with pytest.raises(SystemExit, match="holds another SFT start's outcomes"):
+        m.run_arms(SimpleNamespace(**{**vars(args), "data_out": str(data), "pro": False}), str(tmp_path), "SFT", [],
+                   "python")
 
 
 def test_a_stopped_sft_start_is_resumed_and_one_made_with_other_steps_is_refused(tmp_path, monkeypatch):
