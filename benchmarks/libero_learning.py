@@ -446,7 +446,7 @@ def main() -> None:
     p.add_argument("--table", nargs="+", default=None, metavar="DATA",
                    help="run nothing: one table and one figure (a panel per folder) of every arm in these --data-out "
                         "folders (e.g. docs/data/libero_learning/libero_spatial_t0_start_2026-12-07 and ..._flow: the "
-                        "and the flow starts' arms), from their files alone; the figure to --table-png")
+                        "token and the flow starts' arms), from their files alone; the figure to --table-png")
     p.add_argument("--table-png", default=os.path.join("plots", "libero_learning_arms.png"),
                    help="--table: where the figure goes")
     p.add_argument("--sft-from", default=None, metavar="FOLDER",

@@ -65,14 +65,10 @@ def describe(folder: str) -> str:
 def provenance_only(folder: str) -> Optional[str]:
     """A committed start made before made_by.yaml (e.g. docs/data/libero_learning/libero_spatial_t0/
     sft_start_2026-12-07) carries the provenance.json of the run that trained it: its commit, said in one phrase."""
-    import json
+    from common.provenance import read_run
 
-    try:
-        with open(os.path.join(folder, "provenance.json")) as f:
-            first = json.load(f)[0]
-    except (OSError, ValueError, IndexError, KeyError, TypeError):
-        return None
-    if not isinstance(first, dict) or not first.get("commit"):
+    first = (read_run(folder) or [{}])[0]
+    if not first.get("commit"):
         return None
     dirty = " with uncommitted changes" if first.get("dirty") else ""
     return (f"trained at commit {str(first['commit'])[:10]}{dirty} (its provenance.json; train_config.yaml says how; "
