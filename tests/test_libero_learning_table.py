@@ -240,7 +240,7 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
 
     m = load()
     sent = {}
-    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"outcomes": []})
+    monkeypatch.setattr(m, "score", lambda *a, **k: {"outcomes": []})
     monkeypatch.setattr(m, "budget_reached", lambda runs, budget: runs + "/run")
     monkeypatch.setattr(m, "read_rows", lambda run_dir: [])
     monkeypatch.setattr(m, "summary", lambda rows: {})
@@ -259,12 +259,12 @@ def test_arms_with_pro_send_the_sft_start_and_every_final_policy_to_libero_pro(t
     assert sorted(sent) == ["control_s1", "grpo_s1", "grpo_s2", "sft"]  # by default one control run: the first seed
     # --data-out FOLDER: the files go to FOLDER itself; a folder holding another start's outcomes is refused
     data = tmp_path / "data"
-    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"episodes": {"greedy": [1]}})
+    monkeypatch.setattr(m, "score", lambda *a, **k: {"episodes": {"greedy": [1]}})
     monkeypatch.setattr(m, "data_files", lambda start, arms, header, title: {"sft": start, "grpo_s1": start})
     m.run_arms(SimpleNamespace(**{**vars(args), "data_out": str(data), "pro": False}), str(tmp_path), "SFT", [],
                "python")
     assert sorted(p.name for p in data.iterdir()) == ["grpo_s1_outcomes.json", "sft_outcomes.json", "table.md"]
-    monkeypatch.setattr(m, "heldout_eval", lambda *a, **k: {"episodes": {"greedy": [0]}})
+    monkeypatch.setattr(m, "score", lambda *a, **k: {"episodes": {"greedy": [0]}})
     with pytest.raises(SystemExit, match="holds another SFT start's outcomes"):
         m.run_arms(SimpleNamespace(**{**vars(args), "data_out": str(data), "pro": False}), str(tmp_path), "SFT", [],
                    "python")

@@ -2,6 +2,7 @@
 states that shares no state with the test set, the demos or the practice trials; the rule (the shortest candidate
 whose validation greedy success reaches the bar, else the longest) on hand-made scores, nothing run; and
 evaluate.py --drawn-only on tabletop."""
+import argparse
 import json
 import os
 import sys
@@ -28,15 +29,15 @@ def fake_chain(monkeypatch, tmp_path, greedy_by_steps):
         trained.append(steps)
         os.makedirs(sft, exist_ok=True)
 
-    def validation_eval(py, checkpoint, folder, set_file, args):
+    def score(py, checkpoint, folder, set_file, args, validation=False, paired=None):
         steps = int(os.path.basename(checkpoint)[1:])
-        assert args.validation_seed != args.heldout_seed and "validation" in folder
+        assert validation and args.validation_seed != args.heldout_seed and "validation" in folder
         g = greedy_by_steps[steps]
         return {"success": {"greedy": g, "sampled": g}, "interval": {"greedy": [g - 0.1, g + 0.1],
                                                                       "sampled": [g - 0.1, g + 0.1]}}
 
     monkeypatch.setattr(m, "make_sft", make_sft)
-    monkeypatch.setattr(m, "validation_eval", validation_eval)
+    monkeypatch.setattr(m, "score", score)
     monkeypatch.setattr(m, "run_arms", lambda *a: pytest.fail("--sft-only with candidates never touches the test set"))
     monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--suite", "libero_object", "--task-id", "3", "--demos",
                                       "100", "--sft-candidates", "5000", "1500", "3000", "--sft-only", "--out",
@@ -126,3 +127,24 @@ def test_the_committed_start_loads_and_its_outcomes_are_the_docs_numbers():
     assert sum(p.numel() for p in policy.parameters()) > 400_000 and policy.cfg.image_size == 64
     (entry,) = json.load(open(os.path.join(data, "sft_start_2026-12-07", "provenance.json")))
     assert entry["dirty"] is False and len(entry["commit"]) == 40
+
+
+def test_score_draws_the_validation_set_without_official_trials_and_the_test_set_with_them(monkeypatch, tmp_path):
+    """libero_learning's one scoring command: the validation set is drawn states only, the test set the official
+    trials 40..49 and then drawn states; an outcomes file of the same policy is not scored again."""
+    m = load_benchmark("libero_learning")
+    commands = []
+
+    def run(cmd, log):  # evaluate.py in this process, episodes cut to 3 steps
+        commands.append(cmd)
+        evaluate.main(cmd[2:] + ["--max-steps", "3"])
+
+    monkeypatch.setattr(m, "run", run)
+    args = argparse.Namespace(validation_set=3, validation_seed=1, heldout_set=12, heldout_seed=0, family="token")
+    val = m.score("python", WEAK, str(tmp_path / "val"), str(tmp_path / "val.json"), args, validation=True)
+    test = m.score("python", WEAK, str(tmp_path / "test"), str(tmp_path / "test.json"), args)
+    assert [r["trial_id"] for r in val["episodes"]["greedy"]] == [None] * 3
+    assert [r["trial_id"] for r in test["episodes"]["greedy"]] == list(range(40, 50)) + [None] * 2
+    assert set(val["episodes"]) == set(test["episodes"]) == {"greedy", "sampled"}
+    assert m.score("python", WEAK, str(tmp_path / "val"), str(tmp_path / "val.json"), args, validation=True) == val
+    assert len(commands) == 2
