@@ -38,7 +38,8 @@ from typing import Dict, List
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from common.threads import usable_cores  # noqa: E402 - after the path is set
+from common import metrics_log  # noqa: E402 - after the path is set
+from common.threads import usable_cores  # noqa: E402
 
 JOBS = ("sft", "rl", "libero_rl")
 MODES = ("before", "after")
@@ -70,10 +71,10 @@ def child_env(mode: str) -> Dict[str, str]:
 
 
 def read_rows(run_dir: str) -> List[dict]:
+    """The rows a running copy has logged so far (none before its metrics.jsonl exists)."""
     try:
-        with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
-    except OSError:
+        return metrics_log.read_rows(run_dir)
+    except FileNotFoundError:
         return []
 
 

@@ -70,9 +70,10 @@ def panel_series(history: Dict[int, Dict[str, float]], keys: Sequence[str]) -> L
 
 
 def read_rows(run_dir: str) -> List[Dict[str, Any]]:
-    """The rows of a run's metrics.jsonl (what Logger.log wrote), in order."""
+    """The rows of a run's metrics.jsonl (what Logger.log wrote), in order; a last line still being written (no newline
+    yet) is left out, so a running run can be read."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        return [json.loads(line) for line in f if line.endswith("\n") and line.strip()]
 
 
 def _to_float(value: Any) -> Optional[float]:

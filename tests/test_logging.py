@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from common.config import LogConfig
+from common import metrics_log
 from common.metrics_log import Logger, format_line, panel_series
 
 torch.set_num_threads(1)
@@ -140,3 +141,8 @@ def test_the_plot_keeps_coincident_greedy_and_sampled_curves_and_marks_evaluatio
     assert drawn["legends"]["Success rate"] == [label for label, _, _ in drawn["lines"]["Success rate"]]
 
 
+
+
+def test_read_rows_of_a_running_run_leaves_out_the_line_being_written(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n\n{"iteration": 1}\n{"iteration": 2, "lo')
+    assert metrics_log.read_rows(str(tmp_path)) == [{"iteration": 0}, {"iteration": 1}]
