@@ -10,7 +10,7 @@ from typing import Any, Dict, Hashable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from common.masking import as_float, check_ndim, check_same_shape, masked_mean, masked_sum
+from common.masking import as_float, check_ndim, check_same_shape
 
 ArrayOrTensor = Union[np.ndarray, torch.Tensor]
 

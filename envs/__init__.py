@@ -17,9 +17,8 @@ from typing import Dict, List, Optional
 from gymnasium.vector import VectorEnv
 
 from envs import tabletop
-from envs.suites import (LIBERO_PRO_SUITES, LIBERO_SUITES, PERTURBED_SUITES, SUITES, TABLETOP_VARIANT_SUITES,
-                         EnvConfig, check_env_config, check_suite, check_task_ids, is_tabletop, max_steps, num_tasks,
-                         num_trials)
+from envs.suites import (LIBERO_SUITES, PERTURBED_SUITES, SUITES, EnvConfig, check_env_config, check_suite,
+                         check_task_ids, is_tabletop, max_steps, num_tasks, num_trials)
 
 SUITE_VERSION_FILE = "suite_version.json"
 

@@ -41,7 +41,7 @@ def test_auto_sft_does_not_reuse_a_start_made_with_other_arguments(tmp_path):
     assert len(refused) == 1 and "sft.steps=2 (auto_sft: 3)" in refused[0] and "not reusing it" in refused[0]
     assert f"this run's SFT start is {keyed_path}" in refused[0]
     assert any(ln.startswith(f"[init] no SFT checkpoint at {keyed_path}; running: python ") and
-               f"train_sft.py --task-ids 0 policy.type=token " in ln for ln in lines), first.stdout[-3000:]
+               "train_sft.py --task-ids 0 policy.type=token " in ln for ln in lines), first.stdout[-3000:]
     start = [ln for ln in lines if ln.startswith("[init] start: ")]
     assert len(start) == 1 and start[0].startswith(f"[init] start: {keyed_path}, made by `python train_sft.py "
                                                    f"--task-ids 0 ")

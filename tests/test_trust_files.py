@@ -4,7 +4,6 @@ Each test fails on the code before the fix (noted per test)."""
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ import torch
 from common import heldout
 from common.checkpoint import (CheckpointError, latest_checkpoint, load_training_state, read_rng_states,
                                save_checkpoint)
-from common.config import ConfigError, load_config
+from common.config import ConfigError
 from tests.test_checkpoint import TinyPolicy
 from tests.test_security import rewrite_manifest
 
