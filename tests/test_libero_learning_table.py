@@ -1,5 +1,6 @@
 """benchmarks/libero_learning.py's table (its statistics: common/arms.py): start / best / mean of the last three
 evaluations, env steps and wall time, from hand-made metrics rows (what train_srpo.py writes), and its PNG."""
+import os
 import sys
 
 import pytest
@@ -414,6 +415,25 @@ def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
         b = r["bootstrap"]
         assert (b["diff"], b["low"], b["high"]) == pytest.approx((diff, low, high), abs=1e-3) and b["low"] > 0
 
+
+
+def test_docs_committed_start_arms_so_far_from_their_outcomes():
+    """docs/results.md's rows from the committed start (issue 66), recomputed from docs/data: LUFFY seed 1 greedy
+    0.39 -> 0.60, +0.21 [+0.10, +0.32] (27 up / 6 down), sampled +0.03; the control's seed 1 -0.11 [-0.23, +0.01]
+    (15 / 26); LUFFY's 301 demo episodes (35 dropped); every file on the same 100 states as the start."""
+    m = load_benchmark("libero_learning")
+    folder = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0_start_2026-12-07")
+    start, got, header, _ = arms.read_data(folder, order=list(cpu_recipe.ARMS))
+    assert header["sft_steps"] == 1500 and start["success"]["greedy"] == pytest.approx(0.39)
+    table = arms.arms_table(start, got, header, m.COMPARISONS)
+    for arm, mode, want in (("luffy", "greedy", (0.21, 0.10, 0.32, 27, 6)), ("luffy", "sampled", (0.03, -0.09, 0.14)),
+                            ("control", "greedy", (-0.11, -0.23, 0.01, 15, 26))):
+        p = table["arms"][arm]["lift"][mode]["per_seed"][1]
+        assert (p["diff"], p["low"], p["high"], p["up"], p["down"])[:len(want)] == pytest.approx(want, abs=1e-9)
+    luffy = got["luffy"][1]["summary"]
+    assert (luffy["demo_episodes"], luffy["demos_dropped"], luffy["total_env_steps"]) == (301, 35, 300059)
+    assert {o["outcomes"]["heldout_set"]["sha256"] for seeds in got.values() for o in seeds.values()} == {
+        start["heldout_set"]["sha256"]}
 
 def test_summary_keeps_the_algorithms_signals_and_luffys_demo_count():
     """Per run, the algorithm's own signals over the first and last three iterations (GAE-PPO's explained variance,
