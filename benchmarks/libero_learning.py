@@ -183,7 +183,7 @@ def plot_block(ax, arms: Dict[str, Dict[int, Dict]], start: Dict, title: str) ->
     ax.axhspan(low, high, color="0.85", label=f"SFT start, held-out set: {start['success']['greedy']:.2f} "
                                                f"[{low:.2f}, {high:.2f}]")
     colors = {"grpo": "C0", "srpo": "C1", "luffy": "C2", "gae_ppo": "C3", "flowsar": "C4", "control": "0.45",
-              "flow_control": "0.7"}
+              "flow_control": "0.7", "flowsar_tiny": "C5", "flowsar_tiny_control": "0.6"}
     for i, (arm, seeds) in enumerate(arms.items()):
         color = colors.get(arm, f"C{i + 2}")
         curves = []
@@ -398,7 +398,7 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=1500)
     p.add_argument("--family", default="token", choices=sorted(SFT_POLICY),
                    help="the tiny policy SFT trains and RL starts from: token (the grpo/srpo/control/luffy/gae_ppo "
-                        "arms) or flow (the flowsar and flow_control arms); give each family its own --out")
+                        "arms) or flow (flowsar, flowsar_tiny and their controls); give each family its own --out")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--reward", nargs="+", default=["srpo"], choices=["srpo", "binary"],
                    help="one RL arm each: srpo, binary (plain GRPO)")
@@ -456,8 +456,8 @@ def main() -> None:
     if args.table:
         return print_data_table(args.table, args.table_png)
     if args.family == "flow" and not (args.arms or args.sft_only):
-        p.error("--family flow: give --arms flowsar flow_control (or --sft-only); --reward runs train_srpo.py's token "
-                "policy")
+        p.error("--family flow: give --arms flowsar flow_control (or flowsar_tiny, --sft-only); --reward runs "
+                "train_srpo.py's token policy")
     wrong = [a for a in args.arms or [] if (a in FLOW_ARMS) != (args.family == "flow")]
     if wrong:
         p.error(f"--arms {' '.join(wrong)}: {'flow' if wrong[0] in FLOW_ARMS else 'token'}-policy arms, but --family "

@@ -1,9 +1,10 @@
-"""Each arm issue 66 added (LUFFY, GAE-PPO, FlowSAR, the flow control) launched by benchmarks/libero_learning.py
---arms exactly as the real-LIBERO table's runs are, then run for one iteration on the real simulator: the command the
-benchmark builds (the arm's config and extras, the benchmark's env settings, the start) is what runs, with only the
-scale cut (one update of a few short episodes, an in-run evaluation of 2 states). The held-out scoring is replaced by
-the committed start's outcomes (evaluate.py --heldout-set on real LIBERO: tests/test_heldout.py), LUFFY's practice
-demos by two no-op demos (record_demos.py's scripted expert: tests/test_libero_demos.py)."""
+"""Each arm issue 66 added (LUFFY, GAE-PPO, FlowSAR, the flow control, FlowSAR with the tiny policy's update) launched
+by benchmarks/libero_learning.py --arms exactly as the real-LIBERO table's runs are, then run for one iteration on
+the real simulator: the command the benchmark builds (the arm's config and extras, the benchmark's env settings,
+the start) is what runs, with only the scale cut (one update of a few short episodes, an in-run evaluation of 2
+states). The held-out scoring is replaced by the committed start's outcomes (evaluate.py --heldout-set on real
+LIBERO: tests/test_heldout.py), LUFFY's practice demos by two no-op demos (record_demos.py's scripted expert:
+tests/test_libero_demos.py)."""
 import json
 import os
 import sys
@@ -24,12 +25,12 @@ SCALE = ["train.iterations=1", "eval.trials_per_task=2", "log.checkpoint_every=1
 PER_ARM = {"luffy": ["rollout.n=3", "rollout.prompts_per_iteration=2", "train.mini_batch_size=2"],
            "gae_ppo": [],  # 2 episodes per update already
            "flowsar": ["rollout.prompts_per_iteration=2", "train.mini_batch_size=4", "train.micro_batch_size=4"]}
-PER_ARM["flow_control"] = PER_ARM["flowsar"]
+PER_ARM["flow_control"] = PER_ARM["flowsar_tiny"] = PER_ARM["flowsar"]
 
 
 @pytest.mark.real_libero
 @pytest.mark.parametrize("family,arm", [("token", "luffy"), ("token", "gae_ppo"), ("flow", "flowsar"),
-                                        ("flow", "flow_control")])
+                                        ("flow", "flow_control"), ("flow", "flowsar_tiny")])
 def test_each_new_arm_runs_one_update_on_real_libero_as_the_benchmark_launches_it(family, arm, monkeypatch, tmp_path):
     m = load_benchmark("libero_learning")
     if family == "token":
@@ -68,8 +69,11 @@ def test_each_new_arm_runs_one_update_on_real_libero_as_the_benchmark_launches_i
     ran = yaml.safe_load(open(os.path.join(run_dir, "config.yaml")))
     assert ran["train"]["lr"] == shipped["train"]["lr"]  # the recipe's step, not a scale override
     assert ran.get("reward", {}).get("shuffle", False) is arm.endswith("control")
+    if arm == "flowsar_tiny":  # the recipe with the tiny policy's two measured keys
+        assert (ran["algorithm"]["loss_variant"], ran["algorithm"]["ema_schedule"]) == ("mse_branch", "fixed")
     (row,) = json.loads((out / "results_arms_n100.json").read_text())["arms"][arm]["summaries"].values()
     assert row["total_env_steps"] == update["charts/env_steps"] and row["eval_iterations"][0] == 0
     signal = {"luffy": "train/demo_step_fraction", "gae_ppo": "train/explained_variance",
-              "flowsar": "train/flow_sar_weight_std", "flow_control": "train/flow_sar_weight_std"}[arm]
+              "flowsar": "train/flow_sar_weight_std", "flow_control": "train/flow_sar_weight_std",
+              "flowsar_tiny": "train/flow_sar_weight_std"}[arm]
     assert signal in update

@@ -330,7 +330,19 @@ def test_each_family_samples_as_its_recipe_and_takes_only_its_arms(monkeypatch, 
     gae = yaml.safe_load(open(os.path.join(ROOT, cpu_recipe.ARMS["gae_ppo"][1])))
     assert 80 * gae["rollout"]["prompts_per_iteration"] == grpo["eval"]["every"] * grpo["rollout"][
         "prompts_per_iteration"] * 8
-    assert set(cpu_recipe.FLOW_ARMS) == {"flowsar", "flow_control"}
+    assert set(cpu_recipe.FLOW_ARMS) == {"flowsar", "flow_control", "flowsar_tiny", "flowsar_tiny_control"}
+    # the tiny-policy FlowSAR arm: the same recipe file with train_flowsar.py's two measured defaults (mse_branch,
+    # fixed EMA), and its control the same with the outcomes shuffled
+    import train_flowsar
+
+    tiny = cpu_recipe.ARMS["flowsar_tiny"]
+    assert tiny[:2] == cpu_recipe.ARMS["flowsar"][:2]
+    assert tiny[2] == [f"algorithm.loss_variant={train_flowsar.AlgorithmConfig.loss_variant}",
+                       f"algorithm.ema_schedule={train_flowsar.AlgorithmConfig.ema_schedule}"]
+    recipe = yaml.safe_load(open(os.path.join(ROOT, tiny[1])))["algorithm"]
+    assert (recipe["loss_variant"], recipe["ema_schedule"]) == ("softplus_kl", "linear")  # what the arm changes
+    assert cpu_recipe.ARMS["flowsar_tiny_control"][2] == [*tiny[2], "reward.shuffle=true"]
+    assert ("flowsar_tiny_control", "flowsar_tiny") in cpu_recipe.COMPARISONS
     m = load_benchmark("libero_learning")
     for family, arm in (("token", "flowsar"), ("flow", "grpo")):
         monkeypatch.setattr(sys, "argv", ["libero_learning.py", "--family", family, "--arms", arm, "--out",
