@@ -217,8 +217,10 @@ def score(py: str, checkpoint: str, folder: str, set_file: str, args, validation
     from evaluate import checkpoint_iteration
 
     found = os.path.join(folder, "outcomes.json")
-    if os.path.isfile(found) and heldout.read_outcomes(found).get("iteration") == checkpoint_iteration(checkpoint):
-        return heldout.read_outcomes(found)
+    if os.path.isfile(found):
+        was = heldout.read_outcomes(found)
+        if was.get("iteration") == checkpoint_iteration(checkpoint):
+            return was
     os.makedirs(folder, exist_ok=True)
     states = (["--heldout-set", str(args.validation_set), "--heldout-seed", str(args.validation_seed), "--drawn-only"]
               if validation else ["--heldout-set", str(args.heldout_set), "--heldout-seed", str(args.heldout_seed),
