@@ -447,6 +447,25 @@ def test_docs_committed_start_arms_so_far_from_their_outcomes():
     assert {o["outcomes"]["heldout_set"]["sha256"] for seeds in got.values() for o in seeds.values()} == {
         start["heldout_set"]["sha256"]}
 
+
+def test_docs_libero_object_t3_rows_so_far_from_their_outcomes():
+    """docs/results.md's pre-registered libero_object task 3 rows (issue 67), recomputed from docs/data: the chosen
+    1500-step start at 0.99 greedy / 0.98 sampled, GRPO seed 1 greedy -0.01 [-0.05, +0.02] (1 up / 2 down), sampled
+    +0.00 [-0.03, +0.03], practice 0.63 -> 0.91, 311,049 env steps; the start's header from its candidate's SFT run."""
+    m = load_benchmark("libero_learning")
+    folder = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_object_t3")
+    start, got, header, _ = arms.read_data(folder, order=list(cpu_recipe.ARMS))
+    assert header["sft_steps"] == 1500 and header["token_accuracy"] == pytest.approx(0.62, abs=0.005)
+    assert (start["success"]["greedy"], start["success"]["sampled"]) == pytest.approx((0.99, 0.98))
+    table = arms.arms_table(start, got, header, m.COMPARISONS)
+    for mode, want in (("greedy", (-0.01, -0.05, 0.02, 1, 2)), ("sampled", (0.0, -0.03, 0.03, 1, 1))):
+        p = table["arms"]["grpo"]["lift"][mode]["per_seed"][1]
+        assert (p["diff"], p["low"], p["high"], p["up"], p["down"]) == pytest.approx(want, abs=1e-9)
+    s = got["grpo"][1]["summary"]
+    assert s["total_env_steps"] == 311049
+    assert (s["practice_first"], s["practice_last"]) == pytest.approx((0.63, 0.91), abs=0.005)
+
+
 def test_summary_keeps_the_algorithms_signals_and_luffys_demo_count():
     """Per run, the algorithm's own signals over the first and last three iterations (GAE-PPO's explained variance,
     LUFFY's demo share, FlowSAR's credit spread, the entropy) and LUFFY's demo episodes trained on, summed."""

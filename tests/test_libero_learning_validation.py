@@ -148,3 +148,17 @@ def test_score_draws_the_validation_set_without_official_trials_and_the_test_set
     assert set(val["episodes"]) == set(test["episodes"]) == {"greedy", "sampled"}
     assert m.score("python", WEAK, str(tmp_path / "val"), str(tmp_path / "val.json"), args, validation=True) == val
     assert len(commands) == 2
+
+
+def test_the_table_header_reads_the_chosen_candidates_sft_run(tmp_path):
+    """The SFT start's token accuracy and loss above the table come from the run that made it: <out>/sft_run for a
+    single start, sft_candidates/s<N>_run for the candidate the rule chose (not the '?' of a missing run)."""
+    m = load_benchmark("libero_learning")
+    for start, acc in ((tmp_path / "sft", 0.5), (tmp_path / "sft_candidates" / "s3000", 0.62)):
+        run = tmp_path / f"{start.name}_run" if start.name == "sft" else start.parent / f"{start.name}_run"
+        (run / "sft__x").mkdir(parents=True)
+        rows = [{"iteration": 1, "sft/token_accuracy": 0.1, "sft/loss": 3.0},
+                {"iteration": 2, "sft/token_accuracy": acc, "sft/loss": 1.19}]
+        (run / "sft__x" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        assert m.sft_header(str(start)) == {"token_accuracy": acc, "loss": 1.19, "flow_mse": None}
+    assert m.sft_header(str(tmp_path / "elsewhere")) == {"token_accuracy": None, "loss": None, "flow_mse": None}
