@@ -432,7 +432,8 @@ def test_docs_real_libero_arms_against_the_control_at_the_level_of_seeds():
 def test_docs_committed_start_arms_so_far_from_their_outcomes():
     """docs/results.md's rows from the committed start (issue 66), recomputed from docs/data: LUFFY seed 1 greedy
     0.39 -> 0.60, +0.21 [+0.10, +0.32] (27 up / 6 down), sampled +0.03; the control's seed 1 -0.11 [-0.23, +0.01]
-    (15 / 26); LUFFY's 301 demo episodes (35 dropped); every file on the same 100 states as the start."""
+    (15 / 26), its seed 2 -0.30 [-0.40, -0.20] (4 / 34), the two pooled -0.20 [-0.31, -0.10] ([-0.37, -0.03] with the
+    seeds resampled); LUFFY's 301 demo episodes (35 dropped); every file on the same 100 states as the start."""
     m = load_benchmark("libero_learning")
     folder = os.path.join(ROOT, "docs", "data", "libero_learning", "libero_spatial_t0_start_2026-12-07")
     start, got, header, _ = arms.read_data(folder, order=list(cpu_recipe.ARMS))
@@ -442,6 +443,13 @@ def test_docs_committed_start_arms_so_far_from_their_outcomes():
                             ("control", "greedy", (-0.11, -0.23, 0.01, 15, 26))):
         p = table["arms"][arm]["lift"][mode]["per_seed"][1]
         assert (p["diff"], p["low"], p["high"], p["up"], p["down"])[:len(want)] == pytest.approx(want, abs=1e-9)
+    for mode, want in (("greedy", (-0.30, -0.40, -0.20, 4, 34)), ("sampled", (-0.31, -0.42, -0.21, 4, 35))):
+        p = table["arms"]["control"]["lift"][mode]["per_seed"][2]
+        assert (p["diff"], p["low"], p["high"], p["up"], p["down"])[:len(want)] == pytest.approx(want, abs=1e-9)
+    lift = table["arms"]["control"]["lift"]["greedy"]
+    assert (lift["pooled"]["diff"], lift["pooled"]["low"], lift["pooled"]["high"]) == pytest.approx(
+        (-0.205, -0.31, -0.10), abs=0.005)
+    assert (lift["over_seeds"]["low"], lift["over_seeds"]["high"]) == pytest.approx((-0.37, -0.03), abs=0.005)
     luffy = got["luffy"][1]["summary"]
     assert (luffy["demo_episodes"], luffy["demos_dropped"], luffy["total_env_steps"]) == (301, 35, 300059)
     assert {o["outcomes"]["heldout_set"]["sha256"] for seeds in got.values() for o in seeds.values()} == {
