@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from common.config import ROOT
 from common.metrics_log import read_rows
 
+INTERRUPTED = 130  # the exit code of a run stopped by a signal (common/run.py's, the shell's for SIGINT)
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}  # a run beside others: one torch thread, wandb quiet
 
 
@@ -28,14 +29,35 @@ def run_logged(cmd: Sequence[str], log_path: str, env: Optional[Dict[str, str]] 
     with open(log_path, "a" if append else "w") as log:
         log.write(" ".join(cmd) + "\n")
         log.flush()
-        code = subprocess.call(list(cmd), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                               env=dict(os.environ, **(env or {})))
+        proc = subprocess.Popen(list(cmd), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                env=dict(os.environ, **(env or {})))
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:  # Ctrl-C: the terminal sent it to the child too, which stops at its next safe
+            # point (a training run saves the iteration under way); wait for that rather than kill it, as
+            # subprocess.call would 0.25 s later (a second Ctrl-C reaches the child too: a run then stops at once)
+            print(f"\nCtrl-C: waiting for {os.path.basename(cmd[1])} (pid {proc.pid}) to stop; its output: "
+                  f"{log_path}", file=sys.stderr, flush=True)
+            while proc.poll() is None:
+                try:
+                    proc.wait()
+                except KeyboardInterrupt:
+                    pass
+            raise
     return code, time.time() - t0
 
 
 def run_or_exit(cmd: Sequence[str], log_path: str, env: Optional[Dict[str, str]] = None) -> float:
-    """run_logged; a run that fails exits in one message with the end of its log. -> wall seconds."""
-    code, wall = run_logged(cmd, log_path, env)
+    """run_logged; a run that fails exits in one message with the end of its log, and one stopped by Ctrl-C with
+    exit code 130 once it has stopped (what it saved is kept: the same command continues). -> wall seconds."""
+    try:
+        code, wall = run_logged(cmd, log_path, env)
+    except KeyboardInterrupt:
+        code = INTERRUPTED
+    if code == INTERRUPTED:  # Ctrl-C here, or a signal to the run alone (it saved and exited 130)
+        print(f"interrupted: {os.path.basename(cmd[1])} stopped (its output: {log_path}); run the same command "
+              f"again to continue", file=sys.stderr, flush=True)
+        raise SystemExit(INTERRUPTED) from None
     if code:
         with open(log_path) as f:
             tail = f.read()[-2000:]
