@@ -11,7 +11,8 @@ The chain a researcher would run with LIBERO's released demos and a pretrained V
 Each step is skipped when its output is already there (demos file, SFT folder, a finished RL run, a robustness
 folder), an SFT that stopped continues from its newest checkpoint (`train_sft.py --resume`; one every 250 steps), and
 an RL run that stopped early continues from its newest checkpoint (`train_srpo.py --resume`; one is saved every
-iteration), so an interrupted benchmark continues where it stopped, and a larger --iterations extends runs. At
+iteration; Ctrl-C lets the run under way save the iteration it is in), so an interrupted benchmark continues where
+it stopped, and a larger --iterations extends runs. At
 the end a table per arm and seed and its mean over seeds: held-out greedy / sampled success at the start, the best and
 the mean of the last three evaluations, practice success over the first and last three iterations, env steps and wall
 time; and a PNG of the held-out curves (<out>/plots/libero_learning_<suite>_t<task>_<arms><setting>.png).
