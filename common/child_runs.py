@@ -15,8 +15,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from common.config import ROOT
 from common.metrics_log import read_rows
+from common.scripts import INTERRUPTED
 
-INTERRUPTED = 130  # the exit code of a run stopped by a signal (common/run.py's, the shell's for SIGINT)
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}  # a run beside others: one torch thread, wandb quiet
 
 

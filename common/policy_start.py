@@ -25,9 +25,9 @@ from typing import Any, List, Optional
 import torch
 
 from common.config import ROOT, ConfigError
-from common.run import INTERRUPTED
 from common import yaml_safe
 from common.run_folder import run_order, sibling_lock
+from common.scripts import INTERRUPTED
 from common.sft_record import describe, differences, keyed_path, sft_config
 
 SCRIPTS_FOR = {"token": "train_srpo.py, train_gae_ppo.py or train_luffy.py",

@@ -62,9 +62,8 @@ from common.metrics_log import Logger, MetricsWriteError, duration, format_line
 from common.rollout import RolloutBatch
 from common.run_folder import (check_writable, create_run_dir, default_run_prefix, lock_run_dir, remove_if_empty,
                                resolve_run_dir, trust_run)
+from common.scripts import INTERRUPTED
 from models.saved import PolicyLoadError
-
-INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
 
 
 @dataclass

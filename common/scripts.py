@@ -1,7 +1,9 @@
-"""The training scripts, listed once: their names (a run folder's prefix, the name a config file records) and a
-name's file. A leaf module: common/config.py reads it."""
+"""The training scripts, listed once: their names (a run folder's prefix, the name a config file records), a
+name's file and the exit code of one stopped by a signal. A leaf module: common/config.py, common/run.py and
+common/child_runs.py read it."""
 
 SCRIPTS = ("srpo", "gae_ppo", "luffy", "flowsar", "train_sft")
+INTERRUPTED = 130  # exit code of a run stopped by Ctrl-C / SIGTERM (the shell's convention for SIGINT)
 
 
 def script_file(script: str) -> str:
