@@ -155,7 +155,7 @@ def test_the_table_header_reads_the_chosen_candidates_sft_run(tmp_path):
     single start, sft_candidates/s<N>_run for the candidate the rule chose (not the '?' of a missing run)."""
     m = load_benchmark("libero_learning")
     for start, acc in ((tmp_path / "sft", 0.5), (tmp_path / "sft_candidates" / "s3000", 0.62)):
-        run = tmp_path / f"{start.name}_run" if start.name == "sft" else start.parent / f"{start.name}_run"
+        run = start.parent / f"{start.name}_run"
         (run / "sft__x").mkdir(parents=True)
         rows = [{"iteration": 1, "sft/token_accuracy": 0.1, "sft/loss": 3.0},
                 {"iteration": 2, "sft/token_accuracy": acc, "sft/loss": 1.19}]
